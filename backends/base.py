@@ -1,0 +1,49 @@
+"""The Backend interface and the records that flow out of it."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from kernels.choice import Choice
+from kernels.problem import GemmProblem
+
+# launch(a, b, out) -> out: the call exactly as `kernels.mm` makes it on the warm path (allocates out when None)
+LaunchFn = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
+
+
+@dataclass
+class Runner:
+    choice: Choice
+    launch: LaunchFn
+    isolated: bool = False      # benchmark in a subprocess: a fault must not poison the caller's CUDA context
+
+
+@dataclass
+class BuildOutcome:
+    choice: Choice
+    runner: Runner | None
+    error: str | None = None     # failure text when runner is None
+    compiled: bool = False       # True when this build ran a compiler (False: loaded from the artifact store)
+    seconds: float = 0.0
+
+
+class Backend(ABC):
+    name: str = ""
+
+    @abstractmethod
+    def available(self, problem: GemmProblem) -> tuple[bool, str]:
+        """Whether this backend can run on the problem's device at all, and why not."""
+
+    @abstractmethod
+    def choices(self, problem: GemmProblem, space: str = "default") -> tuple[list[Choice], dict[str, str]]:
+        """Supported choices for the problem, and the ones left out with the reason (name -> reason)."""
+
+    @abstractmethod
+    def build(self, problem: GemmProblem, choices: list[Choice]) -> list[BuildOutcome]:
+        """Build (or load) every choice in one batch. Never raises for a single failing choice."""
+
+    def close(self) -> None:
+        """Release worker processes and other resources."""

@@ -1,0 +1,74 @@
+"""A compile worker: `python -m backends.triton_worker` reads one JSON job per line on stdin and answers one JSON
+result per line on stdout. It never touches a GPU (it compiles for an explicit target) and imports no torch.
+
+Jobs are compiled into Triton's cache (TRITON_CACHE_DIR, set by the parent), where the parent's own
+`triton.compile` of the same source then finds them.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+
+_modules: dict = {}
+
+
+def load_kernel(module_path: str, kernel_name: str):
+    """Import a rendered module file once per process and return its kernel function."""
+    mod = _modules.get(module_path)
+    if mod is None:
+        name = "kernels_gen_" + os.path.basename(module_path)[:-3]
+        spec = importlib.util.spec_from_file_location(name, module_path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _modules[module_path] = mod
+    return getattr(mod, kernel_name)
+
+
+def ast_source(fn, signature: dict, div16: list[int]):
+    from triton.compiler import ASTSource
+
+    attrs = {(i,): [["tt.divisibility", 16]] for i in div16}
+    return ASTSource(fn, signature, attrs=attrs)
+
+
+def gpu_target(backend: str, arch: int, warp_size: int):
+    from triton.backends.compiler import GPUTarget
+
+    return GPUTarget(backend, arch, warp_size)
+
+
+def compile_job(job: dict):
+    """Compile one job; returns the CompiledKernel (the parent calls this too, to hit the cache)."""
+    import triton
+
+    fn = load_kernel(job["module_path"], job["kernel_name"])
+    src = ast_source(fn, job["signature"], job["div16"])
+    target = gpu_target(job.get("backend", "cuda"), job["arch"], job.get("warp_size", 32))
+    return triton.compile(src, target=target, options=dict(job["options"]))
+
+
+def _serve() -> None:
+    os.environ.pop("TRITON_INTERPRET", None)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        start = time.perf_counter()
+        try:
+            kernel = compile_job(job)
+            result = {"id": job["id"], "ok": True, "hash": kernel.hash,
+                      "shared": int(getattr(kernel.metadata, "shared", 0))}
+        except BaseException as e:  # noqa: BLE001 - a failed compile is a result, not a crash of the worker
+            text = "".join(traceback.format_exception_only(type(e), e)).strip()
+            result = {"id": job["id"], "ok": False, "error": text[-4000:], "trace": traceback.format_exc()[-8000:]}
+        result["seconds"] = time.perf_counter() - start
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    _serve()

@@ -1,0 +1,12 @@
+"""kernels: autotuned GEMM templates (Triton, CUTLASS) beside aten, for PyTorch.
+
+    import kernels
+    c = kernels.mm(a, b)            # fp16 / bf16 / fp32
+    c = kernels.int_mm(a8, b8)      # int8 x int8 -> int32
+    kernels.explain(a, b).winner
+"""
+from kernels.api import clear_memory_cache, explain, int_mm, mm, stats
+from kernels.config import config
+from kernels.version import __version__
+
+__all__ = ["mm", "int_mm", "explain", "stats", "config", "clear_memory_cache", "__version__"]

@@ -1,0 +1,243 @@
+"""User entry points: mm, int_mm, explain, stats. Validation, the warm dispatch table, and the cold path."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+
+import torch
+
+from backends import get_backend
+from kernels import stats as _stats
+from kernels.autotune import fingerprint, tune
+from kernels.cache import SelectionStore, store_key
+from kernels.choice import Choice
+from kernels.config import config, interpret_mode
+from kernels.errors import InputTypeError, InputValueError
+from kernels.problem import GemmProblem
+from kernels.selection import Selection
+
+_MM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_ATEN = {"mm": torch.mm, "int_mm": torch._int_mm}
+
+# warm path: fast key -> launch(a, b, out). Filled on the first call of each problem.
+_dispatch: dict[tuple, object] = {}
+_selections: dict[GemmProblem, Selection] = {}
+_launchers: dict[GemmProblem, object] = {}
+_memory_hits = [0]
+_lock = threading.RLock()
+_store = SelectionStore()
+
+
+def _fast_key(op: str, a, b) -> tuple:
+    # everything GemmProblem is derived from, read as cheaply as torch allows
+    return (op, a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.device, b.device,
+            a.data_ptr() % 16, b.data_ptr() % 16,
+            torch.get_float32_matmul_precision() if a.dtype is torch.float32 else None,
+            torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
+
+
+def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b for 2-D fp16 / bf16 / fp32 tensors, with the fastest verified kernel for this problem."""
+    try:
+        launch = _dispatch.get(_fast_key("mm", a, b))
+    except (AttributeError, TypeError):
+        launch = None
+    if launch is not None and (out is None or _out_matches(out, a, b, a.dtype)):
+        _memory_hits[0] += 1
+        return launch(a, b, out)
+    return _cold("mm", a, b, out)
+
+
+def int_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b for 2-D int8 tensors, exact, with an int32 result."""
+    try:
+        launch = _dispatch.get(_fast_key("int_mm", a, b))
+    except (AttributeError, TypeError):
+        launch = None
+    if launch is not None and (out is None or _out_matches(out, a, b, torch.int32)):
+        _memory_hits[0] += 1
+        return launch(a, b, out)
+    return _cold("int_mm", a, b, out)
+
+
+def _out_matches(out, a, b, dtype) -> bool:
+    return (isinstance(out, torch.Tensor) and out.dtype is dtype and out.device == a.device
+            and out.shape == (a.shape[0], b.shape[1]))
+
+
+# -- validation ------------------------------------------------------------------------------------------------
+def _dtype_list(dtypes) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def validate(op: str, a, b, out=None) -> None:
+    """Raise InputTypeError / InputValueError naming exactly what is wrong with the arguments."""
+    if op not in _ATEN:
+        raise InputValueError(f"unknown op {op!r}; expected 'mm' or 'int_mm'")
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise InputTypeError(f"kernels.{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("a", a), ("b", b)):
+        if t.dim() != 2:
+            raise InputValueError(f"kernels.{op}: {name} must be 2-D, got {t.dim()}-D with shape {tuple(t.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise InputValueError(f"kernels.{op}: inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}"
+                              f" (a.shape[1]={a.shape[1]} != b.shape[0]={b.shape[0]})")
+    if a.device != b.device:
+        raise InputValueError(f"kernels.{op}: a and b are on different devices ({a.device} and {b.device})")
+    if a.device.type not in ("cuda", "cpu"):
+        raise InputValueError(f"kernels.{op}: tensors on {a.device} are not supported (cuda or cpu)")
+    if op == "mm":
+        if a.dtype == torch.int8 or b.dtype == torch.int8:
+            raise InputTypeError("kernels.mm: int8 inputs belong to kernels.int_mm (int8 x int8 -> int32)")
+        for name, t in (("a", a), ("b", b)):
+            if t.dtype not in _MM_DTYPES:
+                raise InputTypeError(f"kernels.mm: {name} has unsupported dtype {t.dtype}; supported: "
+                                     f"{_dtype_list(_MM_DTYPES)}")
+        if a.dtype != b.dtype:
+            raise InputTypeError(f"kernels.mm: a and b dtypes differ ({a.dtype} and {b.dtype})")
+        out_dtype = a.dtype
+    else:
+        for name, t in (("a", a), ("b", b)):
+            if t.dtype != torch.int8:
+                raise InputTypeError(f"kernels.int_mm: {name} must be int8, got {t.dtype} "
+                                     f"(floating-point inputs belong to kernels.mm)")
+        out_dtype = torch.int32
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise InputTypeError(f"kernels.{op}: out must be a torch.Tensor, got {type(out).__name__}")
+        want = (a.shape[0], b.shape[1])
+        if tuple(out.shape) != want:
+            raise InputValueError(f"kernels.{op}: out has shape {tuple(out.shape)}, expected {want}")
+        if out.dtype != out_dtype:
+            raise InputTypeError(f"kernels.{op}: out has dtype {out.dtype}, expected {out_dtype}")
+        if out.device != a.device:
+            raise InputValueError(f"kernels.{op}: out is on {out.device}, inputs on {a.device}")
+
+
+# -- cold path -------------------------------------------------------------------------------------------------
+def _aten_launch(op: str):
+    fn = _ATEN[op]
+
+    def launch(a, b, out=None):
+        return fn(a, b) if out is None else fn(a, b, out=out)
+
+    return launch
+
+
+def _trivial(op, a, b, out):
+    """Zero-size dims: an empty result, or zeros when only K is zero."""
+    shape = (a.shape[0], b.shape[1])
+    dtype = torch.int32 if op == "int_mm" else a.dtype
+    if out is None:
+        out = torch.empty(shape, dtype=dtype, device=a.device)
+    return out.zero_()
+
+
+def _cpu_fallback(a) -> bool:
+    return a.device.type == "cpu" and not interpret_mode()
+
+
+def _cold(op: str, a, b, out):
+    validate(op, a, b, out)
+    if 0 in (a.shape[0], a.shape[1], b.shape[1]):
+        return _trivial(op, a, b, out)
+    if op == "mm" and torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return torch.mm(a, b) if out is None else torch.mm(a, b, out=out)   # keeps autograd working
+    key = _fast_key(op, a, b)
+    if _cpu_fallback(a):
+        launch = _aten_launch(op)
+        _stats.bump("cpu_fallbacks")
+    else:
+        problem = GemmProblem.from_tensors(op, a, b)
+        with _device_ctx(a):
+            launch = _launcher_for(problem)
+    with _lock:
+        _dispatch[key] = launch
+    with _device_ctx(a):
+        return launch(a, b, out)
+
+
+def _device_ctx(t):
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+def _launcher_for(problem: GemmProblem):
+    with _lock:
+        launch = _launchers.get(problem)
+        if launch is None:
+            sel, launch = _select(problem)
+            _selections[problem] = sel
+            _launchers[problem] = launch
+        return launch
+
+
+def _select(problem: GemmProblem) -> tuple[Selection, object]:
+    """Disk, else tune (once across processes: the store's lock). Returns the selection and a ready launcher."""
+    backends = tuple(config.backends) or ("aten",)
+    key = store_key(problem, fingerprint(backends))
+    loaded = _load_stored(key, problem)
+    if loaded is not None:
+        return loaded
+    with _store.lock(key):
+        loaded = _load_stored(key, problem)      # another process may have tuned it while we waited
+        if loaded is not None:
+            return loaded
+        sel, runners = tune(problem, backends)
+        _store.put(key, sel)
+    return sel, runners[sel.winner].launch
+
+
+def _load_stored(key: str, problem: GemmProblem):
+    sel = _store.get(key)
+    if sel is None:
+        return None
+    choice = sel.winner_choice
+    try:
+        outcome = get_backend(choice.backend).build(problem, [choice])[0]
+    except Exception:  # noqa: BLE001 - an unloadable winner means: tune again
+        return None
+    if outcome.runner is None:
+        return None
+    _stats.bump("disk_hits")
+    return sel, outcome.runner.launch
+
+
+# -- introspection ---------------------------------------------------------------------------------------------
+def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm") -> Selection:
+    """The Selection for this problem (tuning it first if needed); `.source` says where it came from this time."""
+    validate(op, a, b)
+    problem = GemmProblem.from_tensors(op, a, b)
+    if 0 in (problem.m, problem.n, problem.k) or _cpu_fallback(a):
+        name = "aten_mm" if op == "mm" else "aten_int_mm"
+        why = ("zero-size dimension: the result is empty or zeros, nothing to tune" if 0 in (problem.m, problem.n,
+               problem.k) else f"CPU tensors: computed with torch.{'mm' if op == 'mm' else '_int_mm'} "
+               f"(set TRITON_INTERPRET=1 to run the Triton templates through the interpreter)")
+        return Selection(problem=problem, winner=name, choices={name: Choice("aten", name, problem.dtype)},
+                         timings={}, source="cpu-fallback" if _cpu_fallback(a) else "trivial", notes=[why])
+    with _lock:
+        sel = _selections.get(problem)
+        if sel is not None:
+            return dataclasses.replace(sel, source="memory")
+    with _device_ctx(a):
+        _launcher_for(problem)
+    return _selections[problem]
+
+
+def stats() -> dict[str, int]:
+    """Counters since process start: compiles, artifact loads, benchmarks, tunes, memory/disk hits, cpu fallbacks."""
+    snap = _stats.snapshot()
+    snap["memory_hits"] = _memory_hits[0]
+    return snap
+
+
+def clear_memory_cache() -> None:
+    """Forget in-process selections and launchers (the persistent store is untouched)."""
+    with _lock:
+        _dispatch.clear()
+        _selections.clear()
+        _launchers.clear()
+
+
+

@@ -1,0 +1,168 @@
+"""choose(): support filter -> build (in parallel, per backend) -> verify -> benchmark -> re-time the best -> Selection.
+
+Knows nothing about toolchains: backends hand back Runners; a failure anywhere is recorded, never raised.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from importlib import metadata
+
+import torch
+
+from backends import get_backend
+from backends.base import Runner
+from kernels import stats
+from kernels.config import config
+from kernels.errors import NoCandidateError
+from kernels.problem import GemmProblem
+from kernels.selection import Selection
+from kernels.templates_info import template_tree_hash
+from kernels.timing import measure, measure_together, rotation_sets
+from kernels.verify import check, make_inputs, poisoned_output, reference
+from kernels.version import __version__
+
+
+@functools.lru_cache(maxsize=None)
+def _package_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def fingerprint(backends: tuple[str, ...]) -> dict:
+    """What a stored selection depends on besides the problem: versions, templates, the backend set."""
+    return {"kernels": __version__, "torch": torch.__version__, "triton": _package_version("triton"),
+            "templates": _template_hash(), "backends": list(backends), "space": config.search_space}
+
+
+@functools.lru_cache(maxsize=1)
+def _template_hash() -> str:
+    return template_tree_hash()
+
+
+def _device_of(problem: GemmProblem) -> str:
+    return "cuda" if problem.device == "cuda" else "cpu"
+
+
+def _run_checked(runner: Runner, problem: GemmProblem, a, b, ref) -> str | None:
+    """None when the runner's result matches the reference, else why not."""
+    device = _device_of(problem)
+    out = poisoned_output(problem, device)
+    try:
+        runner.launch(a, b, out)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        return f"crashed: {type(e).__name__}: {str(e)[:300]}"
+    result = check(problem, out, ref)
+    return None if result.ok else f"wrong result: {result.message}"
+
+
+def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, dict[str, Runner]]:
+    """Tune one problem; returns the Selection and the runners that passed verification (for dispatch)."""
+    start = time.perf_counter()
+    device = _device_of(problem)
+    timings: dict[str, float | str] = {}
+    choices = {}
+    notes: list[str] = []
+    runners: dict[str, Runner] = {}
+
+    for name in backends:
+        try:
+            backend = get_backend(name)
+            ok, why = backend.available(problem)
+            if not ok:
+                notes.append(f"{name} unavailable: {why}")
+                continue
+            cands, skipped = backend.choices(problem, config.search_space)
+            for cname, why in skipped.items():
+                timings[cname] = f"unsupported: {why}"
+            for c in cands:
+                choices[c.name] = c
+            for outcome in backend.build(problem, cands):
+                if outcome.runner is None:
+                    timings[outcome.choice.name] = outcome.error or "build failed"
+                else:
+                    runners[outcome.choice.name] = outcome.runner
+        except Exception as e:  # noqa: BLE001 - one broken backend must not take tuning down
+            notes.append(f"{name} failed: {type(e).__name__}: {e}")
+
+    a, b = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
+    ref = reference(problem, a, b)
+    verified: dict[str, Runner] = {}
+    for cname, runner in runners.items():
+        why = _run_checked(runner, problem, a, b, ref)
+        if why is None:
+            verified[cname] = runner
+        else:
+            timings[cname] = why
+    del ref
+
+    details: dict[str, dict] = {}
+    if verified:
+        bytes_per_set = (problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes
+        n_sets = rotation_sets(bytes_per_set, device)
+        sets = [(a, b)] + [make_inputs(problem, device, seed=s) for s in range(1, n_sets)]
+        for cname, runner in verified.items():
+            try:
+                t = measure(_user_call(runner, sets), n_sets, device, config.bench_budget_ms)
+                stats.bump("benchmarks")
+                timings[cname] = t.median_ms
+                details[cname] = t.as_dict()
+            except Exception as e:  # noqa: BLE001
+                timings[cname] = f"crashed while timing: {type(e).__name__}: {str(e)[:300]}"
+        winner = _pick_winner(problem, timings, choices, verified, sets, n_sets, device, details, notes)
+        del sets
+    else:
+        winner = None
+    if winner is None:
+        raise NoCandidateError(problem.short(), {n: str(t) for n, t in timings.items()} or {"-": "; ".join(notes)})
+
+    sel = Selection(problem=problem, winner=winner, choices=choices, timings=timings, details=details,
+                    source="tuned", tune_seconds=time.perf_counter() - start, created=time.time(), notes=notes)
+    stats.bump("tunes")
+    if config.verbose:
+        print(sel.table(), file=sys.stderr)
+    return sel, {winner: verified[winner]}
+
+
+def _user_call(runner: Runner, sets):
+    launch = runner.launch
+
+    def call(i: int):
+        a, b = sets[i]
+        return launch(a, b, None)
+
+    return call
+
+
+def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, details, notes) -> str | None:
+    """Re-time the fastest few together, then let the simplest win among those within the tie tolerance."""
+    ranked = sorted((t, n) for n, t in timings.items() if isinstance(t, float))
+    if not ranked:
+        return None
+    top = [n for _, n in ranked[:config.retime_top]]
+    # the simplest candidate (aten) always joins the final round: it is the baseline we must not lose to
+    simplest = min((n for _, n in ranked), key=lambda n: (choices[n].complexity, timings[n]))
+    if simplest not in top:
+        top.append(simplest)
+    if len(top) > 1:
+        final = measure_together({n: _user_call(verified[n], sets) for n in top}, n_sets, device,
+                                 config.bench_budget_ms * len(top))
+        for n, t in final.items():
+            details[n]["first_pass_ms"] = timings[n]
+            details[n]["retimed_ms"] = t.median_ms
+            timings[n] = t.median_ms
+        final_ms = {n: t.median_ms for n, t in final.items()}
+    else:
+        final_ms = {top[0]: timings[top[0]]}
+    best = min(final_ms.values())
+    tied = [n for n, t in final_ms.items() if t <= best * (1 + config.tie_tolerance)]
+    winner = min(tied, key=lambda n: (choices[n].complexity, final_ms[n]))
+    if winner != min(final_ms, key=final_ms.get):
+        notes.append(f"{winner} chosen over faster-by-noise {min(final_ms, key=final_ms.get)} (tie tolerance "
+                     f"{config.tie_tolerance:.0%})")
+    return winner

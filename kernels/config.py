@@ -1,0 +1,102 @@
+"""Every knob in one place: `kernels.config.<name>` reads its environment variable lazily unless set in code."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from kernels.version import __version__
+
+ALL_BACKENDS = ("aten", "triton", "cutlass")
+SEARCH_SPACES = ("default", "exhaustive")
+
+
+def _parse_bool(text: str) -> bool:
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _parse_backends(text: str | tuple | list) -> tuple[str, ...]:
+    names = [s.strip() for s in text.split(",")] if isinstance(text, str) else list(text)
+    names = [n for n in names if n]
+    unknown = [n for n in names if n not in ALL_BACKENDS]
+    if unknown:
+        raise ValueError(f"unknown backend(s) {unknown}; known: {', '.join(ALL_BACKENDS)}")
+    return tuple(names)
+
+
+def _parse_space(text: str) -> str:
+    if text not in SEARCH_SPACES:
+        raise ValueError(f"search space must be one of {SEARCH_SPACES}, got {text!r}")
+    return text
+
+
+def _positive_int(text: str | int) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _default_cache_dir() -> str:
+    return str(Path.home() / ".cache" / "kernels" / __version__)
+
+
+class _Setting:
+    """A config attribute: an explicit override, else the environment variable, else the default."""
+
+    def __init__(self, env: str | None, default: Callable[[], Any], parse: Callable[[Any], Any]):
+        self.env, self.default, self.parse = env, default, parse
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        if self.name in obj._overrides:
+            return obj._overrides[self.name]
+        raw = os.environ.get(self.env) if self.env else None
+        if raw is None or raw == "":
+            return self.default()
+        try:
+            return self.parse(raw)
+        except ValueError as e:
+            raise ValueError(f"bad value for environment variable {self.env}={raw!r}: {e}") from e
+
+    def __set__(self, obj, value):
+        obj._overrides[self.name] = self.parse(value) if value is not None else self.default()
+
+
+class Config:
+    cache_dir = _Setting("KERNELS_CACHE_DIR", _default_cache_dir, str)
+    backends = _Setting("KERNELS_BACKENDS", lambda: ("aten", "triton"), _parse_backends)
+    max_jobs = _Setting("MAX_JOBS", lambda: os.cpu_count() or 1, _positive_int)
+    search_space = _Setting("KERNELS_SEARCH_SPACE", lambda: "default", _parse_space)
+    verbose = _Setting("KERNELS_VERBOSE", lambda: False, lambda v: _parse_bool(v) if isinstance(v, str) else bool(v))
+    # how many of the fastest candidates are re-timed side by side before the winner is chosen
+    retime_top = _Setting("KERNELS_RETIME_TOP", lambda: 3, _positive_int)
+    # a candidate must beat a simpler one by more than this fraction to win over it
+    tie_tolerance = _Setting("KERNELS_TIE_TOLERANCE", lambda: 0.01, float)
+    # milliseconds of measurement per candidate (spread over samples)
+    bench_budget_ms = _Setting("KERNELS_BENCH_MS", lambda: 40.0, float)
+    # seconds to wait for another process that is tuning the same problem
+    lock_timeout_s = _Setting("KERNELS_LOCK_TIMEOUT", lambda: 600.0, float)
+
+    def __init__(self):
+        self._overrides: dict[str, Any] = {}
+
+    def reset(self) -> None:
+        """Forget every value set in code; environment variables apply again."""
+        self._overrides.clear()
+
+    def as_dict(self) -> dict[str, Any]:
+        names = [k for k, v in type(self).__dict__.items() if isinstance(v, _Setting)]
+        return {k: getattr(self, k) for k in names}
+
+
+config = Config()
+
+
+def interpret_mode() -> bool:
+    """TRITON_INTERPRET=1 runs Triton kernels through the interpreter on CPU tensors."""
+    return _parse_bool(os.environ.get("TRITON_INTERPRET", "0"))

@@ -1,0 +1,131 @@
+"""Config lists, scaling to a problem, and the one `supports()` check that pruning, choice generation and tests share.
+
+The starting lists are PyTorch Inductor's (kernels/data/inductor_gemm_configs.json); measurement decides what stays.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+from dataclasses import asdict, dataclass
+from importlib import resources
+
+from kernels.problem import DTYPE_BYTES, GemmProblem
+
+# Largest dynamic shared memory one block may use, by compute capability (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+SHARED_MEMORY_LIMIT = {90: 232_448, 100: 232_448, 89: 101_376, 86: 101_376, 80: 166_912, 75: 65_536}
+DEFAULT_SHARED_MEMORY = 232_448          # cpu / interpreter: prune as for Hopper so lists match the GPU
+MAX_ACC_REGISTERS = 255                  # accumulator elements per thread beyond this spill
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True, order=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_stages: int
+    num_warps: int
+    group_m: int = 8
+
+    def tag(self) -> str:
+        return f"{self.block_m}x{self.block_n}x{self.block_k}_s{self.num_stages}_w{self.num_warps}_g{self.group_m}"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "GemmConfig":
+        return cls(**{k: int(v) for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@functools.lru_cache(maxsize=1)
+def _raw_lists() -> dict:
+    text = resources.files("kernels").joinpath("data/inductor_gemm_configs.json").read_text()
+    return json.loads(text)
+
+
+def config_list(name: str) -> list[GemmConfig]:
+    """A named list from the data file: mm_configs, int8_mm_configs, persistent_mm_configs, ..."""
+    return [GemmConfig.from_dict(c) for c in _raw_lists()[name]]
+
+
+def exhaustive_configs() -> list[GemmConfig]:
+    space = _raw_lists()["exhaustive_space"]
+    return [GemmConfig(*values) for values in itertools.product(
+        space["block_m"], space["block_n"], space["block_k"], space["num_stages"], space["num_warps"],
+        space["group_m"])]
+
+
+def next_pow2(x: int) -> int:
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
+
+
+def scale_config(config: GemmConfig, problem: GemmProblem) -> GemmConfig:
+    """Clamp each block to the next power of two of its dimension (min 16; block_k min 32 for int8)."""
+    min_k = 32 if problem.dtype == "int8" else 16
+    return GemmConfig(
+        block_m=max(min(config.block_m, next_pow2(problem.m)), 16),
+        block_n=max(min(config.block_n, next_pow2(problem.n)), 16),
+        block_k=max(min(config.block_k, next_pow2(problem.k)), min_k),
+        num_stages=config.num_stages, num_warps=config.num_warps, group_m=config.group_m)
+
+
+def shared_memory_bytes(config: GemmConfig, problem: GemmProblem) -> int:
+    """Pipelined operand tiles: what the software pipeline keeps in shared memory."""
+    return DTYPE_BYTES[problem.dtype] * (config.block_m + config.block_n) * config.block_k * config.num_stages
+
+
+def shared_memory_limit(arch: int) -> int:
+    return SHARED_MEMORY_LIMIT.get(arch, DEFAULT_SHARED_MEMORY)
+
+
+def _max_offset(rows: int, cols: int, stride: tuple[int, int]) -> int:
+    return (rows - 1) * abs(stride[0]) + (cols - 1) * abs(stride[1])
+
+
+def supports(problem: GemmProblem, template: str, config: GemmConfig | None) -> tuple[bool, str]:
+    """Can `template` with `config` run `problem`? The reason names the first rule that fails."""
+    from kernels.templates_info import TEMPLATE_OPS
+
+    ops = TEMPLATE_OPS.get(template)
+    if ops is None:
+        return False, f"unknown template {template}"
+    if problem.op not in ops:
+        return False, f"{template} does not implement {problem.op}"
+    if config is None:
+        return True, ""
+    if problem.dtype != "int8" and template.startswith("triton_int8"):
+        return False, f"{template} needs int8 inputs"
+    if min(config.block_m, config.block_n, config.block_k) < 16:
+        return False, "tl.dot needs blocks of at least 16"
+    if problem.dtype == "int8" and config.block_k < 32:
+        return False, "int8 dot needs block_k >= 32"
+    smem = shared_memory_bytes(config, problem)
+    limit = shared_memory_limit(problem.arch)
+    if smem > limit:
+        return False, f"shared memory {smem} B > {limit} B"
+    if -(-config.block_m * config.block_n // (config.num_warps * 32)) > MAX_ACC_REGISTERS:
+        return False, f"accumulator needs > {MAX_ACC_REGISTERS} registers per thread"
+    worst = max(_max_offset(problem.m, problem.k, problem.stride_a), _max_offset(problem.k, problem.n, problem.stride_b),
+                problem.m * problem.n)
+    if worst > INT32_MAX:
+        return False, "offsets exceed 32-bit indexing"
+    return True, ""
+
+
+def candidate_configs(problem: GemmProblem, template: str, space: str = "default") -> list[GemmConfig]:
+    """The template's configs scaled to the problem, unsupported ones dropped, duplicates removed, order kept."""
+    from kernels.templates_info import TEMPLATE_CONFIG_LISTS
+
+    base = exhaustive_configs() if space == "exhaustive" else config_list(TEMPLATE_CONFIG_LISTS[template])
+    seen: set[GemmConfig] = set()
+    result = []
+    for cfg in base:
+        scaled = scale_config(cfg, problem)
+        if scaled in seen:
+            continue
+        seen.add(scaled)
+        if supports(problem, template, scaled)[0]:
+            result.append(scaled)
+    return result

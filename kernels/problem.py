@@ -1,0 +1,119 @@
+"""GemmProblem: everything about a matrix product that decides which kernel can run it and how fast."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+import torch
+
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int8: "int8",
+               torch.int32: "int32"}
+DTYPES_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "int8": 1, "int32": 4}
+OPS = {"mm": ("fp16", "bf16", "fp32"), "int_mm": ("int8",)}
+
+
+def pointer_alignment(ptr: int) -> int:
+    """Largest power of two (capped at 16 bytes) that divides the address."""
+    for align in (16, 8, 4, 2):
+        if ptr % align == 0:
+            return align
+    return 1
+
+
+def layout_of(shape: tuple[int, int], stride: tuple[int, int]) -> str:
+    """'row' when the last dim is unit-stride, 'col' when the first is, else 'strided' (size-1 dims match any)."""
+    if stride[1] == 1 or shape[1] == 1:
+        return "row"
+    if stride[0] == 1 or shape[0] == 1:
+        return "col"
+    return "strided"
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    op: str                      # "mm" or "int_mm"
+    m: int
+    n: int
+    k: int
+    dtype: str                   # input dtype name, both operands
+    out_dtype: str
+    stride_a: tuple[int, int]
+    stride_b: tuple[int, int]
+    align_a: int                 # byte alignment of the data pointers (<= 16)
+    align_b: int
+    device: str                  # "cuda" or "cpu"
+    arch: int                    # compute capability as 90, 80; 0 on cpu
+    device_name: str
+    precision: str = ""          # "ieee" or "tf32" for fp32 inputs, "" otherwise
+
+    @property
+    def layout_a(self) -> str:
+        return layout_of((self.m, self.k), self.stride_a)
+
+    @property
+    def layout_b(self) -> str:
+        return layout_of((self.k, self.n), self.stride_b)
+
+    @property
+    def elem_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def out_bytes(self) -> int:
+        return DTYPE_BYTES[self.out_dtype]
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    @property
+    def min_bytes(self) -> int:
+        """Fewest bytes a kernel must move: each operand read once, the result written once."""
+        return (self.m * self.k + self.k * self.n) * self.elem_bytes + self.m * self.n * self.out_bytes
+
+    def leading_dim_aligned(self, which: str, bytes_: int = 16) -> bool:
+        """True when the non-unit stride of the operand keeps every row/column start `bytes_`-aligned."""
+        stride, layout = (self.stride_a, self.layout_a) if which == "a" else (self.stride_b, self.layout_b)
+        lead = stride[0] if layout == "row" else stride[1] if layout == "col" else None
+        if lead is None:
+            return False
+        return (lead * self.elem_bytes) % bytes_ == 0
+
+    def key(self) -> str:
+        """Stable text identity of the problem, used in the persistent selection store."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    def short(self) -> str:
+        return (f"{self.op} {self.m}x{self.n}x{self.k} {self.dtype} A:{self.layout_a}{list(self.stride_a)} "
+                f"B:{self.layout_b}{list(self.stride_b)} {self.precision or ''}".rstrip())
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.key().encode()).hexdigest()[:24]
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "GemmProblem":
+        data = dict(data)
+        data["stride_a"] = tuple(data["stride_a"])
+        data["stride_b"] = tuple(data["stride_b"])
+        return cls(**data)
+
+    @classmethod
+    def from_tensors(cls, op: str, a: torch.Tensor, b: torch.Tensor) -> "GemmProblem":
+        """Assumes inputs were validated (2-D, same supported dtype, same device)."""
+        dtype = DTYPE_NAMES[a.dtype]
+        dev = a.device
+        if dev.type == "cuda":
+            cap = torch.cuda.get_device_capability(dev)
+            arch, name = cap[0] * 10 + cap[1], torch.cuda.get_device_name(dev)
+        else:
+            arch, name = 0, "cpu"
+        precision = ""
+        if dtype == "fp32":
+            precision = "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+        return cls(op=op, m=a.shape[0], n=b.shape[1], k=a.shape[1], dtype=dtype,
+                   out_dtype="int32" if op == "int_mm" else dtype,
+                   stride_a=tuple(a.stride()), stride_b=tuple(b.stride()),
+                   align_a=pointer_alignment(a.data_ptr()), align_b=pointer_alignment(b.data_ptr()),
+                   device=dev.type, arch=arch, device_name=name, precision=precision)

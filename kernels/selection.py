@@ -1,0 +1,67 @@
+"""Selection: what tuning a problem produced — the winner, every candidate's time or failure, and provenance."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from kernels.choice import Choice
+from kernels.problem import GemmProblem
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Selection:
+    problem: GemmProblem
+    winner: str                                   # the winning choice's name
+    choices: dict[str, Choice]                    # every candidate considered, by name
+    timings: dict[str, float | str]               # name -> median ms, or the failure text
+    details: dict[str, dict] = field(default_factory=dict)   # name -> p20/p80/rel_error/... for timed ones
+    source: str = "tuned"                         # tuned | memory | disk | cpu-fallback
+    tune_seconds: float = 0.0
+    created: float = 0.0
+    fingerprint: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def winner_choice(self) -> Choice:
+        return self.choices[self.winner]
+
+    def ranked(self) -> list[tuple[str, float]]:
+        """Timed candidates, fastest first."""
+        timed = [(n, t) for n, t in self.timings.items() if isinstance(t, float)]
+        return sorted(timed, key=lambda x: x[1])
+
+    def failures(self) -> dict[str, str]:
+        return {n: t for n, t in self.timings.items() if isinstance(t, str)}
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA_VERSION, "problem": asdict(self.problem), "winner": self.winner,
+                "choices": {n: c.as_dict() for n, c in self.choices.items()}, "timings": self.timings,
+                "details": self.details, "tune_seconds": self.tune_seconds, "created": self.created,
+                "fingerprint": self.fingerprint, "notes": self.notes}
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str) -> "Selection":
+        if data.get("schema") != SCHEMA_VERSION:
+            raise ValueError(f"selection schema {data.get('schema')!r} != {SCHEMA_VERSION}")
+        choices = {n: Choice.from_dict(c) for n, c in data["choices"].items()}
+        if data["winner"] not in choices:
+            raise ValueError("winner is not among the recorded choices")
+        timings = {n: (float(t) if isinstance(t, (int, float)) else str(t)) for n, t in data["timings"].items()}
+        return cls(problem=GemmProblem.from_dict(data["problem"]), winner=data["winner"], choices=choices,
+                   timings=timings, details=data.get("details", {}), source=source,
+                   tune_seconds=float(data.get("tune_seconds", 0.0)), created=float(data.get("created", 0.0)),
+                   fingerprint=data.get("fingerprint", {}), notes=list(data.get("notes", [])))
+
+    def table(self) -> str:
+        """The AUTOTUNE table: timed choices sorted by time with % of best, then the failures."""
+        ranked = self.ranked()
+        best = ranked[0][1] if ranked else float("nan")
+        lines = [f"AUTOTUNE {self.problem.short()} -> {self.winner} ({self.source}, {self.tune_seconds:.2f} s)"]
+        for name, t in ranked:
+            mark = "*" if name == self.winner else " "
+            lines.append(f" {mark} {name:<52} {t * 1e3:10.2f} us  {100 * best / t:6.1f}%")
+        for name, why in self.failures().items():
+            lines.append(f"   {name:<52} {why[:160]}")
+        lines.extend(f"   note: {n}" for n in self.notes)
+        return "\n".join(lines)

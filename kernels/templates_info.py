@@ -1,0 +1,34 @@
+"""Which op each template implements and which config list seeds it: data shared by heuristics and backends."""
+import hashlib
+from pathlib import Path
+
+TEMPLATES_ROOT = Path(__file__).resolve().parent.parent / "templates"
+
+TEMPLATE_OPS = {
+    "aten_mm": ("mm",),
+    "aten_int_mm": ("int_mm",),
+    "triton_mm": ("mm",),
+    "triton_int8_mm": ("int_mm",),
+}
+
+TEMPLATE_CONFIG_LISTS = {
+    "triton_mm": "mm_configs",
+    "triton_int8_mm": "int8_mm_configs",
+}
+
+# lower is simpler: among candidates whose times tie within noise, the simplest wins
+TEMPLATE_COMPLEXITY = {
+    "aten_mm": 0,
+    "aten_int_mm": 0,
+    "triton_mm": 10,
+    "triton_int8_mm": 10,
+}
+
+
+def template_tree_hash() -> str:
+    """Hash of every template file: part of the selection key, so editing a template re-tunes."""
+    h = hashlib.sha256()
+    for path in sorted(TEMPLATES_ROOT.rglob("*.jinja")):
+        h.update(str(path.relative_to(TEMPLATES_ROOT)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,120 @@
+"""The one benchmark routine, used by tuning and by `bench`.
+
+What is timed is the user's call (launch and output allocation included), back to back, rotating through several
+input sets so small problems are not timed out of a warm L2: the per-call time of such a loop is what a user's
+steady state sees, whether the call is bound by the host (launch cost) or by the device.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+Call = Callable[[int], object]      # call(i) runs the user call on input set i
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    samples: int
+    calls_per_sample: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    idx = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[idx]
+
+
+def summarize(per_call_ms: list[float], calls_per_sample: int) -> Timing:
+    s = sorted(per_call_ms)
+    return Timing(statistics.median(s), _quantile(s, 0.2), _quantile(s, 0.8), len(s), calls_per_sample)
+
+
+class Sampler:
+    """Times one callable: `plan()` picks calls per sample from a quick estimate, `sample()` returns ms per call."""
+
+    def __init__(self, call: Call, n_sets: int, device: str):
+        self.call, self.n_sets, self.device = call, max(1, n_sets), device
+        self.counter = 0
+        self.calls_per_sample = 1
+        self.estimate_ms = 0.0
+
+    def _run(self, count: int) -> None:
+        for _ in range(count):
+            self.call(self.counter % self.n_sets)
+            self.counter += 1
+
+    def plan(self, target_sample_ms: float = 0.5, warmup: int = 3) -> float:
+        if self.device == "cuda":
+            self._run(warmup)
+            torch.cuda.synchronize()
+            probe = 5
+            self.estimate_ms = self._timed(probe) / probe
+            self.calls_per_sample = int(min(1000, max(1, math.ceil(target_sample_ms / max(self.estimate_ms, 1e-4)))))
+        else:
+            self.estimate_ms = self._timed(1)
+            self.calls_per_sample = 1
+        return self.estimate_ms
+
+    def _timed(self, count: int) -> float:
+        """Milliseconds for `count` back-to-back calls."""
+        if self.device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._run(count)
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+        t0 = time.perf_counter()
+        self._run(count)
+        return (time.perf_counter() - t0) * 1e3
+
+    def sample(self) -> float:
+        return self._timed(self.calls_per_sample) / self.calls_per_sample
+
+
+def measure(call: Call, n_sets: int, device: str, budget_ms: float, min_samples: int = 5,
+            max_samples: int = 50) -> Timing:
+    sampler = Sampler(call, n_sets, device)
+    est = sampler.plan()
+    per_sample = max(est * sampler.calls_per_sample, 1e-3)
+    n = int(min(max_samples, max(min_samples, budget_ms // per_sample)))
+    if device != "cuda":
+        n = min(n, 3)
+    return summarize([sampler.sample() for _ in range(n)], sampler.calls_per_sample)
+
+
+def measure_together(calls: dict[str, Call], n_sets: int, device: str, budget_ms: float,
+                     rounds: int = 10) -> dict[str, Timing]:
+    """Re-time several candidates interleaved, round by round, so drift (clocks, heat) hits them all alike."""
+    samplers = {name: Sampler(call, n_sets, device) for name, call in calls.items()}
+    for s in samplers.values():
+        s.plan()
+    cost = sum(max(s.estimate_ms * s.calls_per_sample, 1e-3) for s in samplers.values())
+    rounds = int(max(3, min(rounds * 5, budget_ms // cost))) if device == "cuda" else 2
+    per_call: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, s in samplers.items():
+            per_call[name].append(s.sample())
+    return {name: summarize(v, samplers[name].calls_per_sample) for name, v in per_call.items()}
+
+
+def rotation_sets(bytes_per_set: int, device: str, l2_bytes: int | None = None, max_sets: int = 64,
+                  max_total_bytes: int = 1 << 30) -> int:
+    """How many input sets to rotate through so consecutive calls do not find their inputs in L2."""
+    if device != "cuda":
+        return 1
+    if l2_bytes is None:
+        l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 50 << 20)
+    want = math.ceil(3 * l2_bytes / max(bytes_per_set, 1))
+    fit = max(1, max_total_bytes // max(bytes_per_set, 1))
+    return int(max(1, min(want, max_sets, fit)))

@@ -1,0 +1,78 @@
+"""Fresh random inputs shaped like the user's (same strides and alignment), a high-precision reference, and the
+check every candidate must pass before it may win."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.problem import DTYPES_BY_NAME, GemmProblem
+
+# relative Frobenius error allowed, by (dtype, precision)
+TOLERANCE = {("fp32", "ieee"): 1e-5, ("fp32", "tf32"): 2e-3, ("fp16", ""): 1e-2, ("bf16", ""): 1e-2,
+             ("int8", ""): 0.0}
+
+
+@dataclass
+class CheckResult:
+    ok: bool
+    rel_error: float
+    message: str = ""
+
+
+def _storage_elems(shape: tuple[int, int], stride: tuple[int, int]) -> int:
+    return 1 + sum((s - 1) * st for s, st in zip(shape, stride) if s > 0)
+
+
+def make_operand(shape: tuple[int, int], stride: tuple[int, int], align: int, dtype: str, device: str,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """A random tensor with exactly this shape, stride and data-pointer alignment (never zeros)."""
+    tdtype = DTYPES_BY_NAME[dtype]
+    elem = tdtype.itemsize
+    # offset the view so its address has the same alignment as the user's (16-byte aligned base + offset)
+    offset = 0 if align >= 16 else max(align // elem, 1) if align >= elem else 1
+    n = _storage_elems(shape, stride) + offset
+    if dtype == "int8":
+        flat = torch.randint(-128, 128, (n,), dtype=torch.int8, device=device, generator=generator)
+    else:
+        flat = torch.randn(n, dtype=torch.float32, device=device, generator=generator).to(tdtype)
+    return torch.as_strided(flat, shape, stride, storage_offset=offset)
+
+
+def make_inputs(problem: GemmProblem, device: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    a = make_operand((problem.m, problem.k), problem.stride_a, problem.align_a, problem.dtype, device, gen)
+    b = make_operand((problem.k, problem.n), problem.stride_b, problem.align_b, problem.dtype, device, gen)
+    return a, b
+
+
+def reference(problem: GemmProblem, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """float64 product (exact for int8 at any K we allow: |sum| < 2**53)."""
+    return torch.mm(a.to(torch.float64), b.to(torch.float64))
+
+
+def poisoned_output(problem: GemmProblem, device: str) -> torch.Tensor:
+    """An output filled with values no correct kernel leaves behind."""
+    dtype = DTYPES_BY_NAME[problem.out_dtype]
+    if dtype.is_floating_point:
+        return torch.full((problem.m, problem.n), float("nan"), dtype=dtype, device=device)
+    return torch.full((problem.m, problem.n), torch.iinfo(dtype).min, dtype=dtype, device=device)
+
+
+def check(problem: GemmProblem, out: torch.Tensor, ref: torch.Tensor) -> CheckResult:
+    if tuple(out.shape) != (problem.m, problem.n):
+        return CheckResult(False, float("inf"), f"wrong output shape {tuple(out.shape)}")
+    if out.dtype != DTYPES_BY_NAME[problem.out_dtype]:
+        return CheckResult(False, float("inf"), f"wrong output dtype {out.dtype}")
+    got = out.to(torch.float64)
+    if not bool(torch.isfinite(got).all()):
+        return CheckResult(False, float("inf"), "output has NaN/inf (unwritten or overflowed elements)")
+    ref_norm = float(torch.linalg.vector_norm(ref))
+    err = float(torch.linalg.vector_norm(got - ref)) / max(ref_norm, 1e-30)
+    tol = TOLERANCE[(problem.dtype, problem.precision)]
+    if problem.dtype == "int8":
+        ok = bool(torch.equal(got, ref))
+    else:
+        ok = err <= tol
+    return CheckResult(ok, err, "" if ok else f"relative error {err:.3g} > {tol:g}")
