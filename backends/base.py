@@ -45,5 +45,11 @@ class Backend(ABC):
     def build(self, problem: GemmProblem, choices: list[Choice]) -> list[BuildOutcome]:
         """Build (or load) every choice in one batch. Never raises for a single failing choice."""
 
+    def measure_isolated(self, problem: GemmProblem, runners: list[Runner], budget_ms: float) -> dict:
+        """For runners with isolated=True: verify and time each one in a child process (with the same
+        kernels.verify / kernels.timing code) and return name -> kernels.timing.Timing, or name -> failure text.
+        A fault in the child is a failure for that choice, never an exception here."""
+        raise NotImplementedError(f"backend {self.name} does not run isolated measurements")
+
     def close(self) -> None:
         """Release worker processes and other resources."""
