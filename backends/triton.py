@@ -137,7 +137,7 @@ class TritonBackend(Backend):
             key = build_key(source, spec, f"cuda:{problem.arch}", triton_version())
             marker = self.root / "artifacts" / f"{key}.json"
             meta = read_json(marker)
-            if meta is not None and self._in_triton_cache(meta.get("triton_hash", "")):
+            if meta is not None and self._in_triton_cache(meta.get("cache_group", "")):
                 outcomes[i] = self._load(problem, choice, spec, module_path, key, start, compiled=False)
             else:
                 job = self._job(problem, spec, module_path)
@@ -155,13 +155,15 @@ class TritonBackend(Backend):
                                                              f"(source {module_path}, log {log})", compiled=True)
                     continue
                 atomic_write_text(marker, _json({"choice": choice.name, "triton_hash": res["hash"],
+                                                 "cache_group": res["cache_group"],
                                                  "triton": triton_version(), "arch": problem.arch,
                                                  "compile_seconds": res.get("seconds")}))
                 outcomes[i] = self._load(problem, choice, spec, module_path, key, start, compiled=True)
         return [outcomes[i] for i in range(len(prepared))]
 
-    def _in_triton_cache(self, triton_hash: str) -> bool:
-        return bool(triton_hash) and (self.triton_cache_dir / triton_hash).is_dir()
+    def _in_triton_cache(self, group: str) -> bool:
+        """The compiled kernel's files are still in Triton's cache (its metadata JSON is written last)."""
+        return bool(group) and any((self.triton_cache_dir / group).glob("*.json"))
 
     def _load(self, problem, choice, spec, module_path, key, start, compiled) -> BuildOutcome:
         try:

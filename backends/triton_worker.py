@@ -51,6 +51,13 @@ def compile_job(job: dict):
     return triton.compile(src, target=target, options=dict(job["options"]))
 
 
+def cache_group(kernel_hash: str) -> str:
+    """The folder name Triton's file cache uses for a kernel (it encodes the hash; the encoding varies by version)."""
+    from triton.runtime.cache import get_cache_manager
+
+    return os.path.basename(os.path.normpath(get_cache_manager(kernel_hash).cache_dir))
+
+
 def _serve() -> None:
     os.environ.pop("TRITON_INTERPRET", None)
     for line in sys.stdin:
@@ -60,7 +67,7 @@ def _serve() -> None:
         start = time.perf_counter()
         try:
             kernel = compile_job(job)
-            result = {"id": job["id"], "ok": True, "hash": kernel.hash,
+            result = {"id": job["id"], "ok": True, "hash": kernel.hash, "cache_group": cache_group(kernel.hash),
                       "shared": int(getattr(kernel.metadata, "shared", 0))}
         except BaseException as e:  # noqa: BLE001 - a failed compile is a result, not a crash of the worker
             text = "".join(traceback.format_exception_only(type(e), e)).strip()

@@ -8,11 +8,11 @@ import functools
 import sys
 import time
 from importlib import metadata
+from typing import TYPE_CHECKING
 
 import torch
 
 from backends import get_backend
-from backends.base import Runner
 from kernels import stats
 from kernels.config import config
 from kernels.errors import NoCandidateError
@@ -22,6 +22,9 @@ from kernels.templates_info import template_tree_hash
 from kernels.timing import measure, measure_together, rotation_sets
 from kernels.verify import check, make_inputs, poisoned_output, reference
 from kernels.version import __version__
+
+if TYPE_CHECKING:
+    from backends.base import Runner
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,74 @@
+"""Every bad input gets a clear TypeError/ValueError naming the problem; zero-size dims need no tuning."""
+import pytest
+import torch
+
+import kernels
+from kernels.errors import InputTypeError, InputValueError
+
+
+def t(*shape, dtype=torch.float16):
+    return torch.randn(*shape).to(dtype)
+
+
+@pytest.mark.parametrize("a,b,exc,text", [
+    (t(2, 3, 4), t(4, 5), ValueError, "a must be 2-D, got 3-D"),
+    (t(3, 4), t(4), ValueError, "b must be 2-D, got 1-D"),
+    (t(3, 4), t(5, 6), ValueError, "inner dimensions differ"),
+    (t(3, 4), t(4, 5, dtype=torch.float32), TypeError, "dtypes differ"),
+    (t(3, 4, dtype=torch.float64), t(4, 5, dtype=torch.float64), TypeError, "supported: float16, bfloat16, float32"),
+    (torch.ones(3, 4, dtype=torch.int8), torch.ones(4, 5, dtype=torch.int8), TypeError, "kernels.int_mm"),
+    ([[1.0]], t(1, 1), TypeError, "a must be a torch.Tensor, got list"),
+])
+def test_mm_rejects_bad_inputs(a, b, exc, text):
+    with pytest.raises(exc, match=text):
+        kernels.mm(a, b)
+
+
+def test_int_mm_rejects_floats():
+    with pytest.raises(TypeError, match="must be int8, got torch.float16"):
+        kernels.int_mm(t(32, 32), t(32, 32))
+
+
+def test_errors_are_typed_and_catchable_as_builtins():
+    with pytest.raises(InputValueError):
+        kernels.mm(t(3, 4), t(5, 6))
+    with pytest.raises(InputTypeError):
+        kernels.mm(t(3, 4), t(4, 5, dtype=torch.bfloat16))
+
+
+def test_devices_differ():
+    meta = torch.empty(4, 5, dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match="different devices"):
+        kernels.mm(t(3, 4), meta)
+
+
+@pytest.mark.parametrize("out,exc,text", [
+    (torch.empty(3, 6, dtype=torch.float16), ValueError, r"out has shape \(3, 6\), expected \(3, 5\)"),
+    (torch.empty(3, 5, dtype=torch.float32), TypeError, "out has dtype torch.float32, expected torch.float16"),
+    (torch.empty(3, 5, dtype=torch.float16, device="meta"), ValueError, "out is on meta"),
+    ("nope", TypeError, "out must be a torch.Tensor"),
+])
+def test_bad_out(out, exc, text):
+    with pytest.raises(exc, match=text):
+        kernels.mm(t(3, 4), t(4, 5), out=out)
+
+
+def test_zero_size_dims_need_no_tuning():
+    before = kernels.stats()["tunes"]
+    assert kernels.mm(t(0, 4), t(4, 5)).shape == (0, 5)
+    assert kernels.mm(t(3, 4), t(4, 0)).shape == (3, 0)
+    z = kernels.mm(t(3, 0), t(0, 5))
+    assert z.shape == (3, 5) and bool((z == 0).all())
+    out = torch.full((3, 5), 7, dtype=torch.int32)
+    kernels.int_mm(torch.ones(3, 0, dtype=torch.int8), torch.ones(0, 5, dtype=torch.int8), out=out)
+    assert bool((out == 0).all())
+    assert kernels.explain(t(3, 0), t(0, 5)).source == "trivial"
+    assert kernels.stats()["tunes"] == before
+
+
+def test_autograd_inputs_fall_back_to_torch_mm():
+    a = torch.randn(4, 8, requires_grad=True)
+    b = torch.randn(8, 3)
+    c = kernels.mm(a, b)
+    c.sum().backward()
+    assert a.grad is not None and torch.allclose(a.grad, b.sum(1).expand(4, 8))

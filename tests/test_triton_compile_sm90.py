@@ -1,0 +1,73 @@
+"""Compile every Triton template for sm90 without a GPU, through the real worker pool, and read the SASS.
+
+The workers never see TRITON_INTERPRET, so this runs from the interpreter-mode test process too."""
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import triton
+
+from backends.triton import TritonBackend
+from backends.triton_render import render, spec_for
+from kernels.choice import Choice
+from kernels.fsutil import write_if_different
+from kernels.heuristics import GemmConfig
+from tests.test_heuristics import problem
+
+pytestmark = pytest.mark.slow
+
+
+def cuobjdump() -> str | None:
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(bundled) if bundled.exists() else shutil.which("cuobjdump")
+
+
+def compile_jobs(backend, cases):
+    jobs = []
+    for i, (p, choice) in enumerate(cases):
+        spec = spec_for(p, choice)
+        path = backend.root / "src" / f"{choice.name}_{i}.py"
+        write_if_different(path, render(spec))
+        job = backend._job(p, spec, path)
+        job["id"] = i
+        jobs.append(job)
+    return backend._get_pool().map(jobs, timeout_s=600)
+
+
+def test_templates_compile_for_sm90_with_wgmma():
+    backend = TritonBackend()
+    cfg = GemmConfig(128, 128, 64, 3, 4)
+    cases = [(problem(dtype="bf16"), Choice("triton", "triton_mm", "bf16", cfg)),
+             (problem(dtype="fp16", stride_b=(1, 4096)), Choice("triton", "triton_mm", "fp16", cfg)),
+             (problem(dtype="int8", op="int_mm", stride_b=(1, 4096)), Choice("triton", "triton_int8_mm", "int8", cfg)),
+             (problem(m=100, n=50, k=70, dtype="bf16"), Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64, 32, 2, 4)))]
+    try:
+        results = compile_jobs(backend, cases)
+    finally:
+        backend.close()
+    assert all(r["ok"] for r in results), [r.get("error") for r in results]
+    tool = cuobjdump()
+    for r in results:
+        group = backend.triton_cache_dir / r["cache_group"]
+        cubins = list(group.glob("*.cubin"))
+        meta = json.loads(next(p for p in group.glob("*.json") if not p.name.startswith("__grp__")).read_text())
+        assert cubins and meta["target"]["arch"] == 90
+        if tool:
+            sass = subprocess.run([tool, "--dump-sass", str(cubins[0])], capture_output=True, text=True).stdout
+            assert "HGMMA" in sass or "IGMMA" in sass, "expected Hopper wgmma instructions in the SASS"
+
+
+def test_compile_failure_is_reported_not_raised(tmp_path):
+    backend = TritonBackend()
+    bad = tmp_path / "bad.py"
+    bad.write_text("import triton\n@triton.jit\ndef k(a_ptr):\n    undefined_name(a_ptr)\n")
+    job = {"id": 0, "module_path": str(bad), "kernel_name": "k", "signature": {"a_ptr": "*fp16"}, "div16": [],
+           "backend": "cuda", "arch": 90, "warp_size": 32, "options": {"num_warps": 4, "num_stages": 2}}
+    try:
+        (res,) = backend._get_pool().map([job], timeout_s=300)
+    finally:
+        backend.close()
+    assert not res["ok"] and "undefined_name" in res["error"]
