@@ -1,0 +1,100 @@
+"""Device facts measured at the start of a run (peak FLOP/s, copy bandwidth) and the environment record."""
+from __future__ import annotations
+
+import datetime
+import platform
+import shutil
+import subprocess
+from importlib import metadata
+
+import torch
+
+from bench.results import DeviceFacts
+from kernels.problem import DTYPES_BY_NAME
+from kernels.timing import measure
+
+
+def _version(pkg: str) -> str:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def _run(cmd: list[str], timeout: float = 10.0) -> str:
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unavailable ({type(e).__name__})"
+    return res.stdout.strip() if res.returncode == 0 else f"unavailable (exit {res.returncode})"
+
+
+def _nvcc_version() -> str:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return "absent"
+    out = _run([nvcc, "--version"])
+    lines = [ln for ln in out.splitlines() if "release" in ln]
+    return lines[0].strip() if lines else out[:200]
+
+
+def _gpu_clocks() -> dict:
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    fields = "clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.limit,driver_version"
+    out = _run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"])
+    if out.startswith("unavailable"):
+        return {"nvidia_smi": out}
+    first = out.splitlines()[0] if out else ""
+    return dict(zip(fields.split(","), (v.strip() for v in first.split(","))))
+
+
+def environment() -> dict:
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+           "triton": _version("triton"), "kernels": _version("kernels"), "nvcc": _nvcc_version(),
+           "cuda_runtime": torch.version.cuda or "none"}
+    try:
+        from kernels.version import __version__
+        env["kernels"] = __version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        env.update({"gpu": props.name, "capability": f"{props.major}.{props.minor}",
+                    "sm_count": props.multi_processor_count, "gpu_memory_gb": round(props.total_memory / 2**30, 1),
+                    "l2_bytes": getattr(props, "L2_cache_size", None)})
+        env.update(_gpu_clocks())
+    else:
+        env["gpu"] = "none"
+    return env
+
+
+def _peak_call(dtype: str, size: int):
+    """A large dense product of the dtype under test: cuBLAS's rate is our peak (what is achievable here)."""
+    tdtype = DTYPES_BY_NAME[dtype]
+    if dtype == "int8":
+        a = torch.randint(-128, 128, (size, size), dtype=tdtype, device="cuda")
+        b = torch.randint(-128, 128, (size, size), dtype=tdtype, device="cuda")
+        return lambda i: torch._int_mm(a, b)
+    a = torch.randn(size, size, device="cuda", dtype=tdtype)
+    b = torch.randn(size, size, device="cuda", dtype=tdtype)
+    return lambda i: torch.mm(a, b)
+
+
+def measure_device(dtype: str, budget_ms: float = 200.0, size: int = 8192, copy_bytes: int = 1 << 30) -> DeviceFacts:
+    """Peak FLOP/s (TOPS for int8) of `dtype` and device copy bandwidth, measured with kernels.timing."""
+    if not torch.cuda.is_available():
+        return DeviceFacts("cpu", platform.processor() or "cpu", note="no GPU: no peak or bandwidth measured")
+    name = torch.cuda.get_device_name()
+    t = measure(_peak_call(dtype, size), 1, "cuda", budget_ms)
+    peak = 2 * size**3 / (t.median_ms * 1e-3) / 1e12
+    torch.cuda.empty_cache()
+    src = torch.empty(copy_bytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    c = measure(lambda i: dst.copy_(src), 1, "cuda", budget_ms)
+    bandwidth = 2 * copy_bytes / (c.median_ms * 1e-3) / 1e9
+    del src, dst
+    torch.cuda.empty_cache()
+    return DeviceFacts("cuda", name, peak_tflops=peak, peak_shape=f"{dtype} {size}^3 torch.mm",
+                       bandwidth_gbs=bandwidth, copy_bytes=copy_bytes)

@@ -1,0 +1,202 @@
+"""Measuring one shape: tune each backend with kernels.autotune.tune, time the Inductor peer and kernels.mm itself
+with kernels.timing on the same rotated inputs. Every failure becomes a Cell, never an exception out of here
+(unless the caller asked not to keep going)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+import kernels
+from bench.columns import Column, NameFilter, pick_best
+from bench.results import Cell, DeviceFacts, KernelsMmResult
+from bench.shapes import Shape
+from kernels.autotune import fingerprint, tune
+from kernels.cache import SelectionStore, store_key
+from kernels.config import config
+from kernels.errors import NoCandidateError
+from kernels.problem import DTYPES_BY_NAME, GemmProblem
+from kernels.selection import Selection
+from kernels.timing import measure, measure_together, rotation_sets
+from kernels.verify import check, make_inputs, reference
+
+LAYOUTS = ("nn", "nt", "tn", "tt")
+
+
+def op_for(dtype: str) -> str:
+    return "int_mm" if dtype == "int8" else "mm"
+
+
+def _operand(rows: int, cols: int, transposed: bool, dtype: str, device: str) -> torch.Tensor:
+    """rows x cols; column-major storage when `transposed` (the 't' of a layout)."""
+    shape = (cols, rows) if transposed else (rows, cols)
+    if dtype == "int8":
+        t = torch.randint(-128, 128, shape, dtype=torch.int8, device=device)
+    else:
+        t = torch.randn(shape, device=device, dtype=torch.float32).to(DTYPES_BY_NAME[dtype])
+    return t.t() if transposed else t
+
+
+def problem_for(shape: Shape, dtype: str, layout: str, device: str) -> GemmProblem:
+    """The GemmProblem of real tensors with this layout ('n': row-major, 't': column-major; A then B)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    a = _operand(shape.m, shape.k, layout[0] == "t", dtype, device)
+    b = _operand(shape.k, shape.n, layout[1] == "t", dtype, device)
+    return GemmProblem.from_tensors(op_for(dtype), a, b)
+
+
+@dataclass
+class TuneOutcome:
+    """tune() for one backend set: the Selection (None when every candidate failed), failures, notes, wall time."""
+    backends: tuple[str, ...]
+    selection: Selection | None
+    timings: dict
+    choices: dict
+    notes: list[str]
+    seconds: float
+
+
+def tune_backends(problem: GemmProblem, backends: tuple[str, ...]) -> TuneOutcome:
+    start = time.perf_counter()
+    try:
+        sel, _ = tune(problem, backends)
+    except NoCandidateError as e:
+        notes = [why for name, why in e.failures.items() if name == "-"]
+        timings = {n: w for n, w in e.failures.items() if n != "-"}
+        return TuneOutcome(backends, None, timings, {}, notes, time.perf_counter() - start)
+    return TuneOutcome(backends, sel, sel.timings, sel.choices, list(sel.notes), time.perf_counter() - start)
+
+
+def _unavailable_note(notes: list[str], backend: str) -> str | None:
+    for note in notes:
+        for part in note.split("; "):
+            if part.startswith(f"{backend} unavailable:") or part.startswith(f"{backend} failed:"):
+                return part
+    return None
+
+
+def _aten_ms(outcome: TuneOutcome) -> float | None:
+    for name in ("aten_mm", "aten_int_mm"):
+        t = outcome.timings.get(name)
+        if isinstance(t, float):
+            return t
+    return None
+
+
+def tuned_cell(column: Column, outcome: TuneOutcome, problem: GemmProblem, facts: DeviceFacts,
+               flt: NameFilter, interpreted: bool) -> Cell:
+    """The column's best candidate from its backend's tune, with rates and the speedup vs aten in that tune."""
+    pick = pick_best(outcome.timings, outcome.choices, column, flt)
+    cell = Cell(column.name, "ok", tune_s=outcome.seconds, candidates=pick.candidates, failed=pick.failed)
+    if pick.name is None:
+        why = _unavailable_note(outcome.notes, column.backend)
+        cell.status = "unavailable" if why and pick.candidates == 0 else "failed"
+        cell.message = why if why and pick.candidates == 0 else pick.failure or "no result"
+        return cell
+    details = outcome.selection.details.get(pick.name, {}) if outcome.selection else {}
+    cell.best, cell.median_ms = pick.name, pick.median_ms
+    cell.p20_ms, cell.p80_ms = details.get("p20_ms"), details.get("p80_ms")
+    if interpreted:
+        cell.message = "CPU time (interpreter / CPU aten): correctness only, not performance"
+        return cell
+    cell.aten_ms = _aten_ms(outcome)
+    fill_rates(cell, problem, facts)
+    return cell
+
+
+def fill_rates(cell: Cell, problem: GemmProblem, facts: DeviceFacts) -> None:
+    cell.tflops = problem.flops / (cell.median_ms * 1e-3) / 1e12
+    floor = facts.floor_ms(problem.flops, problem.min_bytes)
+    if floor is not None:
+        cell.pct_floor = 100.0 * floor / cell.median_ms
+    if cell.aten_ms:
+        cell.speedup = cell.aten_ms / cell.median_ms
+
+
+def rotated_sets(problem: GemmProblem, device: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same rotation tuning uses: enough input sets that consecutive calls do not find their inputs in L2."""
+    bytes_per_set = (problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes
+    n = rotation_sets(bytes_per_set, device)
+    return [make_inputs(problem, device, seed=s) for s in range(n)]
+
+
+def _aten_fn(op: str):
+    return torch.mm if op == "mm" else torch._int_mm
+
+
+def _calls(fn, sets):
+    def call(i: int):
+        a, b = sets[i]
+        return fn(a, b)
+    return call
+
+
+def inductor_cell(problem: GemmProblem, sets, facts: DeviceFacts, budget_ms: float) -> Cell:
+    """torch.compile(torch.mm, mode="max-autotune-no-cudagraphs"), its compile time, verified, timed beside aten."""
+    cell = Cell("inductor", "ok", best="torch.compile max-autotune-no-cudagraphs")
+    if problem.device != "cuda":
+        return Cell("inductor", "unavailable", message="needs a CUDA GPU (Inductor max-autotune)")
+    import torch._dynamo   # noqa: PLC0415 - only the Inductor column needs dynamo
+    torch._dynamo.reset()  # a fresh compile per shape: no recompile limit, no dynamic-shape fallback
+    fn = torch.compile(_aten_fn(problem.op), mode="max-autotune-no-cudagraphs", dynamic=False)
+    a, b = sets[0]
+    start = time.perf_counter()
+    try:
+        out = fn(a, b)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - a compile failure is the cell's content
+        return Cell("inductor", "failed", tune_s=time.perf_counter() - start,
+                    message=f"compile failed: {type(e).__name__}: {str(e)[:200]}")
+    cell.tune_s = time.perf_counter() - start
+    result = check(problem, out, reference(problem, a, b))
+    if not result.ok:
+        return Cell("inductor", "failed", tune_s=cell.tune_s, message=f"wrong result: {result.message}")
+    timed = measure_together({"inductor": _calls(fn, sets), "aten": _calls(_aten_fn(problem.op), sets)},
+                             len(sets), "cuda", 2 * budget_ms)
+    t = timed["inductor"]
+    cell.median_ms, cell.p20_ms, cell.p80_ms = t.median_ms, t.p20_ms, t.p80_ms
+    cell.aten_ms = timed["aten"].median_ms
+    fill_rates(cell, problem, facts)
+    return cell
+
+
+def seed_selection(outcome: TuneOutcome) -> None:
+    """Publish a fresh tune where kernels.mm (same backends) looks first, so it serves exactly this selection."""
+    if outcome.selection is None:
+        return
+    SelectionStore().put(store_key(outcome.selection.problem, fingerprint(outcome.backends)), outcome.selection)
+
+
+def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets, budget_ms: float) -> KernelsMmResult:
+    """kernels.mm (or int_mm) as users call it: first call (tunes or loads), then steady state beside torch.mm."""
+    config.backends = backends
+    entry = kernels.mm if problem.op == "mm" else kernels.int_mm
+    a, b = sets[0]
+    device = problem.device
+    start = time.perf_counter()
+    try:
+        out = entry(a, b)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        first = time.perf_counter() - start
+        sel = kernels.explain(a, b, op=problem.op)
+    except Exception as e:  # noqa: BLE001 - e.g. NoCandidateError: the row says why
+        return KernelsMmResult("error", first_call_s=time.perf_counter() - start,
+                               message=f"{type(e).__name__}: {str(e)[:300]}")
+    result = check(problem, out, reference(problem, a, b))
+    if not result.ok:
+        return KernelsMmResult("error", winner=sel.winner, message=f"wrong result: {result.message}")
+    timed = measure_together({"kernels": _calls(entry, sets), "torch": _calls(_aten_fn(problem.op), sets)},
+                             len(sets), device, 2 * budget_ms)
+    km, tm = timed["kernels"], timed["torch"]
+    ranked = sel.ranked()
+    regret = None
+    if ranked and isinstance(sel.timings.get(sel.winner), float):
+        regret = sel.timings[sel.winner] / ranked[0][1] - 1.0
+    return KernelsMmResult("ok", winner=sel.winner, source=sel.source, mm_ms=km.median_ms, mm_p20_ms=km.p20_ms,
+                           mm_p80_ms=km.p80_ms, torch_ms=tm.median_ms, torch_p20_ms=tm.p20_ms,
+                           torch_p80_ms=tm.p80_ms, speedup=tm.median_ms / km.median_ms, regret=regret,
+                           first_call_s=first,
+                           message="" if device == "cuda" else "CPU times: correctness only")

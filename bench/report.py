@@ -1,0 +1,196 @@
+"""Writers for a Report: terminal table (rich when importable, plain text otherwise), JSON, CSV, bar plot."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from bench.results import Cell, KernelsMmResult, Report
+
+HEADERS = ("shape", "backend", "best candidate", "median ms (p20-p80)", "TFLOP/s", "% floor", "vs aten", "tune s")
+
+
+class PlotError(RuntimeError):
+    """The plot could not be produced (matplotlib missing, nothing to plot)."""
+
+
+def _fmt(v, spec: str, none: str = "-") -> str:
+    return none if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
+
+
+def _ms(median, p20, p80) -> str:
+    if median is None:
+        return "-"
+    if p20 is None or p80 is None:
+        return f"{median:.4f}"
+    return f"{median:.4f} ({p20:.4f}-{p80:.4f})"
+
+
+def _cell_row(cell: Cell) -> tuple[str, ...]:
+    if not cell.ok:
+        return (cell.column, f"{cell.status}: {cell.message}"[:120], "-", "-", "-", "-", _fmt(cell.tune_s, ".1f"))
+    return (cell.column, cell.best or "-", _ms(cell.median_ms, cell.p20_ms, cell.p80_ms), _fmt(cell.tflops, ".1f"),
+            _fmt(cell.pct_floor, ".0f"), _fmt(cell.speedup, ".2f", "-") + ("x" if cell.speedup else ""),
+            _fmt(cell.tune_s, ".1f"))
+
+
+def _mm_row(r: KernelsMmResult) -> tuple[str, ...]:
+    if r.status != "ok":
+        return ("kernels.mm", f"error: {r.message}"[:120], "-", "-", "-", "-", _fmt(r.first_call_s, ".1f"))
+    regret = f"regret {r.regret * 100:.1f}%" if r.regret is not None else "regret -"
+    return ("kernels.mm", f"{r.winner} [{r.source}, {regret}]",
+            f"{_ms(r.mm_ms, r.mm_p20_ms, r.mm_p80_ms)} vs torch {r.torch_ms:.4f}", "-", "-",
+            f"{r.speedup:.2f}x torch", _fmt(r.first_call_s, ".1f"))
+
+
+def rows(report: Report) -> list[tuple[str, ...]]:
+    """Table rows: each shape's columns, then its kernels.mm line (shape label only on the first row)."""
+    out = []
+    for sr in report.shapes:
+        label = f"{sr.label()} {sr.dtype} {sr.layout}"
+        body = [_cell_row(sr.cells[c]) for c in report.columns if c in sr.cells]
+        if sr.kernels_mm is not None:
+            body.append(_mm_row(sr.kernels_mm))
+        for i, r in enumerate(body):
+            out.append(((label if i == 0 else ""),) + r)
+    return out
+
+
+def summary_rows(report: Report) -> list[tuple[str, str, str]]:
+    s = report.summary
+    if s is None:
+        return []
+    out = [(c, _fmt(s.geomean_speedup.get(c), ".3f") + f"x over {s.shapes_counted.get(c, 0)} shapes",
+            f"fastest on {s.wins.get(c, 0)}") for c in report.columns]
+    out.append(("best overall", _fmt(s.best_overall_geomean, ".3f") + "x", ""))
+    if s.kernels_mm_geomean is not None:
+        out.append(("kernels.mm vs torch.mm", _fmt(s.kernels_mm_geomean, ".3f") + "x",
+                    "max regret " + _fmt(None if s.kernels_mm_max_regret is None else
+                                         100 * s.kernels_mm_max_regret, ".1f") + "%"))
+    return out
+
+
+def title(report: Report) -> str:
+    d = report.device
+    if report.mode != "gpu":
+        return (f"NO GPU: {report.mode} mode on {d.name}; times are CPU times (Triton interpreter), "
+                f"correctness only, not performance")
+    unit = "TOPS" if report.args.get("dtype") == "int8" else "TFLOP/s"
+    return (f"{d.name} | peak {_fmt(d.peak_tflops, '.0f')} {unit} ({d.peak_shape}) | copy "
+            f"{_fmt(d.bandwidth_gbs, '.0f')} GB/s | torch {report.env.get('torch')} triton "
+            f"{report.env.get('triton')} | {report.env.get('date')}")
+
+
+def headers(report: Report) -> tuple[str, ...]:
+    if report.args.get("dtype") == "int8":
+        return tuple("TOPS" if h == "TFLOP/s" else h for h in HEADERS)
+    return HEADERS
+
+
+def plain_table(report: Report) -> str:
+    hdr = headers(report)
+    body = rows(report)
+    widths = [max(len(hdr[i]), *(len(r[i]) for r in body)) if body else len(hdr[i]) for i in range(len(hdr))]
+    line = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
+    out = [title(report), line(hdr), line(tuple("-" * w for w in widths))]
+    out.extend(line(r) for r in body)
+    summ = summary_rows(report)
+    if summ:
+        out.append("")
+        out.append("geomean speedup vs aten:")
+        out.extend(f"  {a:<24} {b:<28} {c}" for a, b, c in summ)
+    return "\n".join(out)
+
+
+def print_table(report: Report, file=None) -> None:
+    """Rich table when rich is importable, else the plain-text one."""
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(plain_table(report), file=file)
+        return
+    out = file if file is not None else sys.stdout
+    # piped output gets a wide fixed width so candidate names are not folded into slivers
+    console = Console(file=out, width=None if out.isatty() else 220)
+    table = Table(title=title(report), show_lines=False)
+    for h in headers(report):
+        table.add_column(h, overflow="fold")
+    for r in rows(report):
+        if r[0]:
+            table.add_section()
+        table.add_row(*r)
+    console.print(table)
+    summ = summary_rows(report)
+    if summ:
+        st = Table(title="geomean speedup vs aten")
+        for h in ("column", "geomean", "wins"):
+            st.add_column(h)
+        for r in summ:
+            st.add_row(*r)
+        console.print(st)
+
+
+def write_json(report: Report, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(report.to_dict(), indent=1, default=str))
+
+
+CSV_FIELDS = (["m", "n", "k", "op", "dtype", "layout", "floor_ms"] + [f.name for f in fields(Cell)])
+_MM_FIELDS = [f.name for f in fields(KernelsMmResult)]
+
+
+def write_csv(report: Report, path: str | Path) -> None:
+    """One row per (shape, column), plus one row per shape for kernels.mm (column 'kernels.mm', its own fields
+    prefixed km_); the environment and device facts go in leading '#' comment lines."""
+    with Path(path).open("w", newline="") as f:
+        for key, value in {**report.env, **{f"device_{k}": v for k, v in asdict(report.device).items()}}.items():
+            f.write(f"# {key}: {value}\n")
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS + [f"km_{n}" for n in _MM_FIELDS])
+        writer.writeheader()
+        for sr in report.shapes:
+            base = {"m": sr.m, "n": sr.n, "k": sr.k, "op": sr.op, "dtype": sr.dtype, "layout": sr.layout,
+                    "floor_ms": sr.floor_ms}
+            for c in report.columns:
+                if c in sr.cells:
+                    writer.writerow({**base, **asdict(sr.cells[c])})
+            if sr.kernels_mm is not None:
+                writer.writerow({**base, "column": "kernels.mm", "status": sr.kernels_mm.status,
+                                 **{f"km_{k}": v for k, v in asdict(sr.kernels_mm).items()}})
+
+
+def write_plot(report: Report, path: str | Path) -> None:
+    """Grouped bars: one group per shape, one bar per column (TFLOP/s; speedup vs aten when not on a GPU)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise PlotError(f"--plot needs matplotlib (pip install matplotlib): {e}") from e
+    gpu = report.mode == "gpu"
+    metric = "tflops" if gpu else "median_ms"
+    ylabel = ("TOPS" if report.args.get("dtype") == "int8" else "TFLOP/s") if gpu else "CPU ms (not performance)"
+    shapes = report.shapes
+    if not shapes:
+        raise PlotError("nothing to plot: no shapes were measured")
+    cols = list(report.columns)
+    width = 0.8 / max(len(cols), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(shapes) * max(1, len(cols)) / 2), 4.5))
+    for j, c in enumerate(cols):
+        xs, ys = [], []
+        for i, sr in enumerate(shapes):
+            cell = sr.cells.get(c)
+            if cell is not None and cell.ok and getattr(cell, metric) is not None:
+                xs.append(i + (j - (len(cols) - 1) / 2) * width)
+                ys.append(getattr(cell, metric))
+        ax.bar(xs, ys, width=width, label=c)
+    ax.set_xticks(range(len(shapes)))
+    ax.set_xticklabels([sr.label() for sr in shapes], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title(report)[:110], fontsize=8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

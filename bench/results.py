@@ -1,0 +1,137 @@
+"""Result records of a benchmark run and the summary derived from them (pure: no torch, no device)."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Cell:
+    """One backend (or template group, or the Inductor peer) on one shape."""
+    column: str
+    status: str                       # ok | failed | unavailable | skipped | error
+    best: str | None = None           # the column's fastest verified candidate
+    median_ms: float | None = None
+    p20_ms: float | None = None
+    p80_ms: float | None = None
+    tflops: float | None = None       # TOPS for int8
+    pct_floor: float | None = None    # 100 * floor / median
+    speedup: float | None = None      # aten time in the same measurement / this time
+    aten_ms: float | None = None      # the baseline the speedup is against
+    tune_s: float | None = None       # wall time of tuning this backend for this shape (Inductor: compile time)
+    candidates: int = 0
+    failed: int = 0
+    message: str = ""                 # failure text, or a note (e.g. "CPU interpreter time")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.median_ms is not None
+
+
+@dataclass
+class KernelsMmResult:
+    """`kernels.mm` itself after tuning: the user-visible steady-state call beside torch.mm, and the regret."""
+    status: str                       # ok | error
+    winner: str | None = None
+    source: str = ""                  # tuned | disk | memory | cpu-fallback
+    mm_ms: float | None = None        # kernels.mm per call (median), back to back over rotated inputs
+    mm_p20_ms: float | None = None
+    mm_p80_ms: float | None = None
+    torch_ms: float | None = None     # torch.mm (torch._int_mm), measured interleaved with kernels.mm
+    torch_p20_ms: float | None = None
+    torch_p80_ms: float | None = None
+    speedup: float | None = None      # torch_ms / mm_ms
+    regret: float | None = None       # winner's re-timed time / best candidate's time - 1 (from the Selection)
+    first_call_s: float | None = None # wall time of the first call (tuning or loading the selection)
+    message: str = ""
+
+
+@dataclass
+class ShapeResult:
+    m: int
+    n: int
+    k: int
+    op: str
+    dtype: str
+    layout: str
+    flops: int
+    min_bytes: int
+    floor_ms: float | None
+    cells: dict[str, Cell] = field(default_factory=dict)
+    kernels_mm: KernelsMmResult | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def label(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}"
+
+
+@dataclass
+class DeviceFacts:
+    """Measured once at the start: the denominators of % of floor."""
+    device: str                       # "cuda" or "cpu"
+    name: str
+    peak_tflops: float | None = None  # dense peak of the dtype under test, from a large torch.mm
+    peak_shape: str = ""
+    bandwidth_gbs: float | None = None   # device copy, read + write bytes per second
+    copy_bytes: int = 0
+    note: str = ""
+
+    def floor_ms(self, flops: int, min_bytes: int) -> float | None:
+        if not self.peak_tflops or not self.bandwidth_gbs:
+            return None
+        return max(flops / (self.peak_tflops * 1e12), min_bytes / (self.bandwidth_gbs * 1e9)) * 1e3
+
+
+@dataclass
+class Summary:
+    geomean_speedup: dict[str, float | None]     # column -> geomean over shapes where it ran
+    shapes_counted: dict[str, int]
+    wins: dict[str, int]                         # column -> shapes where it was the fastest column
+    best_overall_geomean: float | None           # geomean over shapes of the best column's speedup
+    kernels_mm_geomean: float | None             # geomean of torch.mm / kernels.mm
+    kernels_mm_max_regret: float | None
+
+
+@dataclass
+class Report:
+    args: dict
+    env: dict
+    device: DeviceFacts
+    columns: list[str]
+    shapes: list[ShapeResult]
+    mode: str = "gpu"                 # gpu | cpu-interpreter
+    summary: Summary | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def geomean(values) -> float | None:
+    vals = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    if not vals:
+        return None
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def summarize(columns: list[str], shapes: list[ShapeResult]) -> Summary:
+    per_col: dict[str, list[float]] = {c: [] for c in columns}
+    wins = {c: 0 for c in columns}
+    best_speedups = []
+    for sr in shapes:
+        ok = {c: cell for c, cell in sr.cells.items() if cell.ok}
+        for c, cell in ok.items():
+            if cell.speedup is not None:
+                per_col.setdefault(c, []).append(cell.speedup)
+        if ok:
+            fastest = min(ok, key=lambda c: ok[c].median_ms)
+            wins[fastest] = wins.get(fastest, 0) + 1
+            sp = [cell.speedup for cell in ok.values() if cell.speedup is not None]
+            if sp:
+                best_speedups.append(max(sp))
+    km = [sr.kernels_mm for sr in shapes if sr.kernels_mm is not None and sr.kernels_mm.status == "ok"]
+    regrets = [r.regret for r in km if r.regret is not None]
+    return Summary(geomean_speedup={c: geomean(v) for c, v in per_col.items()},
+                   shapes_counted={c: len(v) for c, v in per_col.items()}, wins=wins,
+                   best_overall_geomean=geomean(best_speedups),
+                   kernels_mm_geomean=geomean(r.speedup for r in km),
+                   kernels_mm_max_regret=max(regrets) if regrets else None)

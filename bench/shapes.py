@@ -1,0 +1,134 @@
+"""Shape suites and shapes files (CSV or JSON of M,N,K) for the benchmarks."""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ShapesError(ValueError):
+    """A suite name or shapes file that cannot be used; the message names the file and row."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    m: int
+    n: int
+    k: int
+
+    @property
+    def macs(self) -> int:
+        return self.m * self.n * self.k
+
+    def label(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}"
+
+
+def _cube(s: int) -> Shape:
+    return Shape(s, s, s)
+
+
+# Llama projections as (K, N): qkv, down, gate+up, o, lm head
+_LLAMA_KN = ((4096, 12288), (11008, 4096), (4096, 22016), (4096, 4096), (4096, 65536))
+
+SUITES: dict[str, tuple[Shape, ...]] = {
+    "tiny": (Shape(64, 64, 64), Shape(17, 33, 65)),
+    "square": (_cube(1024), _cube(4096), _cube(8192)),
+    "llama": tuple(Shape(m, n, k) for m in (16, 64) for k, n in _LLAMA_KN),
+    "splitk": tuple(Shape(32, 32, k) for k in (4096, 16384, 32768)),
+    "training": (Shape(8192, 14336, 4096), Shape(4096, 4096, 14336)),
+    "odd": (Shape(3000, 2000, 1000), _cube(2047)),
+}
+
+# the core issue's reference set; int8 has its own shapes
+CORE = {
+    "float": (_cube(1024), _cube(4096), _cube(8192), Shape(16, 12288, 4096), Shape(64, 4096, 11008),
+              Shape(64, 22016, 4096), Shape(3000, 2000, 1000)),
+    "int8": (Shape(256, 12288, 4096), Shape(1024, 22016, 4096), _cube(4096)),
+}
+
+# "all" is every performance suite (not tiny: that one exists for machines without a GPU)
+ALL_SUITES = ("square", "llama", "splitk", "training", "odd")
+SUITE_NAMES = tuple(SUITES) + ("core", "all")
+
+
+def suite(name: str, dtype: str = "bf16") -> list[Shape]:
+    if name == "core":
+        return list(CORE["int8" if dtype == "int8" else "float"])
+    if name == "all":
+        return _dedupe([s for n in ALL_SUITES for s in SUITES[n]])
+    if name not in SUITES:
+        raise ShapesError(f"unknown suite {name!r}; suites: {', '.join(SUITE_NAMES)} (or a .csv/.json file)")
+    return list(SUITES[name])
+
+
+def _dedupe(shapes: list[Shape]) -> list[Shape]:
+    return list(dict.fromkeys(shapes))
+
+
+def _to_shape(values, where: str) -> Shape:
+    if len(values) != 3:
+        raise ShapesError(f"{where}: expected 3 values M,N,K, got {len(values)}: {values!r}")
+    dims = []
+    for name, v in zip("MNK", values):
+        try:
+            if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+                raise ValueError
+            d = int(str(v).strip()) if not isinstance(v, (int, float)) else int(v)
+        except (TypeError, ValueError) as e:
+            raise ShapesError(f"{where}: {name}={v!r} is not an integer") from e
+        if d < 1:
+            raise ShapesError(f"{where}: {name}={d} must be positive")
+        dims.append(d)
+    return Shape(*dims)
+
+
+def _read_csv(path: Path) -> list[Shape]:
+    shapes = []
+    with path.open(newline="") as f:
+        for lineno, row in enumerate(csv.reader(f), start=1):
+            cells = [c.strip() for c in row]
+            if not any(cells) or cells[0].startswith("#"):
+                continue
+            if lineno == 1 and [c.upper() for c in cells] == ["M", "N", "K"]:
+                continue   # header
+            shapes.append(_to_shape(cells, f"{path}: row {lineno}"))
+    return shapes
+
+
+def _read_json(path: Path) -> list[Shape]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ShapesError(f"{path}: not valid JSON: {e}") from e
+    if isinstance(data, dict) and "shapes" in data:
+        data = data["shapes"]
+    if not isinstance(data, list):
+        raise ShapesError(f"{path}: expected a list of [M, N, K] or {{'M':..,'N':..,'K':..}} entries")
+    shapes = []
+    for i, row in enumerate(data):
+        where = f"{path}: entry {i}"
+        if isinstance(row, dict):
+            low = {str(k).lower(): v for k, v in row.items()}
+            missing = [d for d in "mnk" if d not in low]
+            if missing:
+                raise ShapesError(f"{where}: missing {', '.join(d.upper() for d in missing)} in {row!r}")
+            row = [low["m"], low["n"], low["k"]]
+        elif not isinstance(row, list):
+            raise ShapesError(f"{where}: expected [M, N, K] or an object, got {row!r}")
+        shapes.append(_to_shape(row, where))
+    return shapes
+
+
+def parse_shapes(spec: str, dtype: str = "bf16") -> list[Shape]:
+    """A suite name, several joined by commas, or a path to a .csv / .json file of M,N,K."""
+    path = Path(spec)
+    if path.suffix.lower() in (".csv", ".json"):
+        if not path.is_file():
+            raise ShapesError(f"shapes file {spec} does not exist")
+        shapes = _read_csv(path) if path.suffix.lower() == ".csv" else _read_json(path)
+        if not shapes:
+            raise ShapesError(f"{spec}: no shapes in file")
+        return _dedupe(shapes)
+    return _dedupe([s for name in spec.split(",") if name.strip() for s in suite(name.strip(), dtype)])
