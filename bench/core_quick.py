@@ -1,0 +1,154 @@
+"""Quick GPU measurement of the core slice: kernels.mm vs torch.mm side by side, tuning cost, warm-start latency,
+host cost. `python -m bench.core_quick --json out.json`. Prints a table last."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import torch
+
+BF16 = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192), (16, 12288, 4096), (64, 4096, 11008),
+        (64, 22016, 4096), (3000, 2000, 1000)]
+INT8 = [(256, 12288, 4096), (1024, 22016, 4096), (4096, 4096, 4096)]
+
+
+def side_by_side(op: str, m: int, n: int, k: int) -> dict:
+    import kernels
+    from kernels.autotune import _user_call
+    from backends.base import Runner
+    from kernels.choice import Choice
+    from kernels.problem import GemmProblem
+    from kernels.timing import measure_together, rotation_sets
+    from kernels.verify import make_inputs
+
+    dtype = torch.int8 if op == "int_mm" else torch.bfloat16
+    a, b = make_inputs(GemmProblem.from_tensors(op, *_probe(dtype, m, n, k)), "cuda", seed=1)
+    fn = kernels.int_mm if op == "int_mm" else kernels.mm
+    t0 = time.perf_counter()
+    fn(a, b)
+    torch.cuda.synchronize()
+    tune_s = time.perf_counter() - t0
+    sel = kernels.explain(a, b, op=op)
+    problem = sel.problem
+    n_sets = rotation_sets((m * k + k * n) * dtype.itemsize, "cuda")
+    sets = [(a, b)] + [make_inputs(problem, "cuda", seed=s) for s in range(2, n_sets + 1)]
+    aten = torch._int_mm if op == "int_mm" else torch.mm
+    calls = {"kernels": _user_call(Runner(Choice("x", "x", "x"), lambda x, y, o: fn(x, y)), sets),
+             "aten": _user_call(Runner(Choice("x", "x", "x"), lambda x, y, o: aten(x, y)), sets)}
+    t = measure_together(calls, len(sets), "cuda", 400.0)
+    ranked = sel.ranked()
+    best_name, best_ms = ranked[0]
+    win_ms = sel.timings[sel.winner]
+    best_triton = next(((nm, ms) for nm, ms in ranked if nm.startswith("triton")), (None, float("nan")))
+    return {"op": op, "shape": [m, n, k], "winner": sel.winner, "kernels_ms": t["kernels"].median_ms,
+            "aten_ms": t["aten"].median_ms, "speedup": t["aten"].median_ms / t["kernels"].median_ms,
+            "regret": win_ms / best_ms, "best_triton": best_triton[0],
+            "triton_vs_aten": sel.timings.get("aten_int_mm" if op == "int_mm" else "aten_mm", float("nan")) / best_triton[1]
+            if isinstance(sel.timings.get("aten_int_mm" if op == "int_mm" else "aten_mm"), float) else None,
+            "tune_s": tune_s, "failures": len(sel.failures()), "stats": kernels.stats(),
+            "floor_pct": 100 * max(2 * m * n * k / 989e12, problem.min_bytes / 4.27e12) * 1e3 / t["kernels"].median_ms}
+
+
+def _probe(dtype, m, n, k):
+    return (torch.empty(m, k, device="cuda", dtype=dtype), torch.empty(k, n, device="cuda", dtype=dtype))
+
+
+def host_cost(n_calls: int = 3000) -> dict:
+    import kernels
+
+    a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    kernels.mm(a, b)
+    res = {}
+    for name, fn in (("torch.mm", torch.mm), ("kernels.mm", kernels.mm)) * 2:
+        for _ in range(200):
+            fn(a, b)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n_calls):
+            fn(a, b)
+        host = (time.perf_counter() - t0) / n_calls * 1e6
+        torch.cuda.synchronize()
+        res[name] = min(res.get(name, 1e9), host)
+    res["winner"] = kernels.explain(a, b).winner
+    res["ratio"] = res["kernels.mm"] / res["torch.mm"]
+    return res
+
+
+WARM_START = textwrap.dedent("""
+    import json, time, torch
+    import kernels
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16); b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter(); kernels.mm(a, b); torch.cuda.synchronize(); dt = time.perf_counter() - t0
+    print(json.dumps({"first_call_ms": dt * 1e3, "stats": kernels.stats(), "winner": kernels.explain(a, b).winner}))
+""")
+
+
+def warm_start(cache_dir: str, backends: str) -> dict:
+    env = dict(os.environ, KERNELS_CACHE_DIR=cache_dir, KERNELS_BACKENDS=backends)
+    out = subprocess.run([sys.executable, "-c", WARM_START], capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        return {"error": out.stderr[-2000:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--backends", default="aten,triton")
+    args = ap.parse_args()
+    import kernels
+
+    cache = tempfile.mkdtemp(prefix="kernels_core_")
+    os.environ["KERNELS_CACHE_DIR"] = cache
+    kernels.config.backends = tuple(args.backends.split(","))
+    rows = []
+    for op, shapes in (("mm", BF16), ("int_mm", INT8)):
+        for m, n, k in shapes:
+            try:
+                rows.append(side_by_side(op, m, n, k))
+            except Exception as e:  # noqa: BLE001
+                rows.append({"op": op, "shape": [m, n, k], "error": f"{type(e).__name__}: {e}"})
+            print(json.dumps(rows[-1]), flush=True)
+    # a new shape whose binaries are built: same specialisation as 4096^3 bf16 with M=2048
+    before = kernels.stats()["compiles"]
+    a = torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    t0 = time.perf_counter(); kernels.mm(a, b); torch.cuda.synchronize()
+    rebuilt = {"new_shape_tune_s": time.perf_counter() - t0, "compiles": kernels.stats()["compiles"] - before}
+    hc = host_cost()
+    ws = warm_start(cache, args.backends)
+    summary = {"rows": rows, "new_shape_with_built_binaries": rebuilt, "host_cost_us": hc, "warm_start": ws,
+               "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+    import math
+    ok = [r for r in rows if "speedup" in r]
+    print(f"\n{'op':6} {'shape':>20} {'winner':44} {'kernels us':>10} {'aten us':>9} {'speedup':>7} {'regret':>6} "
+          f"{'tune s':>6} {'%floor':>6} {'triton/aten':>11}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['op']:6} {str(r['shape']):>20} ERROR {r['error'][:120]}")
+            continue
+        tva = r["triton_vs_aten"]
+        print(f"{r['op']:6} {'x'.join(map(str, r['shape'])):>20} {r['winner'][:44]:44} {r['kernels_ms'] * 1e3:10.1f} "
+              f"{r['aten_ms'] * 1e3:9.1f} {r['speedup']:7.3f} {r['regret']:6.3f} {r['tune_s']:6.2f} "
+              f"{r['floor_pct']:6.1f} {tva if tva is None else round(tva, 3)!s:>11}")
+    if ok:
+        print("geomean speedup", round(math.exp(sum(math.log(r["speedup"]) for r in ok) / len(ok)), 4),
+              " median tune s", sorted(r["tune_s"] for r in ok)[len(ok) // 2])
+    print("new shape with built binaries:", rebuilt)
+    print("host cost us:", hc)
+    print("warm start:", ws)
+
+
+if __name__ == "__main__":
+    main()
