@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def ensure_interpreter_without_gpu(argv: list[str]) -> bool:
+def ensure_interpreter_without_gpu(argv: list[str], module: str = "bench.compare") -> bool:
     """On a machine without CUDA, Triton can only run under its interpreter, and TRITON_INTERPRET must be set before
     triton is imported: set it now, or re-exec this command with it set when triton is already loaded.
     Returns True when the process runs without a GPU."""
@@ -52,7 +52,7 @@ def ensure_interpreter_without_gpu(argv: list[str]) -> bool:
     if os.environ.get("TRITON_INTERPRET") != "1":
         if "triton" in sys.modules:
             env = dict(os.environ, TRITON_INTERPRET="1")
-            os.execve(sys.executable, [sys.executable, "-m", "bench.compare", *argv], env)
+            os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
         os.environ["TRITON_INTERPRET"] = "1"
     return True
 
@@ -84,6 +84,8 @@ def run(args: argparse.Namespace, no_gpu: bool, progress: Progress):
     if args.bench_ms is not None:
         config.bench_budget_ms = args.bench_ms
     device = "cpu" if no_gpu else "cuda"
+    if no_gpu:
+        torch.set_num_threads(1)   # CPU numbers on a shared machine: no thread-pool contention
     progress("measuring device peak and copy bandwidth" if not no_gpu else
              "no CUDA GPU: Triton runs under the interpreter (TRITON_INTERPRET=1), times are CPU times, "
              "correctness only")

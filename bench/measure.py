@@ -92,8 +92,11 @@ def tuned_cell(column: Column, outcome: TuneOutcome, problem: GemmProblem, facts
     cell = Cell(column.name, "ok", tune_s=outcome.seconds, candidates=pick.candidates, failed=pick.failed)
     if pick.name is None:
         why = _unavailable_note(outcome.notes, column.backend)
-        cell.status = "unavailable" if why and pick.candidates == 0 else "failed"
-        cell.message = why if why and pick.candidates == 0 else pick.failure or "no result"
+        if pick.candidates == 0:
+            cell.status = "unavailable"
+            cell.message = why or f"{pick.failure} for {column.name} on this problem"
+        else:
+            cell.status, cell.message = "failed", pick.failure or "no result"
         return cell
     details = outcome.selection.details.get(pick.name, {}) if outcome.selection else {}
     cell.best, cell.median_ms = pick.name, pick.median_ms
@@ -175,6 +178,7 @@ def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets, bud
     entry = kernels.mm if problem.op == "mm" else kernels.int_mm
     a, b = sets[0]
     device = problem.device
+    before = kernels.stats()
     start = time.perf_counter()
     try:
         out = entry(a, b)
@@ -195,8 +199,20 @@ def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets, bud
     regret = None
     if ranked and isinstance(sel.timings.get(sel.winner), float):
         regret = sel.timings[sel.winner] / ranked[0][1] - 1.0
-    return KernelsMmResult("ok", winner=sel.winner, source=sel.source, mm_ms=km.median_ms, mm_p20_ms=km.p20_ms,
+    return KernelsMmResult("ok", winner=sel.winner, source=first_call_source(before, kernels.stats()), mm_ms=km.median_ms, mm_p20_ms=km.p20_ms,
                            mm_p80_ms=km.p80_ms, torch_ms=tm.median_ms, torch_p20_ms=tm.p20_ms,
                            torch_p80_ms=tm.p80_ms, speedup=tm.median_ms / km.median_ms, regret=regret,
                            first_call_s=first,
                            message="" if device == "cuda" else "CPU times: correctness only")
+
+
+def first_call_source(before: dict, after: dict) -> str:
+    """Where the first call's selection came from, from the process counters around it (explain() afterwards
+    reports 'memory' whatever the first call did)."""
+    if after.get("tunes", 0) > before.get("tunes", 0):
+        return "tuned"
+    if after.get("disk_hits", 0) > before.get("disk_hits", 0):
+        return "disk"
+    if after.get("cpu_fallbacks", 0) > before.get("cpu_fallbacks", 0):
+        return "cpu-fallback"
+    return "memory"

@@ -63,11 +63,12 @@ def summary_rows(report: Report) -> list[tuple[str, str, str]]:
     s = report.summary
     if s is None:
         return []
-    out = [(c, _fmt(s.geomean_speedup.get(c), ".3f") + f"x over {s.shapes_counted.get(c, 0)} shapes",
+    x = lambda v: "-" if v is None else f"{v:.3f}x"  # noqa: E731
+    out = [(c, f"{x(s.geomean_speedup.get(c))} over {s.shapes_counted.get(c, 0)} shapes",
             f"fastest on {s.wins.get(c, 0)}") for c in report.columns]
-    out.append(("best overall", _fmt(s.best_overall_geomean, ".3f") + "x", ""))
+    out.append(("best overall", x(s.best_overall_geomean), ""))
     if s.kernels_mm_geomean is not None:
-        out.append(("kernels.mm vs torch.mm", _fmt(s.kernels_mm_geomean, ".3f") + "x",
+        out.append(("kernels.mm vs torch.mm", x(s.kernels_mm_geomean),
                     "max regret " + _fmt(None if s.kernels_mm_max_regret is None else
                                          100 * s.kernels_mm_max_regret, ".1f") + "%"))
     return out
