@@ -37,6 +37,16 @@ def _positive_int(text: str | int) -> int:
     return value
 
 
+def _parse_regex(text: str) -> str:
+    import re
+
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise ValueError(f"not a regular expression: {e}") from e
+    return text
+
+
 def _default_cache_dir() -> str:
     return str(Path.home() / ".cache" / "kernels" / __version__)
 
@@ -81,6 +91,13 @@ class Config:
     bench_budget_ms = _Setting("KERNELS_BENCH_MS", lambda: 40.0, float)
     # seconds to wait for another process that is tuning the same problem
     lock_timeout_s = _Setting("KERNELS_LOCK_TIMEOUT", lambda: 600.0, float)
+    # CUTLASS: how many candidates are built per problem (the best-ranked by kernels.heuristics_cutlass, not by name)
+    cutlass_max_profiling_configs = _Setting("KERNELS_CUTLASS_MAX_CONFIGS", lambda: 12, _positive_int)
+    # CUTLASS: regexes on choice names; a choice must match allow (if set) and must not match deny (if set)
+    cutlass_allow = _Setting("KERNELS_CUTLASS_ALLOW", lambda: "", _parse_regex)
+    cutlass_deny = _Setting("KERNELS_CUTLASS_DENY", lambda: "", _parse_regex)
+    # CUTLASS: seconds the isolated verify-and-time child may run before it is killed
+    cutlass_child_timeout_s = _Setting("KERNELS_CUTLASS_CHILD_TIMEOUT", lambda: 300.0, float)
 
     def __init__(self):
         self._overrides: dict[str, Any] = {}

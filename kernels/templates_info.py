@@ -9,6 +9,10 @@ TEMPLATE_OPS = {
     "aten_int_mm": ("int_mm",),
     "triton_mm": ("mm",),
     "triton_int8_mm": ("int_mm",),
+    "cutlass3x_sm90_mm": ("mm",),
+    "cutlass3x_sm90_int8_mm": ("int_mm",),
+    "cutlass2x_sm80_mm": ("mm",),
+    "cutlass2x_sm80_int8_mm": ("int_mm",),
 }
 
 TEMPLATE_CONFIG_LISTS = {
@@ -22,6 +26,10 @@ TEMPLATE_COMPLEXITY = {
     "aten_int_mm": 0,
     "triton_mm": 10,
     "triton_int8_mm": 10,
+    "cutlass3x_sm90_mm": 20,
+    "cutlass3x_sm90_int8_mm": 20,
+    "cutlass2x_sm80_mm": 20,
+    "cutlass2x_sm80_int8_mm": 20,
 }
 
 

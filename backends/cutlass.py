@@ -1,0 +1,321 @@
+"""CUTLASS backend: render one .cu per config, build a batch with one `ninja -jN`, load the .so with ctypes and
+launch on torch's current stream. Runners are isolated: verification and timing run in a child process
+(backends/cutlass_child.py), so a faulting kernel cannot poison the caller's CUDA context.
+
+Artifacts: <cache_dir>/cutlass/sm<arch>/<key>/{kernel.cu, kernel.so, build.log, meta.json}; key = source hash +
+nvcc version + flags + arch + CUTLASS version. `meta.json` is written last and records the binary's size and hash:
+an entry without a matching marker is a miss and is rebuilt.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from backends.base import Backend, BuildOutcome, Runner
+from backends.cutlass_render import BuildJob, CutlassKernelSpec, build_key, ninja_text, render, spec_for
+from kernels import stats
+from kernels.choice import Choice
+from kernels.config import config
+from kernels.errors import BuildError, KernelsError
+from kernels.fsutil import atomic_write_text, file_lock, read_json, write_if_different
+from kernels.heuristics_cutlass import (SM80_TEMPLATES, SM90_TEMPLATES, CutlassConfig, kernel_operands, name_filter,
+                                        ranked_configs, select)
+from kernels.problem import DTYPES_BY_NAME, GemmProblem
+from kernels.toolchain import REPO_ROOT, Toolchain, toolchain
+
+LOG_TAIL_CHARS = 1500
+
+
+class CutlassLaunchError(KernelsError):
+    """A CUTLASS entry point returned a non-zero cutlass::Status."""
+
+
+@dataclass(frozen=True)
+class ArtifactPaths:
+    root: Path
+
+    @property
+    def source(self) -> Path:
+        return self.root / "kernel.cu"
+
+    @property
+    def binary(self) -> Path:
+        return self.root / "kernel.so"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "build.log"
+
+    @property
+    def marker(self) -> Path:
+        return self.root / "meta.json"
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def publish_marker(paths: ArtifactPaths, key: str, info: dict) -> None:
+    """Mark a built binary valid: written last, records size and hash so a truncated or swapped file is a miss."""
+    meta = dict(info, key=key, size=paths.binary.stat().st_size, sha256=_file_sha256(paths.binary))
+    atomic_write_text(paths.marker, json.dumps(meta, sort_keys=True, indent=1))
+
+
+def artifact_valid(paths: ArtifactPaths, key: str) -> bool:
+    meta = read_json(paths.marker)
+    if meta is None or meta.get("key") != key:
+        return False
+    try:
+        if paths.binary.stat().st_size != meta.get("size"):
+            return False
+    except OSError:
+        return False
+    return _file_sha256(paths.binary) == meta.get("sha256")
+
+
+# -- loading and launching ----------------------------------------------------------------------------------------
+@dataclass
+class LoadedKernel:
+    workspace_size: object       # ctypes function
+    run: object
+
+
+def load_library(path: Path) -> LoadedKernel:
+    lib = ctypes.CDLL(str(path))
+    ws = lib.kernels_cutlass_workspace_size
+    ws.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_size_t)]
+    ws.restype = ctypes.c_int
+    run = lib.kernels_cutlass_run
+    run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                    ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    run.restype = ctypes.c_int
+    return LoadedKernel(ws, run)
+
+
+def _leading_dim(problem: GemmProblem, which: str) -> int:
+    stride, layout = (problem.stride_a, problem.layout_a) if which == "a" else (problem.stride_b, problem.layout_b)
+    # a size-1 dimension's stride is arbitrary: any value >= 1 is a valid leading dimension there
+    lead = stride[0] if layout == "row" else stride[1]
+    return max(lead, 1)
+
+
+def _needs_staging(out: torch.Tensor, n: int, align_c: int) -> bool:
+    """The kernels write row-major rows whose starts are 16-byte aligned; any other `out` gets a copy."""
+    if out.stride(1) != 1 and out.shape[1] != 1:
+        return True
+    if out.data_ptr() % 16:
+        return True
+    return out.shape[0] > 1 and (out.stride(0) % align_c != 0 or out.stride(0) < n)
+
+
+def make_launcher(kernel: LoadedKernel, problem: GemmProblem, cfg: CutlassConfig):
+    """launch(a, b, out) for one problem: kernel-coordinate M/N, operand order and leading dims fixed up front."""
+    ops = kernel_operands(problem, cfg.swap)
+    m, n, k = ops.m, ops.n, problem.k
+    ld = {"a": _leading_dim(problem, "a"), "b": _leading_dim(problem, "b")}
+    first, second = ops.a_is, ops.b_is
+    lda, ldb = ld[first], ld[second]
+    swizzle = cfg.swizzle
+    size = ctypes.c_size_t(0)
+    status = kernel.workspace_size(m, n, k, swizzle, ctypes.byref(size))
+    if status != 0:
+        raise CutlassLaunchError(f"workspace size query failed with cutlass::Status {status}")
+    ws_bytes = size.value
+    shape, dtype = (problem.m, problem.n), DTYPES_BY_NAME[problem.out_dtype]
+    run = kernel.run
+    raw_stream = torch._C._cuda_getCurrentRawStream
+
+    def launch(a, b, out=None):
+        if out is not None and _needs_staging(out, problem.n, cfg.align_c):
+            out.copy_(launch(a, b, None))
+            return out
+        device = a.device
+        if out is None:
+            out = torch.empty(shape, dtype=dtype, device=device)
+        ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
+        ptrs = {"a": a.data_ptr(), "b": b.data_ptr()}
+        ldc = out.stride(0) if out.shape[0] > 1 else problem.n
+        status = run(ptrs[first], ptrs[second], out.data_ptr(), m, n, k, lda, ldb, ldc,
+                     ws.data_ptr() if ws is not None else None, swizzle, raw_stream(device.index))
+        if status != 0:
+            raise CutlassLaunchError(f"cutlass::Status {status} from {cfg.tag()} on {problem.short()}")
+        return out
+
+    return launch
+
+
+# -- the backend --------------------------------------------------------------------------------------------------
+@dataclass
+class _Prepared:
+    index: int
+    choice: Choice
+    spec: CutlassKernelSpec
+    key: str
+    paths: ArtifactPaths
+    start: float
+
+
+class CutlassBackend(Backend):
+    name = "cutlass"
+
+    def __init__(self, tools: Toolchain | None = None):
+        self._tools = tools
+        self._libraries: dict[Path, LoadedKernel] = {}
+
+    @property
+    def tools(self) -> Toolchain:
+        return self._tools if self._tools is not None else toolchain()
+
+    @property
+    def root(self) -> Path:
+        return Path(config.cache_dir) / "cutlass"
+
+    def artifact_paths(self, problem: GemmProblem, choice: Choice) -> tuple[str, ArtifactPaths, str]:
+        """(key, paths, source) of the binary `choice` needs for `problem`."""
+        spec = spec_for(problem, choice)
+        source = render(spec)
+        key = build_key(source, spec, self.tools.nvcc_version, self.tools.cutlass.version if self.tools.cutlass else "")
+        return key, ArtifactPaths(self.root / f"sm{spec.arch}" / key), source
+
+    # -- Backend ----------------------------------------------------------------------------------------------
+    def available(self, problem: GemmProblem) -> tuple[bool, str]:
+        if problem.device != "cuda":
+            return False, "CUTLASS kernels need CUDA tensors"
+        if problem.op == "mm" and problem.dtype not in ("fp16", "bf16"):
+            return False, f"CUTLASS templates here take fp16/bf16 for mm, not {problem.dtype}"
+        if problem.arch < 80:
+            return False, f"CUTLASS templates here need compute capability >= 8.0, device has {problem.arch / 10:.1f}"
+        tools = self.tools
+        if not tools.usable:
+            return False, tools.message
+        return True, ""
+
+    def choices(self, problem, space="default"):
+        skipped: dict[str, str] = {}
+        ranked: dict[str, list[CutlassConfig]] = {}
+        for template in (SM90_TEMPLATES[problem.op], SM80_TEMPLATES[problem.op]):
+            cfgs, rejected = ranked_configs(problem, template)
+            ranked[template] = cfgs
+            for tag, why in rejected.items():
+                skipped[template if tag == "*" else f"{template}_{problem.dtype}_{tag}"] = why
+        limit = sum(len(v) for v in ranked.values()) if space == "exhaustive" else config.cutlass_max_profiling_configs
+        keep = name_filter(config.cutlass_allow, config.cutlass_deny)
+        result = []
+        for template, cfg in select(problem, ranked, 10**9):
+            choice = Choice("cutlass", template, problem.dtype, None, cfg.params())
+            if not keep(choice.name):
+                skipped[choice.name] = "filtered out by KERNELS_CUTLASS_ALLOW / KERNELS_CUTLASS_DENY"
+            else:
+                result.append((template, cfg))
+        picked = select(problem, {t: [c for tt, c in result if tt == t] for t in ranked}, limit)
+        chosen = [Choice("cutlass", t, problem.dtype, None, c.params()) for t, c in picked]
+        names = {c.name for c in chosen}
+        for template, cfg in result:
+            name = Choice("cutlass", template, problem.dtype, None, cfg.params()).name
+            if name not in names:
+                skipped[name] = f"ranked below the {limit} built per problem (KERNELS_CUTLASS_MAX_CONFIGS)"
+        return chosen, skipped
+
+    def build(self, problem, choices):
+        outcomes: dict[int, BuildOutcome] = {}
+        pending: list[_Prepared] = []
+        for i, choice in enumerate(choices):
+            start = time.perf_counter()
+            try:
+                key, paths, source = self.artifact_paths(problem, choice)
+                spec = spec_for(problem, choice)
+            except Exception as e:  # noqa: BLE001 - a config that does not render is one failed candidate
+                outcomes[i] = BuildOutcome(choice, None, f"render failed: {type(e).__name__}: {e}")
+                continue
+            if artifact_valid(paths, key):
+                outcomes[i] = self._load(problem, choice, paths, start, compiled=False)
+                continue
+            write_if_different(paths.source, source)
+            pending.append(_Prepared(i, choice, spec, key, paths, start))
+        if pending:
+            with file_lock(self.root / "build.lock", config.lock_timeout_s):
+                # another process may have built some while we waited for the lock
+                todo = [p for p in pending if not artifact_valid(p.paths, p.key)]
+                for p in pending:
+                    if p not in todo:
+                        outcomes[p.index] = self._load(problem, p.choice, p.paths, p.start, compiled=False)
+                if todo:
+                    self._compile(todo)
+                    for p in todo:
+                        outcomes[p.index] = self._finish(problem, p)
+        return [outcomes[i] for i in range(len(choices))]
+
+    def measure_isolated(self, problem, runners, budget_ms):
+        from backends.cutlass_child import run_isolated
+
+        return run_isolated(problem, [r.choice for r in runners], budget_ms, config.cutlass_child_timeout_s)
+
+    # -- building ---------------------------------------------------------------------------------------------
+    def _compile(self, todo: list[_Prepared]) -> None:
+        tools = self.tools
+        jobs = [BuildJob(p.paths.source, p.paths.binary, p.paths.log, p.spec.flags, tools.cutlass.include_dirs)
+                for p in todo]
+        text = ninja_text(str(tools.nvcc), jobs)
+        batch = self.root / "batches" / hashlib.sha256(text.encode()).hexdigest()[:16]
+        write_if_different(batch / "build.ninja", text)
+        cmd = ["ninja", "-C", str(batch), "-k", "0", f"-j{config.max_jobs}"]
+        try:
+            subprocess.run(cmd, capture_output=True, text=True, check=False)
+        except OSError as e:
+            raise BuildError(f"could not run ninja: {e}") from e
+        stats.bump("compiles", len(todo))
+
+    def _finish(self, problem: GemmProblem, p: _Prepared) -> BuildOutcome:
+        if not p.paths.binary.exists():
+            try:
+                tail = p.paths.log.read_text()[-LOG_TAIL_CHARS:]
+            except OSError:
+                tail = "(no compiler log)"
+            return BuildOutcome(p.choice, None, f"compile failed: {tail.strip()} (source {p.paths.source}, "
+                                                f"log {p.paths.log})", compiled=True,
+                                seconds=time.perf_counter() - p.start)
+        publish_marker(p.paths, p.key, {"choice": p.choice.name, "arch": p.spec.arch, "flags": list(p.spec.flags),
+                                        "nvcc": self.tools.nvcc_version, "cutlass": self.tools.cutlass.version})
+        return self._load(problem, p.choice, p.paths, p.start, compiled=True)
+
+    def _load(self, problem, choice, paths: ArtifactPaths, start: float, compiled: bool) -> BuildOutcome:
+        try:
+            kernel = self._libraries.get(paths.binary)
+            if kernel is None:
+                kernel = load_library(paths.binary)
+                self._libraries[paths.binary] = kernel
+            if not compiled:
+                stats.bump("artifact_loads")
+            launch = make_launcher(kernel, problem, CutlassConfig.from_params(choice.params))
+        except Exception as e:  # noqa: BLE001
+            return BuildOutcome(choice, None, f"load failed: {type(e).__name__}: {str(e)[:300]} (binary "
+                                              f"{paths.binary})", compiled=compiled)
+        return BuildOutcome(choice, Runner(choice, launch, isolated=True), compiled=compiled,
+                            seconds=time.perf_counter() - start)
+
+
+def child_environment() -> dict:
+    """Environment for helper processes: the checkout importable, the parent's cache and device choice kept."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["KERNELS_CACHE_DIR"] = str(config.cache_dir)
+    return env
+
+
+def create() -> CutlassBackend:
+    return CutlassBackend()
+
+
+__all__ = ["CutlassBackend", "CutlassLaunchError", "create"]

@@ -1,0 +1,152 @@
+"""Verify and time CUTLASS candidates in a child process (`python -m backends.cutlass_child`).
+
+A kernel that faults (illegal address) poisons its CUDA context for good, so it must not run in the caller.
+The parent sends one JSON request on stdin; the child answers one tagged JSON line per event on stdout:
+{"start": name} before touching a candidate, then {"name", "timing"} or {"name", "error"}. When the child dies or
+times out, the candidate that started without an answer is the culprit; the rest run in a fresh child.
+The checks and timing are kernels.verify and kernels.timing, exactly as in-process tuning uses them.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+TAG = "@@kernels-cutlass "
+STDERR_TAIL = 1500
+
+
+def _emit(obj: dict) -> None:
+    sys.stdout.write(TAG + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+# -- parent side ----------------------------------------------------------------------------------------------------
+def _parse(stdout: str) -> tuple[dict[str, dict], str | None]:
+    """Answers by name, and the candidate that started without an answer (None if every start was answered)."""
+    answers: dict[str, dict] = {}
+    in_flight = None
+    for line in stdout.splitlines():
+        if not line.startswith(TAG):
+            continue
+        try:
+            msg = json.loads(line[len(TAG):])
+        except ValueError:
+            continue
+        if "start" in msg:
+            in_flight = msg["start"]
+        elif "name" in msg:
+            answers[msg["name"]] = msg
+            if in_flight == msg["name"]:
+                in_flight = None
+    return answers, in_flight
+
+
+def run_isolated(problem, choices, budget_ms: float, timeout_s: float) -> dict:
+    """name -> kernels.timing.Timing, or name -> failure text, for every choice. Never raises for a kernel's fault."""
+    import torch
+
+    from backends.cutlass import child_environment
+    from kernels.config import config
+    from kernels.timing import Timing
+    from kernels.toolchain import REPO_ROOT
+
+    results: dict = {}
+    remaining = list(choices)
+    seed = int(time.time_ns() % (1 << 31))
+    while remaining:
+        request = {"problem": json.loads(problem.key()), "choices": [c.as_dict() for c in remaining], "budget_ms": budget_ms, "seed": seed,
+                   "device": torch.cuda.current_device(), "cache_dir": str(config.cache_dir)}
+        proc = subprocess.Popen([sys.executable, "-m", "backends.cutlass_child"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO_ROOT),
+                                env=child_environment())
+        timed_out = False
+        try:
+            stdout, stderr = proc.communicate(json.dumps(request), timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        answers, in_flight = _parse(stdout)
+        for name, msg in answers.items():
+            results[name] = Timing(**msg["timing"]) if "timing" in msg else str(msg.get("error", "no error text"))
+        why = (f"timed out after {timeout_s:.0f} s in the isolated child" if timed_out else
+               f"isolated child exited with status {proc.returncode}: {stderr.strip()[-STDERR_TAIL:]}")
+        if in_flight is not None and in_flight not in results:
+            results[in_flight] = f"crashed: {why}"
+        left = [c for c in remaining if c.name not in results]
+        if len(left) == len(remaining):   # no progress at all: the child cannot start; do not loop
+            for c in left:
+                results[c.name] = f"not measured: {why}"
+            break
+        remaining = left
+    return results
+
+
+# -- child side -----------------------------------------------------------------------------------------------------
+def _context_alive() -> bool:
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        (torch.ones(1, device="cuda") + 1).item()
+        return True
+    except Exception:  # noqa: BLE001 - any error here means the context is gone
+        return False
+
+
+def main() -> int:
+    import torch
+
+    from backends.cutlass import CutlassBackend
+    from kernels.choice import Choice
+    from kernels.config import config
+    from kernels.problem import GemmProblem
+    from kernels.timing import measure, rotation_sets
+    from kernels.verify import check, make_inputs, poisoned_output, reference
+
+    request = json.loads(sys.stdin.read())
+    config.cache_dir = request["cache_dir"]
+    torch.cuda.set_device(request["device"])
+    problem = GemmProblem.from_dict(request["problem"])
+    choices = [Choice.from_dict(c) for c in request["choices"]]
+    budget_ms = float(request["budget_ms"])
+    outcomes = CutlassBackend().build(problem, choices)    # artifacts exist: this only loads
+
+    a, b = make_inputs(problem, "cuda", seed=request["seed"])
+    ref = reference(problem, a, b)
+    n_sets = rotation_sets((problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes, "cuda")
+    sets = [(a, b)] + [make_inputs(problem, "cuda", seed=request["seed"] + s) for s in range(1, n_sets)]
+
+    for outcome in outcomes:
+        name = outcome.choice.name
+        _emit({"start": name})
+        if outcome.runner is None:
+            _emit({"name": name, "error": outcome.error or "build failed"})
+            continue
+        launch = outcome.runner.launch
+        try:
+            out = poisoned_output(problem, "cuda")
+            launch(a, b, out)
+            torch.cuda.synchronize()
+            result = check(problem, out, ref)
+            if not result.ok:
+                _emit({"name": name, "error": f"wrong result: {result.message}"})
+                continue
+
+            def call(i: int, launch=launch):
+                x, y = sets[i]
+                return launch(x, y, None)
+
+            timing = measure(call, n_sets, "cuda", budget_ms)
+            _emit({"name": name, "timing": timing.as_dict()})
+        except Exception as e:  # noqa: BLE001 - one candidate's failure is data
+            _emit({"name": name, "error": f"crashed: {type(e).__name__}: {str(e)[:300]}"})
+            if not _context_alive():
+                return 3      # the context is poisoned: the parent runs the rest in a fresh child
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""CUTLASS kernel specs, template rendering, compiler flags, artifact keys and the ninja file: all pure functions."""
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import jinja2
+
+from kernels.choice import Choice
+from kernels.heuristics_cutlass import FAMILY, CutlassConfig, kernel_operands
+from kernels.problem import GemmProblem
+from kernels.templates_info import TEMPLATES_ROOT
+
+TEMPLATE_FILES = {"sm90": "cutlass/sm90_gemm.cu.jinja", "sm80": "cutlass/sm80_gemm.cu.jinja"}
+CUTLASS_TYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "int8": "int8_t", "int32": "int32_t",
+                 "fp32": "float"}
+LAYOUT_TAGS = {"row": "cutlass::layout::RowMajor", "col": "cutlass::layout::ColumnMajor"}
+COMMON_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC", "-shared")
+
+
+@dataclass(frozen=True)
+class CutlassKernelSpec:
+    """Everything a binary depends on besides the toolchain; shape-agnostic (M, N, K, leading dims are run-time)."""
+    family: str                 # "sm90" | "sm80"
+    dtype: str
+    out_dtype: str
+    layout_a: str               # the kernel's operand layouts ("row" | "col"), after the optional swap
+    layout_b: str
+    layout_c: str
+    config: CutlassConfig       # sm90: swizzle normalised to 1 (it is a run-time argument there)
+    arch: int                   # device compute capability the binary is for
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        if self.family == "sm90":
+            # sm_90a: wgmma/TMA need the arch-specific target; NDEBUG keeps ptxas from serialising wgmma
+            gencode = ("-gencode", "arch=compute_90a,code=sm_90a")
+        else:
+            gencode = ("-gencode", f"arch=compute_80,code=sm_{self.arch}")
+        return (*gencode, *COMMON_FLAGS)
+
+
+def spec_for(problem: GemmProblem, choice: Choice) -> CutlassKernelSpec:
+    family = FAMILY[choice.template]
+    cfg = CutlassConfig.from_params(choice.params)
+    ops = kernel_operands(problem, cfg.swap)
+    if family == "sm90":
+        cfg = replace(cfg, swizzle=1)
+    return CutlassKernelSpec(family, problem.dtype, problem.out_dtype, ops.layout_a, ops.layout_b, ops.layout_c,
+                             cfg, problem.arch)
+
+
+def _substitutions(spec: CutlassKernelSpec) -> dict:
+    cfg = spec.config
+    int8 = spec.dtype == "int8"
+    subs = {
+        "element_ab": CUTLASS_TYPES[spec.dtype], "element_d": CUTLASS_TYPES[spec.out_dtype],
+        "element_acc": "int32_t" if int8 else "float",
+        "layout_a": LAYOUT_TAGS[spec.layout_a], "layout_b": LAYOUT_TAGS[spec.layout_b],
+        "layout_c": LAYOUT_TAGS[spec.layout_c],
+        "tile_m": cfg.tile_m, "tile_n": cfg.tile_n, "tile_k": cfg.tile_k, "align": cfg.align, "align_c": cfg.align_c,
+    }
+    if spec.family == "sm90":
+        coop = cfg.schedule == "coop"
+        subs.update(
+            cluster_m=cfg.cluster_m, cluster_n=cfg.cluster_n,
+            kernel_schedule="cutlass::gemm::KernelTmaWarpSpecialized" + ("Cooperative" if coop else "Pingpong"),
+            epilogue_schedule="cutlass::epilogue::TmaWarpSpecialized" + ("Cooperative" if coop else ""),
+            tile_scheduler="cutlass::gemm::StreamKScheduler" if cfg.stream_k else "cutlass::gemm::PersistentScheduler")
+    else:
+        subs.update(warp_m=cfg.tile_m // cfg.warps_m, warp_n=cfg.tile_n // cfg.warps_n,
+                    instruction_k=32 if int8 else 16, stages=cfg.stages, swizzle=cfg.swizzle,
+                    math_operator="cutlass::arch::OpMultiplyAddSaturate" if int8 else "cutlass::arch::OpMultiplyAdd")
+    return subs
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_ROOT)), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True)
+
+
+def render(spec: CutlassKernelSpec) -> str:
+    return _environment().get_template(TEMPLATE_FILES[spec.family]).render(**_substitutions(spec))
+
+
+def build_key(source: str, spec: CutlassKernelSpec, nvcc_version: str, cutlass_version: str) -> str:
+    """Content address of a binary: source, compiler, flags, target arch and the CUTLASS headers' version."""
+    h = hashlib.sha256()
+    for part in (source, nvcc_version, " ".join(spec.flags), str(spec.arch), cutlass_version):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    """One nvcc invocation: `source` -> `output`, compiler output in `log`."""
+    source: Path
+    output: Path
+    log: Path
+    flags: tuple[str, ...]
+    include_dirs: tuple[Path, ...]
+
+
+def _ninja_escape(text: str) -> str:
+    return text.replace("$", "$$").replace(" ", "$ ").replace(":", "$:").replace("\n", "$\n")
+
+
+def _shell_quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def ninja_text(nvcc: str, jobs: list[BuildJob]) -> str:
+    """build.ninja for a batch: one edge per job; each writes its own log and publishes its .so by rename, so a
+    failed or interrupted compile never leaves a partial binary under the final name."""
+    lines = ["ninja_required_version = 1.3", f"nvcc = {_shell_quote(nvcc)}", "",
+             "rule nvcc_shared",
+             # $$$$ is the shell's $$ (its pid): concurrent builds of one artifact never share a temp file
+             "  command = $nvcc $flags -o $out.$$$$.tmp $in > $log 2>&1 && mv -f $out.$$$$.tmp $out",
+             "  description = nvcc $out", ""]
+    for job in sorted(jobs, key=lambda j: str(j.output)):
+        flags = [*job.flags, *(f"-I{d}" for d in job.include_dirs)]
+        lines.append(f"build {_ninja_escape(str(job.output))}: nvcc_shared {_ninja_escape(str(job.source))}")
+        lines.append(f"  flags = {' '.join(_ninja_escape(_shell_quote(f)) for f in flags)}")
+        lines.append(f"  log = {_ninja_escape(_shell_quote(str(job.log)))}")
+        lines.append("")
+    return "\n".join(lines)
