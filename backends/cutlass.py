@@ -12,6 +12,7 @@ import ctypes
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import torch
 
 from backends.base import Backend, BuildOutcome, Runner
 from backends.cutlass_render import BuildJob, CutlassKernelSpec, build_key, ninja_text, render, spec_for
-from kernels import stats
+from kernels.stats import bump as bump_stat
 from kernels.choice import Choice
 from kernels.config import config
 from kernels.errors import BuildError, KernelsError
@@ -156,6 +157,20 @@ def make_launcher(kernel: LoadedKernel, problem: GemmProblem, cfg: CutlassConfig
     return launch
 
 
+def run_ninja(nvcc: str, jobs: list[BuildJob], batches_dir: Path, max_jobs: int) -> None:
+    """Build every job with one `ninja -jN`, keeping going past failures: a job succeeded iff its output exists."""
+    text = ninja_text(nvcc, jobs)
+    batch = batches_dir / hashlib.sha256(text.encode()).hexdigest()[:16]
+    write_if_different(batch / "build.ninja", text)
+    for job in jobs:
+        job.log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        subprocess.run(["ninja", "-C", str(batch), "-k", "0", f"-j{max_jobs}"], capture_output=True, text=True,
+                       check=False)
+    except OSError as e:
+        raise BuildError(f"could not run ninja: {e}") from e
+
+
 # -- the backend --------------------------------------------------------------------------------------------------
 @dataclass
 class _Prepared:
@@ -200,6 +215,8 @@ class CutlassBackend(Backend):
         tools = self.tools
         if not tools.usable:
             return False, tools.message
+        if shutil.which("ninja") is None:
+            return False, "ninja is not on PATH (pip install ninja)"
         return True, ""
 
     def choices(self, problem, space="default"):
@@ -267,15 +284,8 @@ class CutlassBackend(Backend):
         tools = self.tools
         jobs = [BuildJob(p.paths.source, p.paths.binary, p.paths.log, p.spec.flags, tools.cutlass.include_dirs)
                 for p in todo]
-        text = ninja_text(str(tools.nvcc), jobs)
-        batch = self.root / "batches" / hashlib.sha256(text.encode()).hexdigest()[:16]
-        write_if_different(batch / "build.ninja", text)
-        cmd = ["ninja", "-C", str(batch), "-k", "0", f"-j{config.max_jobs}"]
-        try:
-            subprocess.run(cmd, capture_output=True, text=True, check=False)
-        except OSError as e:
-            raise BuildError(f"could not run ninja: {e}") from e
-        stats.bump("compiles", len(todo))
+        run_ninja(str(tools.nvcc), jobs, self.root / "batches", config.max_jobs)
+        bump_stat("compiles", len(todo))
 
     def _finish(self, problem: GemmProblem, p: _Prepared) -> BuildOutcome:
         if not p.paths.binary.exists():
@@ -297,7 +307,7 @@ class CutlassBackend(Backend):
                 kernel = load_library(paths.binary)
                 self._libraries[paths.binary] = kernel
             if not compiled:
-                stats.bump("artifact_loads")
+                bump_stat("artifact_loads")
             launch = make_launcher(kernel, problem, CutlassConfig.from_params(choice.params))
         except Exception as e:  # noqa: BLE001
             return BuildOutcome(choice, None, f"load failed: {type(e).__name__}: {str(e)[:300]} (binary "

@@ -57,7 +57,7 @@ def run_isolated(problem, choices, budget_ms: float, timeout_s: float) -> dict:
     seed = int(time.time_ns() % (1 << 31))
     while remaining:
         request = {"problem": json.loads(problem.key()), "choices": [c.as_dict() for c in remaining], "budget_ms": budget_ms, "seed": seed,
-                   "device": torch.cuda.current_device(), "cache_dir": str(config.cache_dir)}
+                   "device": torch.cuda.current_device() if torch.cuda.is_available() else 0, "cache_dir": str(config.cache_dir)}
         proc = subprocess.Popen([sys.executable, "-m", "backends.cutlass_child"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO_ROOT),
                                 env=child_environment())
