@@ -22,7 +22,7 @@ import torch
 
 from backends.base import Backend, BuildOutcome, Runner
 from backends.cutlass_render import BuildJob, CutlassKernelSpec, build_key, ninja_text, render, spec_for
-from kernels.stats import bump as bump_stat
+from kernels.counters import bump as bump_stat
 from kernels.choice import Choice
 from kernels.config import config
 from kernels.errors import BuildError, KernelsError
@@ -282,8 +282,10 @@ class CutlassBackend(Backend):
     # -- building ---------------------------------------------------------------------------------------------
     def _compile(self, todo: list[_Prepared]) -> None:
         tools = self.tools
+        # choices that differ only in run-time arguments (sm90 swizzle) share one artifact: one edge each
+        unique = {p.paths.binary: p for p in todo}.values()
         jobs = [BuildJob(p.paths.source, p.paths.binary, p.paths.log, p.spec.flags, tools.cutlass.include_dirs)
-                for p in todo]
+                for p in unique]
         run_ninja(str(tools.nvcc), jobs, self.root / "batches", config.max_jobs)
         bump_stat("compiles", len(todo))
 

@@ -5,6 +5,7 @@ import glob
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,16 @@ def test_failed_compile_keeps_source_and_log(tmp_path, monkeypatch):
     log = outcome.error.split("log ")[-1].rstrip(")")
     assert Path(src).read_text() == "#error deliberately broken\n" and "deliberately broken" in Path(log).read_text()
     assert not (Path(src).parent / "meta.json").exists()
+
+
+def test_run_time_twins_share_one_build(tmp_path, monkeypatch):
+    """sm90 choices differing only in swizzle (a run-time argument) map to one artifact and one ninja edge."""
+    import backends.cutlass as cutlass_mod
+
+    monkeypatch.setattr(cutlass_mod, "render", lambda spec: "#error twin\n")
+    cfg = CutlassConfig(128, 128, 64, 1, 1, "coop", align=8, align_c=8)
+    twins = [Choice("cutlass", "cutlass3x_sm90_mm", "bf16", None, c.params()) for c in (cfg, replace(cfg, swizzle=8))]
+    outcomes = CutlassBackend(TOOLS).build(problem(), twins)
+    assert [o.runner for o in outcomes] == [None, None]
+    assert all("#error twin" in o.error and "(no compiler log)" not in o.error for o in outcomes)
+    assert outcomes[0].error == outcomes[1].error
