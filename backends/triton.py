@@ -16,7 +16,7 @@ import torch
 from backends.base import Backend, BuildOutcome, Runner
 from backends.triton_render import (TEMPLATE_FILES, TritonKernelSpec, build_key, render, spec_for)
 from backends.worker_pool import WorkerPool, worker_env
-from kernels import stats
+from kernels import counters
 from kernels.choice import Choice
 from kernels.config import config, interpret_mode
 from kernels.fsutil import atomic_write_text, read_json, write_if_different
@@ -145,7 +145,7 @@ class TritonBackend(Backend):
                 to_compile.append((i, key, marker, job))
         if to_compile:
             results = self._get_pool().map([job for _, _, _, job in to_compile])
-            stats.bump("compiles", len(to_compile))
+            counters.bump("compiles", len(to_compile))
             for (i, key, marker, job), res in zip(to_compile, results):
                 choice, spec, module_path, _, start, _ = prepared[i]
                 if not res.get("ok"):
@@ -178,7 +178,7 @@ class TritonBackend(Backend):
                     kernel._init_handles()      # loads the cubin; raises when resources do not fit the device
                 self._kernels[loaded_key] = kernel
             if not compiled:
-                stats.bump("artifact_loads")
+                counters.bump("artifact_loads")
             launch = _compiled_launcher(kernel, problem, spec)
         except Exception as e:  # noqa: BLE001
             return BuildOutcome(choice, None, f"load failed: {type(e).__name__}: {str(e)[:300]}", compiled=compiled)

@@ -8,7 +8,7 @@ import threading
 import torch
 
 from backends import get_backend
-from kernels import stats as _stats
+from kernels import counters as _stats
 from kernels.autotune import fingerprint, tune
 from kernels.cache import SelectionStore, store_key
 from kernels.choice import Choice

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from backends import get_backend
-from kernels import stats
+from kernels import counters
 from kernels.config import config
 from kernels.errors import NoCandidateError
 from kernels.problem import GemmProblem
@@ -116,7 +116,7 @@ def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, di
         for cname, runner in list(verified.items()):
             try:
                 t = measure(_user_call(runner, sets), n_sets, device, config.bench_budget_ms)
-                stats.bump("benchmarks")
+                counters.bump("benchmarks")
                 timings[cname] = t.median_ms
                 details[cname] = t.as_dict()
             except Exception as e:  # noqa: BLE001
@@ -127,11 +127,13 @@ def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, di
     else:
         winner = None
     if winner is None:
-        raise NoCandidateError(problem.short(), {n: str(t) for n, t in timings.items()} or {"-": "; ".join(notes)})
+        failures = {n: str(t) for n, t in timings.items()}
+        failures.update({f"note {i}": n for i, n in enumerate(notes)})
+        raise NoCandidateError(problem.short(), failures)
 
     sel = Selection(problem=problem, winner=winner, choices=choices, timings=timings, details=details,
                     source="tuned", tune_seconds=time.perf_counter() - start, created=time.time(), notes=notes)
-    stats.bump("tunes")
+    counters.bump("tunes")
     if config.verbose:
         print(sel.table(), file=sys.stderr)
     return sel, {winner: verified[winner]}
@@ -154,7 +156,7 @@ def _measure_isolated(problem, runners, timings, details) -> dict[str, Runner]:
             if isinstance(res, str):
                 timings[runner.choice.name] = res
             else:
-                stats.bump("benchmarks")
+                counters.bump("benchmarks")
                 timings[runner.choice.name] = res.median_ms
                 details[runner.choice.name] = res.as_dict()
                 passed[runner.choice.name] = runner

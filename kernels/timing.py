@@ -53,7 +53,7 @@ class Sampler:
             self.call(self.counter % self.n_sets)
             self.counter += 1
 
-    def plan(self, target_sample_ms: float = 0.5, warmup: int = 3) -> float:
+    def plan(self, target_sample_ms: float = 1.0, warmup: int = 3) -> float:
         if self.device == "cuda":
             self._run(warmup)
             torch.cuda.synchronize()
@@ -102,9 +102,11 @@ def measure_together(calls: dict[str, Call], n_sets: int, device: str, budget_ms
     cost = sum(max(s.estimate_ms * s.calls_per_sample, 1e-3) for s in samplers.values())
     rounds = int(max(3, min(rounds * 5, budget_ms // cost))) if device == "cuda" else 2
     per_call: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, s in samplers.items():
-            per_call[name].append(s.sample())
+    order = list(samplers)
+    for r in range(rounds):
+        # rotate who goes first each round: the first sample after a pause must not always be the same candidate
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            per_call[name].append(samplers[name].sample())
     return {name: summarize(v, samplers[name].calls_per_sample) for name, v in per_call.items()}
 
 
