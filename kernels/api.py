@@ -51,6 +51,7 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None) -> 
 
 def int_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """a @ b for 2-D int8 tensors, exact, with an int32 result."""
+    # mirrors mm() line for line on purpose: a shared helper would add a Python call to every warm call
     try:
         launch = _dispatch.get(_fast_key("int_mm", a, b))
     except (AttributeError, TypeError):
