@@ -18,7 +18,7 @@ from kernels.config import config
 from kernels.errors import NoCandidateError
 from kernels.problem import DTYPES_BY_NAME, GemmProblem
 from kernels.selection import Selection
-from kernels.timing import measure, measure_together, rotation_sets
+from kernels.timing import measure_together, rotation_sets
 from kernels.verify import check, make_inputs, reference
 
 LAYOUTS = ("nn", "nt", "tn", "tt")

@@ -1,5 +1,4 @@
 """CUTLASS_DIR resolution (env -> third_party -> pip package -> none) and nvcc discovery, on temp trees."""
-import os
 from pathlib import Path
 
 import pytest
