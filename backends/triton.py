@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import os
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import torch
 
 from backends.base import Backend, BuildOutcome, Runner
+from backends.triton_worker import compile_job, load_kernel
 from backends.triton_render import (TEMPLATE_FILES, TritonKernelSpec, build_key, render, spec_for)
 from backends.worker_pool import WorkerPool, worker_env
 from kernels import counters
@@ -37,21 +37,12 @@ def triton_version() -> str:
     return triton.__version__
 
 
-def _import_module(path: Path):
-    name = "kernels_gen_" + path.stem
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 class TritonBackend(Backend):
     name = "triton"
 
     def __init__(self):
         self._pool: WorkerPool | None = None
         self._pool_key = None
-        self._modules: dict[Path, object] = {}
         self._kernels: dict[tuple, object] = {}   # (build key, device) -> loaded CompiledKernel
 
     # -- paths -------------------------------------------------------------------------------------------------
@@ -110,16 +101,11 @@ class TritonBackend(Backend):
         if error:
             return BuildOutcome(choice, None, error)
         try:
-            fn = getattr(self._module(module_path), spec.kernel_name)
+            fn = load_kernel(str(module_path), spec.kernel_name)
         except Exception as e:  # noqa: BLE001
             return BuildOutcome(choice, None, f"import failed: {type(e).__name__}: {e} (source {module_path})")
         return BuildOutcome(choice, Runner(choice, _interpreted_launcher(fn, problem, spec)),
                             seconds=time.perf_counter() - start)
-
-    def _module(self, path: Path):
-        if path not in self._modules:
-            self._modules[path] = _import_module(path)
-        return self._modules[path]
 
     # -- compiled ----------------------------------------------------------------------------------------------
     def _job(self, problem: GemmProblem, spec: TritonKernelSpec, module_path: Path) -> dict:
@@ -171,8 +157,6 @@ class TritonBackend(Backend):
             loaded_key = (key, torch.cuda.current_device())
             kernel = self._kernels.get(loaded_key)
             if kernel is None:
-                from backends.triton_worker import compile_job
-
                 with _triton_cache_at(self.triton_cache_dir):
                     kernel = compile_job(self._job(problem, spec, module_path))
                     kernel._init_handles()      # loads the cubin; raises when resources do not fit the device
