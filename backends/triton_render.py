@@ -53,15 +53,15 @@ def spec_for(problem: GemmProblem, choice: Choice) -> TritonKernelSpec:
     cfg = choice.config
     ints = (problem.m, problem.n, problem.k, *problem.stride_a, *problem.stride_b)
     div16 = [i for i, ok in enumerate((problem.align_a >= 16, problem.align_b >= 16, True)) if ok]
-    div16 += [3 + i for i, v in enumerate(ints) if v % 16 == 0]
+    div16 += [3 + i for i, v in enumerate(ints) if v % 16 == 0 and not (i < 3 and "mnk"[i] in problem.dynamic)]
     # the output is ours (or checked at launch): row-major, 16-byte aligned; its row stride is N
-    if problem.n % 16 == 0:
+    if problem.n % 16 == 0 and "n" not in problem.dynamic:
         div16.append(10)
     return TritonKernelSpec(
         template=choice.template, kernel_name=choice.name, block_m=cfg.block_m, block_n=cfg.block_n,
         block_k=cfg.block_k, group_m=cfg.group_m, num_stages=cfg.num_stages, num_warps=cfg.num_warps,
         dtype=problem.dtype, out_dtype=problem.out_dtype, a_layout=problem.layout_a, b_layout=problem.layout_b,
-        even_k=problem.k % cfg.block_k == 0, precision=problem.precision, div16=tuple(sorted(set(div16))))
+        even_k=problem.k % cfg.block_k == 0 and "k" not in problem.dynamic, precision=problem.precision, div16=tuple(sorted(set(div16))))
 
 
 @functools.lru_cache(maxsize=None)

@@ -47,6 +47,8 @@ class GemmProblem:
     arch: int                    # compute capability as 90, 80; 0 on cpu
     device_name: str
     precision: str = ""          # "ieee" or "tf32" for fp32 inputs, "" otherwise
+    # dims ("m", "n", "k") declared dynamic: kernels must not specialise on their values, so one binary serves all
+    dynamic: tuple[str, ...] = ()
 
     @property
     def layout_a(self) -> str:
@@ -97,6 +99,7 @@ class GemmProblem:
         data = dict(data)
         data["stride_a"] = tuple(data["stride_a"])
         data["stride_b"] = tuple(data["stride_b"])
+        data["dynamic"] = tuple(data.get("dynamic", ()))
         return cls(**data)
 
     @classmethod
