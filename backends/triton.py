@@ -13,21 +13,17 @@ from pathlib import Path
 import torch
 
 from backends.base import Backend, BuildOutcome, Runner
+from backends.triton_launch import CompiledHandle, InterpretedHandle
+from backends.triton_render import TritonKernelSpec, build_key, render
+from backends.triton_templates import family, templates
 from backends.triton_worker import compile_job, load_kernel
-from backends.triton_render import (TEMPLATE_FILES, TritonKernelSpec, build_key, render, spec_for)
 from backends.worker_pool import WorkerPool, worker_env
 from kernels import counters
 from kernels.choice import Choice
 from kernels.config import config, interpret_mode
 from kernels.fsutil import atomic_write_text, read_json, write_if_different
-from kernels.heuristics import candidate_configs
-from kernels.problem import DTYPES_BY_NAME, GemmProblem
-
-TEMPLATES_BY_OP = {"mm": ("triton_mm",), "int_mm": ("triton_int8_mm",)}
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+from kernels.problem import GemmProblem
+from kernels.templates_info import TEMPLATE_OPS
 
 
 @functools.lru_cache(maxsize=1)
@@ -44,6 +40,7 @@ class TritonBackend(Backend):
         self._pool: WorkerPool | None = None
         self._pool_key = None
         self._kernels: dict[tuple, object] = {}   # (build key, device) -> loaded CompiledKernel
+        self._compiled_now: set[str] = set()      # build keys the last build() compiled
 
     # -- paths -------------------------------------------------------------------------------------------------
     @property
@@ -70,26 +67,51 @@ class TritonBackend(Backend):
 
     def choices(self, problem, space="default"):
         result: list[Choice] = []
-        for template in TEMPLATES_BY_OP[problem.op]:
-            for cfg in candidate_configs(problem, template, space):
-                result.append(Choice("triton", template, problem.dtype, cfg))
-        return result, {}
+        skipped: dict[str, str] = {}
+        for template in templates():
+            if problem.op in TEMPLATE_OPS.get(template, ()):
+                cands, left_out = family(template).choices(problem, template, space)
+                result.extend(cands)
+                skipped.update(left_out)
+        return result, skipped
 
     def build(self, problem, choices):
-        prepared = []
+        """Render every kernel the choices need, compile the distinct ones in parallel, then assemble launchers."""
+        plans: list[tuple[Choice, list[TritonKernelSpec], list[str], float, str | None]] = []
+        kernels: dict[str, tuple[TritonKernelSpec, Path, str]] = {}    # build key -> (spec, module, source)
         for choice in choices:
             start = time.perf_counter()
             try:
-                spec = spec_for(problem, choice)
-                source = render(spec)
-                module_path = self.root / "src" / f"{choice.template}_{_digest(source)}.py"
-                write_if_different(module_path, source)
-                prepared.append((choice, spec, module_path, source, start, None))
+                specs = family(choice.template).specs(problem, choice)
+                keys = []
+                for spec in specs:
+                    source = render(spec)
+                    key = build_key(source, spec, f"cuda:{problem.arch}", triton_version())
+                    if key not in kernels:
+                        path = self.root / "src" / f"{spec.template_file.split('.')[0]}_{_digest(source)}.py"
+                        write_if_different(path, source)
+                        kernels[key] = (spec, path, source)
+                    keys.append(key)
+                plans.append((choice, specs, keys, start, None))
             except Exception as e:  # noqa: BLE001 - a template that does not render is one failed candidate
-                prepared.append((choice, None, None, None, start, f"render failed: {type(e).__name__}: {e}"))
-        if interpret_mode():
-            return [self._interpreted(problem, *p) for p in prepared]
-        return self._compiled(problem, prepared)
+                plans.append((choice, [], [], start, f"render failed: {type(e).__name__}: {e}"))
+        handles = self._interpreted(kernels) if interpret_mode() else self._compiled(problem, kernels)
+        outcomes = []
+        for choice, specs, keys, start, error in plans:
+            if error is None:
+                error = next((handles[k] for k in keys if isinstance(handles[k], str)), None)
+            if error is not None:
+                outcomes.append(BuildOutcome(choice, None, error, compiled=any(k in self._compiled_now for k in keys)))
+                continue
+            try:
+                launch = family(choice.template).launcher(problem, choice, specs, [handles[k] for k in keys])
+            except Exception as e:  # noqa: BLE001
+                outcomes.append(BuildOutcome(choice, None, f"launcher failed: {type(e).__name__}: {str(e)[:300]}"))
+                continue
+            outcomes.append(BuildOutcome(choice, Runner(choice, launch),
+                                         compiled=any(k in self._compiled_now for k in keys),
+                                         seconds=time.perf_counter() - start))
+        return outcomes
 
     def close(self) -> None:
         if self._pool is not None:
@@ -97,15 +119,16 @@ class TritonBackend(Backend):
             self._pool = None
 
     # -- interpreter -------------------------------------------------------------------------------------------
-    def _interpreted(self, problem, choice, spec, module_path, source, start, error) -> BuildOutcome:
-        if error:
-            return BuildOutcome(choice, None, error)
-        try:
-            fn = load_kernel(str(module_path), spec.kernel_name)
-        except Exception as e:  # noqa: BLE001
-            return BuildOutcome(choice, None, f"import failed: {type(e).__name__}: {e} (source {module_path})")
-        return BuildOutcome(choice, Runner(choice, _interpreted_launcher(fn, problem, spec)),
-                            seconds=time.perf_counter() - start)
+    def _interpreted(self, kernels) -> dict[str, object]:
+        """build key -> InterpretedHandle, or the failure text."""
+        self._compiled_now = set()
+        handles: dict[str, object] = {}
+        for key, (spec, path, _) in kernels.items():
+            try:
+                handles[key] = InterpretedHandle(load_kernel(str(path), spec.kernel_name))
+            except Exception as e:  # noqa: BLE001
+                handles[key] = f"import failed: {type(e).__name__}: {e} (source {path})"
+        return handles
 
     # -- compiled ----------------------------------------------------------------------------------------------
     def _job(self, problem: GemmProblem, spec: TritonKernelSpec, module_path: Path) -> dict:
@@ -113,60 +136,56 @@ class TritonBackend(Backend):
                 "div16": list(spec.div16), "backend": "cuda", "arch": problem.arch, "warp_size": 32,
                 "options": spec.options}
 
-    def _compiled(self, problem, prepared) -> list[BuildOutcome]:
-        outcomes: dict[int, BuildOutcome] = {}
+    def _compiled(self, problem, kernels) -> dict[str, object]:
+        """build key -> CompiledHandle, or the failure text. Compiles what the artifact store lacks, in parallel."""
+        self._compiled_now = set()
+        handles: dict[str, object] = {}
         to_compile = []
-        for i, (choice, spec, module_path, source, start, error) in enumerate(prepared):
-            if error:
-                outcomes[i] = BuildOutcome(choice, None, error)
-                continue
-            key = build_key(source, spec, f"cuda:{problem.arch}", triton_version())
-            marker = self.root / "artifacts" / f"{key}.json"
-            meta = read_json(marker)
-            if meta is not None and self._in_triton_cache(meta.get("cache_group", "")):
-                outcomes[i] = self._load(problem, choice, spec, module_path, key, start, compiled=False)
-            else:
-                job = self._job(problem, spec, module_path)
-                job["id"] = i
-                to_compile.append((i, key, marker, job))
+        for key, (spec, path, _) in kernels.items():
+            meta = read_json(self.root / "artifacts" / f"{key}.json")
+            if meta is None or not self._in_triton_cache(meta.get("cache_group", "")):
+                job = self._job(problem, spec, path)
+                job["id"] = len(to_compile)
+                to_compile.append((key, job))
         if to_compile:
-            results = self._get_pool().map([job for _, _, _, job in to_compile])
+            results = self._get_pool().map([job for _, job in to_compile])
             counters.bump("compiles", len(to_compile))
-            for (i, key, marker, job), res in zip(to_compile, results):
-                choice, spec, module_path, _, start, _ = prepared[i]
+            for (key, job), res in zip(to_compile, results):
+                self._compiled_now.add(key)
                 if not res.get("ok"):
                     log = self.root / "logs" / f"{key}.log"
                     atomic_write_text(log, f"{job}\n\n{res.get('trace') or res.get('error')}\n")
-                    outcomes[i] = BuildOutcome(choice, None, f"compile failed: {res.get('error', '?')[-300:]} "
-                                                             f"(source {module_path}, log {log})", compiled=True)
+                    handles[key] = (f"compile failed: {res.get('error', '?')[-300:]} "
+                                    f"(source {job['module_path']}, log {log})")
                     continue
-                atomic_write_text(marker, _json({"choice": choice.name, "triton_hash": res["hash"],
-                                                 "cache_group": res["cache_group"],
-                                                 "triton": triton_version(), "arch": problem.arch,
-                                                 "compile_seconds": res.get("seconds")}))
-                outcomes[i] = self._load(problem, choice, spec, module_path, key, start, compiled=True)
-        return [outcomes[i] for i in range(len(prepared))]
+                atomic_write_text(self.root / "artifacts" / f"{key}.json",
+                                  _json({"kernel": job["kernel_name"], "triton_hash": res["hash"],
+                                         "cache_group": res["cache_group"], "triton": triton_version(),
+                                         "arch": problem.arch, "compile_seconds": res.get("seconds")}))
+        for key, (spec, path, _) in kernels.items():
+            if key not in handles:
+                handles[key] = self._load(problem, spec, path, key)
+        return handles
 
     def _in_triton_cache(self, group: str) -> bool:
         """The compiled kernel's files are still in Triton's cache (its metadata JSON is written last)."""
         return bool(group) and any((self.triton_cache_dir / group).glob("*.json"))
 
-    def _load(self, problem, choice, spec, module_path, key, start, compiled) -> BuildOutcome:
+    def _load(self, problem, spec, module_path, key):
         try:
             # loaded once per device: a CUDA function handle belongs to the context it was loaded in
-            loaded_key = (key, torch.cuda.current_device())
-            kernel = self._kernels.get(loaded_key)
+            device = torch.cuda.current_device()
+            kernel = self._kernels.get((key, device))
             if kernel is None:
                 with _triton_cache_at(self.triton_cache_dir):
                     kernel = compile_job(self._job(problem, spec, module_path))
                     kernel._init_handles()      # loads the cubin; raises when resources do not fit the device
-                self._kernels[loaded_key] = kernel
-            if not compiled:
-                counters.bump("artifact_loads")
-            launch = _compiled_launcher(kernel, problem, spec)
+                self._kernels[(key, device)] = kernel
+                if key not in self._compiled_now:
+                    counters.bump("artifact_loads")
+            return CompiledHandle(kernel, device)
         except Exception as e:  # noqa: BLE001
-            return BuildOutcome(choice, None, f"load failed: {type(e).__name__}: {str(e)[:300]}", compiled=compiled)
-        return BuildOutcome(choice, Runner(choice, launch), compiled=compiled, seconds=time.perf_counter() - start)
+            return f"load failed: {type(e).__name__}: {str(e)[:300]}"
 
     def _get_pool(self) -> WorkerPool:
         key = (str(self.triton_cache_dir), config.max_jobs)
@@ -213,103 +232,8 @@ def _triton_cache_at(path: Path):
         yield
 
 
-def _output_factory(problem: GemmProblem):
-    shape, dtype = (problem.m, problem.n), DTYPES_BY_NAME[problem.out_dtype]
-    return shape, dtype
-
-
-def _needs_staging(out: torch.Tensor) -> bool:
-    """Kernels write row-major, 16-byte aligned outputs; any other `out` gets a staging buffer and a copy."""
-    return (out.stride(1) != 1 and out.shape[1] != 1) or out.data_ptr() % 16 != 0
-
-
-def _compiled_launcher(kernel, problem: GemmProblem, spec: TritonKernelSpec):
-    import triton
-
-    knobs = getattr(triton, "knobs", None)
-    hooks = knobs is not None and (knobs.runtime.launch_enter_hook or knobs.runtime.launch_exit_hook)
-    m, n, k = problem.m, problem.n, problem.k
-    sa0, sa1 = problem.stride_a
-    sb0, sb1 = problem.stride_b
-    grid = _cdiv(m, spec.block_m) * _cdiv(n, spec.block_n)
-    shape, dtype = _output_factory(problem)
-    device = torch.device("cuda", torch.cuda.current_device())
-    raw_stream = torch._C._cuda_getCurrentRawStream
-    dev_index = device.index
-    if hooks:   # a profiler hook is installed: take Triton's own (slower) path so it sees the launch
-        def run(a, b, out, ldc):
-            kernel[(grid, 1, 1)](a, b, out, m, n, k, sa0, sa1, sb0, sb1, ldc, 1)
-    else:
-        direct = _direct_launch(kernel)
-        function, packed = kernel.function, kernel.packed_metadata
-        if direct is not None:
-            c_launch, coop, pdl = direct
-
-            def run(a, b, out, ldc):
-                c_launch(grid, 1, 1, raw_stream(dev_index), function, coop, pdl, None, None, packed, None, None,
-                         None, a, b, out, m, n, k, sa0, sa1, sb0, sb1, ldc, 1)
-        else:
-            fast_run = kernel.run
-
-            def run(a, b, out, ldc):
-                fast_run(grid, 1, 1, raw_stream(dev_index), function, packed, None, None, None,
-                         a, b, out, m, n, k, sa0, sa1, sb0, sb1, ldc, 1)
-
-    # the binary assumed N % 16 == 0 for the output's row stride only when it was true of the problem
-    def launch(a, b, out=None):
-        if out is None:
-            out = torch.empty(shape, dtype=dtype, device=device)
-            run(a, b, out, n)
-            return out
-        if _needs_staging(out) or (10 in spec.div16 and out.stride(0) % 16):
-            out.copy_(launch(a, b, None))
-            return out
-        run(a, b, out, out.stride(0))
-        return out
-
-    return launch
-
-
-def _direct_launch(kernel):
-    """The compiled C launch function, called without the Python wrapper (about 1 us less per call), for the
-    launcher layout we know (triton 3.5-3.6: launch(grid, stream, function, cooperative, pdl, global_scratch,
-    profile_scratch, *rest)) and only when the kernel needs no scratch memory. None means: use kernel.run."""
-    import inspect
-
-    launcher = kernel.run
-    mod_launch = getattr(launcher, "launch", None)
-    try:
-        params = list(inspect.signature(type(launcher).__call__).parameters)
-    except (TypeError, ValueError):
-        return None
-    if mod_launch is None or params != ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]:
-        return None
-    if getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1):
-        return None
-    if getattr(launcher, "num_ctas", 1) != 1:
-        return None
-    return mod_launch, launcher.launch_cooperative_grid, launcher.launch_pdl
-
-
-def _interpreted_launcher(fn, problem: GemmProblem, spec: TritonKernelSpec):
-    m, n, k = problem.m, problem.n, problem.k
-    grid = (_cdiv(m, spec.block_m) * _cdiv(n, spec.block_n),)
-    shape, dtype = _output_factory(problem)
-
-    def launch(a, b, out=None):
-        if out is not None and _needs_staging(out):
-            out.copy_(launch(a, b, None))
-            return out
-        if out is None:
-            out = torch.empty(shape, dtype=dtype, device=a.device)
-        fn[grid](a, b, out, m, n, k, *a.stride(), *b.stride(), out.stride(0), 1)
-        return out
-
-    return launch
-
-
 def create() -> TritonBackend:
     return TritonBackend()
 
 
-__all__ = ["TritonBackend", "TEMPLATE_FILES", "create"]
+__all__ = ["TritonBackend", "create"]

@@ -1,67 +1,105 @@
-"""Turn (problem, choice) into a TritonKernelSpec and render its template. Pure: no GPU, no compiler, no torch."""
+"""Kernel specs and template rendering for the Triton backend. Pure: no GPU, no compiler, no torch.
+
+A TritonKernelSpec is everything one compiled binary depends on (template file, render variables, argument types,
+divisibility facts, launch options). Template families (backends/triton_templates/) build specs from a problem and
+a choice; shapes whose specs are equal share the binary.
+"""
 from __future__ import annotations
 
 import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+
 import jinja2
 
-from kernels.choice import Choice
 from kernels.problem import GemmProblem
 from kernels.templates_info import TEMPLATES_ROOT
 
 TEMPLATE_DIR = TEMPLATES_ROOT / "triton"
-TEMPLATE_FILES = {"triton_mm": "mm.py.jinja", "triton_int8_mm": "mm.py.jinja"}
 TRITON_TYPES = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32", "int8": "i8", "int32": "i32"}
-ARG_NAMES = ("a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn",
-             "stride_cm", "stride_cn")
+
+
+@dataclass(frozen=True)
+class Arg:
+    name: str
+    type: str          # Triton signature type: "*bf16", "i32", ...
+    div16: bool        # value known to be a multiple of 16 (pointers: 16-byte aligned)
 
 
 @dataclass(frozen=True)
 class TritonKernelSpec:
-    """Everything the compiled binary depends on; shapes that share it share the binary."""
-    template: str
+    template_file: str
     kernel_name: str
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int
-    num_stages: int
+    args: tuple[Arg, ...]
     num_warps: int
-    dtype: str
-    out_dtype: str
-    a_layout: str
-    b_layout: str
-    even_k: bool
-    precision: str            # "" (fp16/bf16/int8), "ieee" or "tf32"
-    div16: tuple[int, ...]    # argument indices known to be multiples of 16 (pointers: 16-byte aligned)
+    num_stages: int
+    render_vars: tuple[tuple[str, object], ...]    # sorted (name, value) pairs handed to the template
 
     @property
     def signature(self) -> dict[str, str]:
-        ptr = "*" + TRITON_TYPES[self.dtype]
-        sig = {"a_ptr": ptr, "b_ptr": ptr, "c_ptr": "*" + TRITON_TYPES[self.out_dtype]}
-        sig.update({name: "i32" for name in ARG_NAMES[3:]})
-        return sig
+        return {a.name: a.type for a in self.args}
+
+    @property
+    def div16(self) -> tuple[int, ...]:
+        return tuple(i for i, a in enumerate(self.args) if a.div16)
 
     @property
     def options(self) -> dict[str, int]:
         return {"num_warps": self.num_warps, "num_stages": self.num_stages}
 
+    def var(self, name: str):
+        return dict(self.render_vars)[name]
 
-def spec_for(problem: GemmProblem, choice: Choice) -> TritonKernelSpec:
-    cfg = choice.config
-    ints = (problem.m, problem.n, problem.k, *problem.stride_a, *problem.stride_b)
-    div16 = [i for i, ok in enumerate((problem.align_a >= 16, problem.align_b >= 16, True)) if ok]
-    div16 += [3 + i for i, v in enumerate(ints) if v % 16 == 0 and not (i < 3 and "mnk"[i] in problem.dynamic)]
-    # the output is ours (or checked at launch): row-major, 16-byte aligned; its row stride is N
-    if problem.n % 16 == 0 and "n" not in problem.dynamic:
-        div16.append(10)
-    return TritonKernelSpec(
-        template=choice.template, kernel_name=choice.name, block_m=cfg.block_m, block_n=cfg.block_n,
-        block_k=cfg.block_k, group_m=cfg.group_m, num_stages=cfg.num_stages, num_warps=cfg.num_warps,
-        dtype=problem.dtype, out_dtype=problem.out_dtype, a_layout=problem.layout_a, b_layout=problem.layout_b,
-        even_k=problem.k % cfg.block_k == 0 and "k" not in problem.dynamic, precision=problem.precision, div16=tuple(sorted(set(div16))))
+
+def make_spec(template_file: str, kernel_name: str, args: list[Arg], num_warps: int, num_stages: int,
+              **render_vars) -> TritonKernelSpec:
+    return TritonKernelSpec(template_file, kernel_name, tuple(args), num_warps, num_stages,
+                            tuple(sorted(render_vars.items())))
+
+
+def ptr(name: str, dtype: str, aligned: bool = True) -> Arg:
+    return Arg(name, "*" + TRITON_TYPES[dtype], aligned)
+
+
+def int_arg(problem: GemmProblem, name: str, value: int, dims: str = "") -> Arg:
+    """An i32 argument; `dims` names the problem dims its value follows, so a dynamic dim is never specialised on."""
+    return Arg(name, "i32", value % 16 == 0 and not any(d in problem.dynamic for d in dims))
+
+
+def gemm_args(problem: GemmProblem) -> list[Arg]:
+    """a, b, c, M, N, K and the six strides: the argument list every GEMM template starts with. The output is ours
+    (or checked at launch): row-major with row stride N."""
+    sa, sb = problem.stride_a, problem.stride_b
+    return [ptr("a_ptr", problem.dtype, problem.align_a >= 16), ptr("b_ptr", problem.dtype, problem.align_b >= 16),
+            ptr("c_ptr", problem.out_dtype),
+            int_arg(problem, "M", problem.m, "m"), int_arg(problem, "N", problem.n, "n"),
+            int_arg(problem, "K", problem.k, "k"),
+            int_arg(problem, "stride_am", sa[0]), int_arg(problem, "stride_ak", sa[1]),
+            int_arg(problem, "stride_bk", sb[0]), int_arg(problem, "stride_bn", sb[1]),
+            int_arg(problem, "stride_cm", problem.n, "n"), Arg("stride_cn", "i32", False)]
+
+
+OUT_STRIDE_INDEX = 10     # position of stride_cm in gemm_args
+
+
+def layout_vars(problem: GemmProblem) -> dict:
+    """Unit strides render as the literal 1 so loads along them vectorize."""
+    la, lb = problem.layout_a, problem.layout_b
+    return dict(a_layout=la, b_layout=lb,
+                s_am="1" if la == "col" else "stride_am", s_ak="1" if la == "row" else "stride_ak",
+                s_bk="1" if lb == "col" else "stride_bk", s_bn="1" if lb == "row" else "stride_bn",
+                s_cm="stride_cm", s_cn="1")
+
+
+def dot_vars(problem: GemmProblem) -> dict:
+    if problem.dtype == "int8":
+        return dict(acc_type="tl.int32", dot_args=", out_dtype=tl.int32")
+    return dict(acc_type="tl.float32", dot_args=f', input_precision="{problem.precision}"' if problem.precision else "")
+
+
+def even_k(problem: GemmProblem, block_k: int) -> bool:
+    return problem.k % block_k == 0 and "k" not in problem.dynamic
 
 
 @functools.lru_cache(maxsize=None)
@@ -71,22 +109,8 @@ def _template(name: str) -> jinja2.Template:
     return env.get_template(name)
 
 
-def _dot_args(spec: TritonKernelSpec) -> str:
-    if spec.dtype == "int8":
-        return ", out_dtype=tl.int32"
-    if spec.precision:
-        return f', input_precision="{spec.precision}"'
-    return ""
-
-
 def render(spec: TritonKernelSpec) -> str:
-    return _template(TEMPLATE_FILES[spec.template]).render(
-        kernel_name=spec.kernel_name, block_m=spec.block_m, block_n=spec.block_n, block_k=spec.block_k,
-        group_m=spec.group_m, even_k=spec.even_k, a_layout=spec.a_layout, b_layout=spec.b_layout,
-        s_am="1" if spec.a_layout == "col" else "stride_am", s_ak="1" if spec.a_layout == "row" else "stride_ak",
-        s_bk="1" if spec.b_layout == "col" else "stride_bk", s_bn="1" if spec.b_layout == "row" else "stride_bn",
-        s_cm="stride_cm", s_cn="1",
-        acc_type="tl.int32" if spec.dtype == "int8" else "tl.float32", dot_args=_dot_args(spec))
+    return _template(spec.template_file).render(kernel_name=spec.kernel_name, **dict(spec.render_vars))
 
 
 def build_key(source: str, spec: TritonKernelSpec, target: str, triton_version: str) -> str:

@@ -1,6 +1,7 @@
 import ast
 
-from backends.triton_render import render, spec_for
+from backends.triton_render import render
+from backends.triton_templates import family
 from kernels.choice import Choice
 from kernels.heuristics import GemmConfig
 from tests.test_heuristics import problem
@@ -17,14 +18,14 @@ def test_choice_names_are_stable_identities():
 
 def _render(p, cfg=GemmConfig(64, 64, 32, 3, 4)):
     choice = Choice("triton", "triton_int8_mm" if p.dtype == "int8" else "triton_mm", p.dtype, cfg)
-    spec = spec_for(p, choice)
+    (spec,) = family(choice.template).specs(p, choice)
     return spec, render(spec)
 
 
 def test_row_major_operands_bake_unit_strides_and_even_k():
     spec, src = _render(problem(k=4096))
     ast.parse(src)
-    assert spec.even_k and spec.a_layout == "row" and spec.b_layout == "row"
+    assert spec.var("even_k") and spec.var("a_layout") == "row" and spec.var("b_layout") == "row"
     assert "rk[None, :] * 1" in src and "rn[None, :] * 1" in src
     assert "EVEN_K: tl.constexpr = True" in src
     assert "input_precision" not in src and "tl.float32" in src
@@ -33,7 +34,7 @@ def test_row_major_operands_bake_unit_strides_and_even_k():
 def test_col_major_and_ragged_k():
     p = problem(m=100, n=50, k=70, stride_a=(1, 100), stride_b=(1, 70))
     spec, src = _render(p)
-    assert spec.a_layout == "col" and spec.b_layout == "col" and not spec.even_k
+    assert spec.var("a_layout") == "col" and spec.var("b_layout") == "col" and not spec.var("even_k")
     assert "rm[:, None] * 1" in src and "rk[:, None] * 1" in src
     assert "EVEN_K: tl.constexpr = False" in src
     assert 4 not in spec.div16 and 5 not in spec.div16      # N=50, K=70 are not multiples of 16

@@ -11,7 +11,8 @@ import pytest
 import triton
 
 from backends.triton import TritonBackend
-from backends.triton_render import render, spec_for
+from backends.triton_render import render
+from backends.triton_templates import family
 from kernels.choice import Choice
 from kernels.fsutil import write_if_different
 from kernels.heuristics import GemmConfig
@@ -28,12 +29,12 @@ def cuobjdump() -> str | None:
 def compile_jobs(backend, cases):
     jobs = []
     for i, (p, choice) in enumerate(cases):
-        spec = spec_for(p, choice)
-        path = backend.root / "src" / f"{choice.name}_{i}.py"
-        write_if_different(path, render(spec))
-        job = backend._job(p, spec, path)
-        job["id"] = i
-        jobs.append(job)
+        for j, spec in enumerate(family(choice.template).specs(p, choice)):
+            path = backend.root / "src" / f"{choice.name}_{i}_{j}.py"
+            write_if_different(path, render(spec))
+            job = backend._job(p, spec, path)
+            job["id"] = len(jobs)
+            jobs.append(job)
     return backend._get_pool().map(jobs, timeout_s=600)
 
 

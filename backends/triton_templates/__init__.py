@@ -1,0 +1,44 @@
+"""Triton template families. Each turns (problem, choice) into kernel specs and, once those are loaded, into a
+launch(a, b, out) function. The backend (backends/triton.py) does the rest: render, compile, load, cache.
+
+Families are imported on first use so `import backends.triton_worker` (compile workers) stays light.
+"""
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+
+from kernels.choice import Choice
+from kernels.problem import GemmProblem
+
+# template name -> module defining FAMILY
+_MODULES = {
+    "triton_mm": "backends.triton_templates.mm",
+    "triton_int8_mm": "backends.triton_templates.mm",
+}
+
+
+class TritonFamily(ABC):
+    templates: tuple[str, ...] = ()
+
+    @abstractmethod
+    def choices(self, problem: GemmProblem, template: str, space: str) -> tuple[list[Choice], dict[str, str]]:
+        """Supported choices of `template` for the problem, and what was left out (name or template -> reason)."""
+
+    @abstractmethod
+    def specs(self, problem: GemmProblem, choice: Choice) -> list:
+        """The TritonKernelSpecs the choice launches, in launch order."""
+
+    @abstractmethod
+    def launcher(self, problem: GemmProblem, choice: Choice, specs: list, handles: list):
+        """launch(a, b, out=None) -> out, using one bound handle per spec (backends.triton_launch)."""
+
+
+def templates() -> tuple[str, ...]:
+    return tuple(_MODULES)
+
+
+def family(template: str) -> TritonFamily:
+    if template not in _MODULES:
+        raise KeyError(f"no Triton family implements {template!r}; known: {', '.join(_MODULES)}")
+    return importlib.import_module(_MODULES[template]).FAMILY

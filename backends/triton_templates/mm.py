@@ -1,0 +1,42 @@
+"""triton_mm / triton_int8_mm: one tiled kernel, one program per output tile (templates/triton/mm.py.jinja)."""
+from __future__ import annotations
+
+from backends.triton_launch import output_launch
+from backends.triton_render import (OUT_STRIDE_INDEX, dot_vars, even_k, gemm_args, layout_vars, make_spec)
+from backends.triton_templates import TritonFamily
+from kernels.choice import Choice
+from kernels.heuristics import candidate_configs
+from kernels.problem import DTYPES_BY_NAME
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class MatmulFamily(TritonFamily):
+    templates = ("triton_mm", "triton_int8_mm")
+
+    def choices(self, problem, template, space):
+        return [Choice("triton", template, problem.dtype, cfg) for cfg in candidate_configs(problem, template, space)], {}
+
+    def specs(self, problem, choice):
+        cfg = choice.config
+        return [make_spec("mm.py.jinja", choice.name, gemm_args(problem), cfg.num_warps, cfg.num_stages,
+                          block_m=cfg.block_m, block_n=cfg.block_n, block_k=cfg.block_k, group_m=cfg.group_m,
+                          even_k=even_k(problem, cfg.block_k), **layout_vars(problem), **dot_vars(problem))]
+
+    def launcher(self, problem, choice, specs, handles):
+        cfg = choice.config
+        m, n, k = problem.m, problem.n, problem.k
+        sa0, sa1 = problem.stride_a
+        sb0, sb1 = problem.stride_b
+        run = handles[0].bind((cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n), 1, 1))
+
+        def run_into(a, b, out, ldc):
+            run(a, b, out, m, n, k, sa0, sa1, sb0, sb1, ldc, 1)
+
+        return output_launch((m, n), DTYPES_BY_NAME[problem.out_dtype], handles[0].device, OUT_STRIDE_INDEX in
+                             specs[0].div16, run_into)
+
+
+FAMILY = MatmulFamily()
