@@ -9,6 +9,7 @@ import torch
 
 from backends import get_backend
 from kernels import counters as _stats
+from kernels import dynamic as _dynamic
 from kernels.autotune import fingerprint, tune
 from kernels.cache import SelectionStore, store_key
 from kernels.choice import Choice
@@ -37,29 +38,31 @@ def _fast_key(op: str, a, b) -> tuple:
             torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
 
 
-def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """a @ b for 2-D fp16 / bf16 / fp32 tensors, with the fastest verified kernel for this problem."""
+def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dynamic=None) -> torch.Tensor:
+    """a @ b for 2-D fp16 / bf16 / fp32 tensors, with the fastest verified kernel for this problem.
+    `dynamic`: dims whose size varies between calls ('m', 'm,k', kernels.Dynamic(...); None = config.dynamic_dims):
+    one winner per size hint, each new shape served by one of them (see kernels.dynamic)."""
     try:
-        launch = _dispatch.get(_fast_key("mm", a, b))
+        launch = _dispatch.get(_fast_key("mm", a, b) if dynamic is None else (_fast_key("mm", a, b), dynamic))
     except (AttributeError, TypeError):
         launch = None
     if launch is not None and (out is None or _out_matches(out, a, b, a.dtype)):
         _memory_hits[0] += 1
         return launch(a, b, out)
-    return _cold("mm", a, b, out)
+    return _cold("mm", a, b, out, dynamic)
 
 
-def int_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """a @ b for 2-D int8 tensors, exact, with an int32 result."""
+def int_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dynamic=None) -> torch.Tensor:
+    """a @ b for 2-D int8 tensors, exact, with an int32 result. `dynamic` as for mm."""
     # mirrors mm() line for line on purpose: a shared helper would add a Python call to every warm call
     try:
-        launch = _dispatch.get(_fast_key("int_mm", a, b))
+        launch = _dispatch.get(_fast_key("int_mm", a, b) if dynamic is None else (_fast_key("int_mm", a, b), dynamic))
     except (AttributeError, TypeError):
         launch = None
     if launch is not None and (out is None or _out_matches(out, a, b, torch.int32)):
         _memory_hits[0] += 1
         return launch(a, b, out)
-    return _cold("int_mm", a, b, out)
+    return _cold("int_mm", a, b, out, dynamic)
 
 
 def _out_matches(out, a, b, dtype) -> bool:
@@ -140,20 +143,21 @@ def _cpu_fallback(a) -> bool:
     return a.device.type == "cpu" and not interpret_mode()
 
 
-def _cold(op: str, a, b, out):
+def _cold(op: str, a, b, out, dynamic=None):
     validate(op, a, b, out)
+    dyn = _dynamic.resolve(dynamic)
     if 0 in (a.shape[0], a.shape[1], b.shape[1]):
         return _trivial(op, a, b, out)
     if op == "mm" and torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         return torch.mm(a, b) if out is None else torch.mm(a, b, out=out)   # keeps autograd working
-    key = _fast_key(op, a, b)
+    key = _fast_key(op, a, b) if dynamic is None else (_fast_key(op, a, b), dynamic)
     if _cpu_fallback(a):
         launch = _aten_launch(op)
         _stats.bump("cpu_fallbacks")
     else:
         problem = GemmProblem.from_tensors(op, a, b)
         with _device_ctx(a):
-            launch = _launcher_for(problem)
+            launch = _launcher_for(problem) if dyn is None else _dynamic.launcher_for(problem, dyn)
     with _lock:
         _dispatch[key] = launch
     with _device_ctx(a):
@@ -206,9 +210,11 @@ def _load_stored(key: str, problem: GemmProblem):
 
 
 # -- introspection ---------------------------------------------------------------------------------------------
-def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm") -> Selection:
-    """The Selection for this problem (tuning it first if needed); `.source` says where it came from this time."""
+def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None) -> Selection:
+    """The Selection for this problem (tuning it first if needed); `.source` says where it came from this time.
+    For a dynamic problem: the serving hint winner's Selection, its first note saying which hint and why."""
     validate(op, a, b)
+    dyn = _dynamic.resolve(dynamic)
     problem = GemmProblem.from_tensors(op, a, b)
     if 0 in (problem.m, problem.n, problem.k) or _cpu_fallback(a):
         name = "aten_mm" if op == "mm" else "aten_int_mm"
@@ -217,6 +223,9 @@ def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm") -> Selection:
                f"(set TRITON_INTERPRET=1 to run the Triton templates through the interpreter)")
         return Selection(problem=problem, winner=name, choices={name: Choice("aten", name, problem.dtype)},
                          timings={}, source="cpu-fallback" if _cpu_fallback(a) else "trivial", notes=[why])
+    if dyn is not None:
+        with _device_ctx(a):
+            return _dynamic.explain(problem, dyn)
     with _lock:
         sel = _selections.get(problem)
         if sel is not None:
@@ -239,6 +248,7 @@ def clear_memory_cache() -> None:
         _dispatch.clear()
         _selections.clear()
         _launchers.clear()
+        _dynamic.clear()
 
 
 

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from kernels.dynamic_rules import DEFAULT_HINTS, parse_buckets, parse_dims, parse_hints, parse_mode
 from kernels.version import __version__
 
 ALL_BACKENDS = ("aten", "triton", "cutlass")
@@ -98,6 +99,14 @@ class Config:
     cutlass_deny = _Setting("KERNELS_CUTLASS_DENY", lambda: "", _parse_regex)
     # CUTLASS: seconds the isolated verify-and-time child may run before it is killed
     cutlass_child_timeout_s = _Setting("KERNELS_CUTLASS_CHILD_TIMEOUT", lambda: 300.0, float)
+    # dynamic shapes (kernels.dynamic): dims treated as dynamic when mm's `dynamic=` is not given ("" = static),
+    # size hints (one winner tuned per hint), runtime mode, and which sizes share a benchmark-mode decision
+    dynamic_dims = _Setting("KERNELS_DYNAMIC", lambda: (), parse_dims)
+    dynamic_hints = _Setting("KERNELS_DYNAMIC_HINTS", lambda: DEFAULT_HINTS, parse_hints)
+    dynamic_mode = _Setting("KERNELS_DYNAMIC_MODE", lambda: "benchmark", parse_mode)
+    dynamic_buckets = _Setting("KERNELS_DYNAMIC_BUCKETS", lambda: "pow2", parse_buckets)
+    # milliseconds of measurement per hint winner when a new bucket is benchmarked (benchmark mode)
+    dynamic_bench_ms = _Setting("KERNELS_DYNAMIC_BENCH_MS", lambda: 10.0, float)
 
     def __init__(self):
         self._overrides: dict[str, Any] = {}

@@ -14,6 +14,8 @@ class Stats:
     memory_hits: int = 0         # calls served by the in-memory dispatch table... counted on first use per problem
     disk_hits: int = 0           # problems whose selection came from the persistent store
     cpu_fallbacks: int = 0       # problems computed with torch on CPU tensors (no interpreter)
+    bucket_benchmarks: int = 0   # dynamic shapes: buckets whose hint winners were benchmarked at runtime
+    bucket_disk_hits: int = 0    # dynamic shapes: bucket decisions read from the persistent store
 
 
 _stats = Stats()

@@ -1,0 +1,462 @@
+"""Dynamic shapes: one tuned winner per size hint, and runtime dispatch of every new shape among those winners.
+
+    kernels.mm(a, b, dynamic="m")                                   # M dynamic, hints/mode/buckets from config
+    kernels.mm(a, b, dynamic=kernels.Dynamic("m", hints=(64, 256, 4096), mode="similarity"))
+
+For a dynamic problem the dynamic dims are replaced by each hint (the cartesian product when several dims are
+dynamic) and each hint problem goes through the normal tune + selection store (`api._launcher_for`). The hint
+problems and the runtime problems carry `GemmProblem.dynamic`, so the backends build binaries that do not
+specialise on those dims: a winner tuned at M=64 is the same binary at M=300, loaded, never compiled.
+
+A runtime shape is served by one hint winner, chosen by
+- `benchmark` mode: the first shape seen in a bucket (powers of two by default, `BucketRule`) benchmarks the
+  distinct hint winners on that shape (verified first, timed with kernels.timing); the best serves the whole bucket.
+  Decisions are persisted next to the selections (`BucketStore`), so a new process does not benchmark again.
+- `similarity` mode: no runtime benchmark; the hint whose shapes are nearest by L1 distance in log2 space over
+  A, B and C (`dynamic_rules.log2_distance`).
+The api then puts the exact shape's launcher in its warm dispatch table: steady state costs what a static call costs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from backends import get_backend
+from kernels import counters
+from kernels.choice import Choice
+from kernels.config import config
+from kernels.dynamic_rules import (BucketRule, bucket_id, hints_for, nearest, parse_buckets, parse_dims,
+                                   parse_hints, parse_mode)
+from kernels.errors import InputTypeError, InputValueError, KernelsError
+from kernels.fsutil import atomic_write_text, file_lock, read_json
+from kernels.heuristics import supports
+from kernels.problem import GemmProblem
+from kernels.selection import Selection
+from kernels.timing import measure_together, rotation_sets
+from kernels.verify import check, make_inputs, poisoned_output, reference
+
+STORE_SCHEMA = 1
+
+
+# -- declaration -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Dynamic:
+    """Which dims are dynamic, and how. Fields left None come from kernels.config (dynamic_hints / dynamic_mode /
+    dynamic_buckets) when the shape is first seen. Hashable, so it can be passed on every call."""
+    dims: tuple[str, ...] | str = "m"
+    hints: tuple | None = None          # (64, 256, 4096) for every dim, or {"m": (...), "k": (...)}
+    mode: str | None = None             # "benchmark" | "similarity"
+    buckets: str | None = None          # "pow2" | "exact" | "16,64,256"
+
+    def __post_init__(self):
+        dims = parse_dims(self.dims)
+        if not dims:
+            raise ValueError("Dynamic needs at least one of m, n, k (pass dynamic=None or False for static)")
+        object.__setattr__(self, "dims", dims)
+        if self.hints is not None:
+            object.__setattr__(self, "hints", parse_hints(self.hints))
+        if self.mode is not None:
+            object.__setattr__(self, "mode", parse_mode(self.mode))
+        if self.buckets is not None:
+            object.__setattr__(self, "buckets", parse_buckets(self.buckets))
+
+    def resolved(self) -> "Dynamic":
+        """Every field filled (config for the ones left None); hints as (dim, hints) pairs for exactly `dims`."""
+        hints = hints_for(self.hints if self.hints is not None else config.dynamic_hints, self.dims)
+        return Dynamic(self.dims, tuple(hints.items()), self.mode or config.dynamic_mode,
+                       self.buckets or config.dynamic_buckets)
+
+
+def resolve(arg) -> Dynamic | None:
+    """The resolved declaration for mm's `dynamic=` argument, or None for a static problem.
+    None -> kernels.config.dynamic_dims; False / '' / () -> static; True -> 'm'; 'm,k' / ('m', 'k') / Dynamic."""
+    try:
+        if arg is None:
+            dims = config.dynamic_dims
+            return Dynamic(dims).resolved() if dims else None
+        if isinstance(arg, Dynamic):
+            return arg.resolved()
+        if isinstance(arg, (bool, str, tuple)):
+            dims = parse_dims(arg)
+            return Dynamic(dims).resolved() if dims else None
+    except ValueError as e:
+        raise InputValueError(f"kernels: bad dynamic={arg!r}: {e}") from e
+    raise InputTypeError(f"kernels: dynamic= must be None, a bool, a str like 'm' or 'm,k', a tuple of dim names, "
+                         f"or kernels.Dynamic (hashable: it is part of the warm dispatch key), got "
+                         f"{type(arg).__name__}")
+
+
+# -- shapes ----------------------------------------------------------------------------------------------------
+def _restride(shape: tuple[int, int], stride: tuple[int, int], new: tuple[int, int]) -> tuple[int, int]:
+    """The stride the operand would have at the new shape: a unit-stride operand keeps its padding (contiguous
+    stays contiguous); anything else keeps its strides."""
+    rows, cols = shape
+    if stride[1] == 1 and stride[0] >= cols:
+        return (stride[0] - cols + new[1], 1)
+    if stride[0] == 1 and stride[1] >= rows:
+        return (1, stride[1] - rows + new[0])
+    return stride
+
+
+def substitute(problem: GemmProblem, sizes: dict[str, int], dims: tuple[str, ...]) -> GemmProblem:
+    """The problem with some of m, n, k replaced (strides follow, see _restride), marked dynamic in `dims`."""
+    m, n, k = (sizes.get(d, getattr(problem, d)) for d in ("m", "n", "k"))
+    return dataclasses.replace(
+        problem, m=m, n=n, k=k, dynamic=tuple(dims),
+        stride_a=_restride((problem.m, problem.k), problem.stride_a, (m, k)),
+        stride_b=_restride((problem.k, problem.n), problem.stride_b, (k, n)))
+
+
+def _shape(p: GemmProblem) -> tuple[int, int, int]:
+    return (p.m, p.n, p.k)
+
+
+def _label(sizes: dict[str, int]) -> str:
+    return ",".join(f"{d}={v}" for d, v in sizes.items())
+
+
+# -- decisions -------------------------------------------------------------------------------------------------
+@dataclass
+class HintWinner:
+    sizes: dict[str, int]              # the hint values, e.g. {"m": 256}
+    problem: GemmProblem               # the hint problem that was tuned
+    selection: Selection
+
+    @property
+    def label(self) -> str:
+        return _label(self.sizes)
+
+    @property
+    def choice(self) -> Choice:
+        return self.selection.winner_choice
+
+
+@dataclass
+class Decision:
+    """Which hint winner serves one runtime shape, and why."""
+    mode: str
+    shape: tuple[int, int, int]
+    dims: tuple[str, ...]
+    winner: str                                   # choice name that serves the shape
+    hint: str                                     # the hint(s) whose winner it is, e.g. "m=256"
+    source: str                                   # similarity | benchmarked | stored | memory | only-candidate
+    bucket: str = ""
+    measured_at: tuple[int, int, int] | None = None   # benchmark mode: the shape the bucket was timed on
+    distances: dict[str, float] = field(default_factory=dict)   # similarity: hint -> log2 L1 distance
+    timings: dict[str, float | str] = field(default_factory=dict)  # benchmark: choice -> ms, or failure
+    hint_winners: dict[str, str] = field(default_factory=dict)  # hint -> its tuned winner
+    seconds: float = 0.0                          # runtime benchmark cost (benchmark mode, when it ran here)
+    notes: list[str] = field(default_factory=list)
+
+    def why(self) -> str:
+        shape = "x".join(map(str, self.shape))
+        head = (f"dynamic {','.join(self.dims)}, {self.mode} mode: {shape} served by {self.winner} "
+                f"(winner of hint {self.hint})")
+        if self.mode == "similarity":
+            d = ", ".join(f"{h}: {v:.2f}" for h, v in self.distances.items())
+            body = f"nearest hint by log2 L1 distance over A, B, C shapes ({d})"
+        else:
+            where = {"benchmarked": "benchmarked here", "stored": "decision read from the selection store",
+                     "memory": "decided earlier in this process",
+                     "only-candidate": "every usable hint has this winner, nothing to benchmark"}[self.source]
+            at = f" at {'x'.join(map(str, self.measured_at))}" if self.measured_at else ""
+            t = ", ".join(f"{n}: {v * 1e3:.1f} us" if isinstance(v, float) else f"{n}: {v}"
+                          for n, v in self.timings.items())
+            body = f"bucket {self.bucket}, {where}{at}" + (f"; {t}" if t else "")
+        hints = "; ".join(f"{h} -> {w}" for h, w in self.hint_winners.items())
+        return f"{head}; {body}; hint winners: {hints}" + "".join(f"; {n}" for n in self.notes)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class BucketStore:
+    """Benchmark-mode decisions, one JSON file per dynamic family (hint problems + bucket rule + environment),
+    next to the selection store; atomic publish, flock while a bucket is benchmarked. A file whose hint winners
+    differ from the current ones (the hints were re-tuned) is stale and ignored."""
+
+    def __init__(self, root: Path | None = None):
+        self._root = Path(root) if root is not None else None
+
+    @property
+    def root(self) -> Path:
+        return self._root if self._root is not None else Path(config.cache_dir) / "selections" / "dynamic"
+
+    def path(self, key: str) -> Path:
+        return self.root / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+    def load(self, key: str, winners: list[str]) -> dict[str, dict]:
+        data = read_json(self.path(key))
+        if (data is None or data.get("schema") != STORE_SCHEMA or data.get("key") != key
+                or data.get("winners") != winners or not isinstance(data.get("buckets"), dict)):
+            return {}
+        return {b: e for b, e in data["buckets"].items() if isinstance(e, dict) and isinstance(e.get("winner"), str)}
+
+    def record(self, key: str, winners: list[str], bucket: str, entry: dict) -> None:
+        """Merge one bucket's decision into the file (call under lock(key))."""
+        buckets = self.load(key, winners)
+        buckets[bucket] = entry
+        atomic_write_text(self.path(key), json.dumps({"schema": STORE_SCHEMA, "key": key, "winners": winners,
+                                                      "buckets": buckets}, indent=1, sort_keys=True))
+
+    def lock(self, key: str):
+        return file_lock(self.root / "locks" / (self.path(key).stem + ".lock"), config.lock_timeout_s)
+
+
+class Family:
+    """Every runtime problem that shares the static part and the declaration: the hint winners and, in benchmark
+    mode, the per-bucket decisions."""
+
+    def __init__(self, problem: GemmProblem, dyn: Dynamic):
+        self.dims = dyn.dims
+        self.rule = BucketRule(dyn.buckets)
+        per_dim = dict(dyn.hints)
+        self.points = [dict(zip(self.dims, p)) for p in itertools.product(*(per_dim[d] for d in self.dims))]
+        self.hint_problems = [substitute(problem, s, self.dims) for s in self.points]
+        self.winners: list[HintWinner] | None = None
+        self.notes: list[str] = []
+        self.buckets: dict[str, dict] = {}        # benchmark mode, decided in this process or read from disk
+        self.store = BucketStore()
+
+    def ensure_winners(self, select) -> list[HintWinner]:
+        """`select(problem) -> Selection` tunes (or loads) each hint problem; a hint that cannot be tuned is
+        skipped with a note."""
+        if self.winners is None:
+            winners = []
+            for sizes, hp in zip(self.points, self.hint_problems):
+                try:
+                    winners.append(HintWinner(sizes, hp, select(hp)))
+                except KernelsError as e:
+                    self.notes.append(f"hint {_label(sizes)} skipped: {str(e).splitlines()[0]}")
+            if not winners:
+                raise KernelsError(f"kernels.dynamic: no size hint could be tuned: {'; '.join(self.notes)}")
+            self.winners = winners
+        return self.winners
+
+    def store_key(self, backends: tuple[str, ...]) -> str:
+        from kernels.autotune import fingerprint
+
+        return json.dumps({"hints": [hp.key() for hp in self.hint_problems], "buckets": self.rule.text,
+                           "env": fingerprint(backends)}, sort_keys=True)
+
+    def usable(self, runtime: GemmProblem) -> tuple[list[HintWinner], list[str]]:
+        """Hint winners whose choice can run the runtime problem (config limits, e.g. 32-bit offsets)."""
+        ok, notes = [], []
+        for hw in self.winners:
+            c = hw.choice
+            if c.backend == "triton" and c.config is not None:
+                fine, why = supports(runtime, c.template, c.config)
+                if not fine:
+                    notes.append(f"hint {hw.label} winner {c.name} cannot run this shape: {why}")
+                    continue
+            ok.append(hw)
+        return ok, notes
+
+    def hint_labels(self, name: str, among: list[HintWinner]) -> str:
+        return " / ".join(hw.label for hw in among if hw.choice.name == name)
+
+    # -- the two modes -----------------------------------------------------------------------------------------
+    def similarity(self, runtime: GemmProblem, usable: list[HintWinner]) -> tuple[Decision, list[str]]:
+        best, dists = nearest(_shape(runtime), [_shape(hw.problem) for hw in usable])
+        order = sorted(range(len(usable)), key=lambda i: (round(dists[i], 9), -_volume(usable[i].problem)))
+        ranking = list(dict.fromkeys(usable[i].choice.name for i in order))
+        dec = Decision("similarity", _shape(runtime), self.dims, usable[best].choice.name, usable[best].label,
+                       "similarity", distances={hw.label: d for hw, d in zip(usable, dists)})
+        return dec, ranking
+
+    def benchmark(self, runtime: GemmProblem, usable: list[HintWinner]) -> tuple[Decision, list[str]]:
+        bid = bucket_id(self.rule, {d: getattr(runtime, d) for d in self.dims})
+        names = list(dict.fromkeys(hw.choice.name for hw in usable))
+        by_name = {hw.choice.name: hw.choice for hw in usable}
+        winners = [hw.choice.name for hw in self.winners]
+
+        def decided(entry: dict, source: str) -> tuple[Decision, list[str]] | None:
+            if entry["winner"] not in by_name:
+                return None
+            timings = entry.get("timings", {})
+            ranking = [entry["winner"]] + sorted((n for n in names if n != entry["winner"]),
+                                                 key=lambda n: _ms(timings.get(n)))
+            at = entry.get("measured_at")
+            return Decision("benchmark", _shape(runtime), self.dims, entry["winner"],
+                            self.hint_labels(entry["winner"], usable), source, bucket=bid,
+                            measured_at=tuple(at) if at else None, timings=dict(timings),
+                            seconds=float(entry.get("seconds", 0.0)) if source == "benchmarked" else 0.0), ranking
+
+        if len(names) == 1:
+            return Decision("benchmark", _shape(runtime), self.dims, names[0], self.hint_labels(names[0], usable),
+                            "only-candidate", bucket=bid), names
+        if bid in self.buckets:
+            got = decided(self.buckets[bid], "memory")
+            if got is not None:
+                return got
+        backends = tuple(config.backends) or ("aten",)
+        key = self.store_key(backends)
+        with self.store.lock(key):
+            entry = self.store.load(key, winners).get(bid)
+            got = decided(entry, "stored") if entry is not None else None
+            if got is not None:
+                counters.bump("bucket_disk_hits")
+                self.buckets[bid] = entry
+                return got
+            start = time.perf_counter()
+            timings = benchmark_choices(runtime, [by_name[n] for n in names])
+            timed = {n: t for n, t in timings.items() if isinstance(t, float)}
+            if not timed:
+                raise KernelsError(f"kernels.dynamic: no hint winner ran {runtime.short()}: {timings}")
+            winner = pick(timed, by_name)
+            entry = {"winner": winner, "timings": timings, "measured_at": list(_shape(runtime)),
+                     "seconds": time.perf_counter() - start, "created": time.time()}
+            self.store.record(key, winners, bid, entry)
+            self.buckets[bid] = entry
+            counters.bump("bucket_benchmarks")
+        return decided(entry, "benchmarked")
+
+
+def _volume(p: GemmProblem) -> int:
+    return p.m * p.n * p.k
+
+
+def _ms(t) -> float:
+    return t if isinstance(t, float) else float("inf")
+
+
+def pick(timed: dict[str, float], choices: dict[str, Choice]) -> str:
+    """Fastest, except that a simpler choice within the tie tolerance wins (as in tuning)."""
+    best = min(timed.values())
+    tied = [n for n, t in timed.items() if t <= best * (1 + config.tie_tolerance)]
+    return min(tied, key=lambda n: (choices[n].complexity, timed[n]))
+
+
+def benchmark_choices(problem: GemmProblem, choices: list[Choice]) -> dict[str, float | str]:
+    """Build each choice for this exact problem (loads, no compile), check it against the float64 reference on
+    fresh inputs, then time the ones that pass together with kernels.timing. name -> median ms, or failure text."""
+    device = "cuda" if problem.device == "cuda" else "cpu"
+    results: dict[str, float | str] = {}
+    launches = {}
+    for c in choices:
+        launch, err = build_launch(problem, c)
+        if launch is None:
+            results[c.name] = err
+        else:
+            launches[c.name] = launch
+    a, b = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
+    ref = reference(problem, a, b)
+    for name, launch in list(launches.items()):
+        out = poisoned_output(problem, device)
+        try:
+            launch(a, b, out)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            res = check(problem, out, ref)
+            why = None if res.ok else f"wrong result: {res.message}"
+        except Exception as e:  # noqa: BLE001 - a hint winner that fails here is one failed candidate
+            why = f"crashed: {type(e).__name__}: {str(e)[:300]}"
+        if why is not None:
+            results[name] = why
+            del launches[name]
+    del ref
+    if launches:
+        n_sets = rotation_sets((problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes, device)
+        sets = [(a, b)] + [make_inputs(problem, device, seed=s) for s in range(1, n_sets)]
+
+        def user_call(launch):
+            return lambda i: launch(sets[i][0], sets[i][1], None)
+
+        timed = measure_together({n: user_call(fn) for n, fn in launches.items()}, n_sets, device,
+                                 config.dynamic_bench_ms * len(launches))
+        counters.bump("benchmarks", len(timed))
+        results.update({n: t.median_ms for n, t in timed.items()})
+    return results
+
+
+def build_launch(problem: GemmProblem, choice: Choice):
+    """(launch, None) or (None, why). The binary is the hint winner's: same spec, so it is loaded, not compiled."""
+    try:
+        outcome = get_backend(choice.backend).build(problem, [choice])[0]
+    except Exception as e:  # noqa: BLE001
+        return None, f"build failed: {type(e).__name__}: {str(e)[:300]}"
+    if outcome.runner is None:
+        return None, outcome.error or "build failed"
+    return outcome.runner.launch, None
+
+
+# -- process state ---------------------------------------------------------------------------------------------
+_families: dict[tuple, Family] = {}
+_decisions: dict[tuple, Decision] = {}
+_runtime: dict[tuple, object] = {}
+
+
+def family_for(problem: GemmProblem, dyn: Dynamic) -> Family:
+    fam = Family(problem, dyn)
+    key = (tuple(fam.hint_problems), fam.rule.text)
+    return _families.setdefault(key, fam)
+
+
+def launcher_for(problem: GemmProblem, dyn: Dynamic):
+    """The launcher serving this runtime problem under `dyn` (resolved), deciding (and remembering) which hint
+    winner serves it. Called by the api's cold path under its lock."""
+    from kernels import api
+
+    runtime = dataclasses.replace(problem, dynamic=dyn.dims)
+    memo = (runtime, dyn)
+    with api._lock:
+        launch = _runtime.get(memo)
+        if launch is not None:
+            return launch
+        fam = family_for(runtime, dyn)
+        fam.ensure_winners(lambda hp: _select(api, hp))
+        usable, notes = fam.usable(runtime)
+        if not usable:
+            raise KernelsError(f"kernels.dynamic: no hint winner can run {runtime.short()}: {'; '.join(notes)}")
+        dec, ranking = (fam.similarity if dyn.mode == "similarity" else fam.benchmark)(runtime, usable)
+        dec.hint_winners = {hw.label: hw.choice.name for hw in fam.winners}
+        dec.notes = fam.notes + notes
+        by_name = {hw.choice.name: hw.choice for hw in usable}
+        for name in ranking:
+            launch, err = build_launch(runtime, by_name[name])
+            if launch is not None:
+                if name != dec.winner:
+                    dec.notes.append(f"served by {name} instead: {dec.winner} did not build for this shape")
+                    dec.winner, dec.hint = name, fam.hint_labels(name, usable)
+                break
+            dec.notes.append(f"{name} could not be built for this shape: {err}")
+        else:
+            raise KernelsError(f"kernels.dynamic: no hint winner could be built for {runtime.short()}: "
+                               f"{'; '.join(dec.notes)}")
+        _decisions[memo] = dec
+        _runtime[memo] = launch
+        return launch
+
+
+def _select(api, hint_problem: GemmProblem) -> Selection:
+    api._launcher_for(hint_problem)      # tune or load, through the normal selection store, memoised by the api
+    return api._selections[hint_problem]
+
+
+def decision(problem: GemmProblem, dyn: Dynamic) -> Decision:
+    """The decision for this runtime problem (dispatching it first if it was never seen)."""
+    launcher_for(problem, dyn)
+    return _decisions[(dataclasses.replace(problem, dynamic=dyn.dims), dyn)]
+
+
+def explain(problem: GemmProblem, dyn: Dynamic) -> Selection:
+    """The serving hint winner's Selection, with source 'dynamic-<mode>' and the reason as its first note."""
+    dec = decision(problem, dyn)
+    fam = family_for(dataclasses.replace(problem, dynamic=dyn.dims), dyn)
+    hw = next(hw for hw in fam.winners if hw.choice.name == dec.winner)
+    sel = dataclasses.replace(hw.selection, source=f"dynamic-{dec.mode}", notes=[dec.why(), *hw.selection.notes])
+    sel.decision = dec           # the structured form, for programs (bench/dynamic.py)
+    return sel
+
+
+def clear() -> None:
+    _families.clear()
+    _decisions.clear()
+    _runtime.clear()
