@@ -13,6 +13,8 @@ from importlib import resources
 from kernels.problem import DTYPE_BYTES, GemmProblem
 
 # Largest dynamic shared memory one block may use, by compute capability (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+# Streaming multiprocessors of the devices we tune for (H100 SXM / H200: 132); used where a choice depends on waves.
+DEFAULT_NUM_SMS = 132
 SHARED_MEMORY_LIMIT = {90: 232_448, 100: 232_448, 89: 101_376, 86: 101_376, 80: 166_912, 75: 65_536}
 DEFAULT_SHARED_MEMORY = 232_448          # cpu / interpreter: prune as for Hopper so lists match the GPU
 MAX_ACC_REGISTERS = 255                  # accumulator elements per thread beyond this spill
@@ -41,12 +43,18 @@ class GemmConfig:
 
 @functools.lru_cache(maxsize=1)
 def _raw_lists() -> dict:
-    text = resources.files("kernels").joinpath("data/inductor_gemm_configs.json").read_text()
-    return json.loads(text)
+    """Inductor's lists (mm_configs, int8_mm_configs, persistent_mm_configs, ...) and ours (split_k_configs, ...)."""
+    data = json.loads(resources.files("kernels").joinpath("data/inductor_gemm_configs.json").read_text())
+    ours = json.loads(resources.files("kernels").joinpath("data/template_configs.json").read_text())
+    clash = (set(data) & set(ours)) - {"notes"}
+    if clash:
+        raise ValueError(f"config lists defined twice: {sorted(clash)}")
+    notes = {**data.pop("notes", {}), **ours.pop("notes", {})}
+    return {**data, **ours, "notes": notes}
 
 
 def config_list(name: str) -> list[GemmConfig]:
-    """A named list from the data file: mm_configs, int8_mm_configs, persistent_mm_configs, ..."""
+    """A named list from the data files: mm_configs, int8_mm_configs, persistent_mm_configs, split_k_configs, ..."""
     return [GemmConfig.from_dict(c) for c in _raw_lists()[name]]
 
 

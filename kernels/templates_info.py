@@ -9,6 +9,8 @@ TEMPLATE_OPS = {
     "aten_int_mm": ("int_mm",),
     "triton_mm": ("mm",),
     "triton_int8_mm": ("int_mm",),
+    "split_k": ("mm", "int_mm"),
+    "decompose_k": ("mm", "int_mm"),
     "cutlass3x_sm90_mm": ("mm",),
     "cutlass3x_sm90_int8_mm": ("int_mm",),
     "cutlass2x_sm80_mm": ("mm",),
@@ -18,6 +20,7 @@ TEMPLATE_OPS = {
 TEMPLATE_CONFIG_LISTS = {
     "triton_mm": "mm_configs",
     "triton_int8_mm": "int8_mm_configs",
+    "split_k": "split_k_configs",
 }
 
 # lower is simpler: among candidates whose times tie within noise, the simplest wins
@@ -26,6 +29,8 @@ TEMPLATE_COMPLEXITY = {
     "aten_int_mm": 0,
     "triton_mm": 10,
     "triton_int8_mm": 10,
+    "split_k": 12,
+    "decompose_k": 14,
     "cutlass3x_sm90_mm": 20,
     "cutlass3x_sm90_int8_mm": 20,
     "cutlass2x_sm80_mm": 20,

@@ -11,10 +11,12 @@ from abc import ABC, abstractmethod
 from kernels.choice import Choice
 from kernels.problem import GemmProblem
 
-# template name -> module defining FAMILY
+# template name -> module defining FAMILY, or (module, attribute)
 _MODULES = {
     "triton_mm": "backends.triton_templates.mm",
     "triton_int8_mm": "backends.triton_templates.mm",
+    "split_k": ("backends.triton_templates.split_k", "SPLIT_K"),
+    "decompose_k": ("backends.triton_templates.split_k", "DECOMPOSE_K"),
 }
 
 
@@ -41,4 +43,6 @@ def templates() -> tuple[str, ...]:
 def family(template: str) -> TritonFamily:
     if template not in _MODULES:
         raise KeyError(f"no Triton family implements {template!r}; known: {', '.join(_MODULES)}")
-    return importlib.import_module(_MODULES[template]).FAMILY
+    where = _MODULES[template]
+    module, attr = where if isinstance(where, tuple) else (where, "FAMILY")
+    return getattr(importlib.import_module(module), attr)

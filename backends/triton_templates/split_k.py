@@ -1,0 +1,129 @@
+"""split_k (one launch, atomic reduction into a self-cleaning workspace) and decompose_k (batched partial products,
+then a deterministic reduce launch): templates/triton/split_k.py.jinja and reduce.py.jinja."""
+from __future__ import annotations
+
+import torch
+
+from backends.triton_launch import output_launch
+from backends.triton_render import (OUT_STRIDE_INDEX, Arg, dot_vars, even_k, gemm_args, int_arg, layout_vars,
+                                    make_spec, ptr)
+from backends.triton_templates import TritonFamily
+from kernels.choice import Choice
+from kernels.heuristics_split_k import (cdiv, decompose_k_splits, decompose_k_tile, k_per_split, split_k_choices,
+                                        tiles)
+from kernels.problem import DTYPES_BY_NAME
+
+REDUCE_BLOCK = 1024
+
+
+def _acc_dtype(problem) -> str:
+    return "int32" if problem.dtype == "int8" else "fp32"
+
+
+def _partial_spec(problem, name, cfg, split, reduce, even):
+    args = gemm_args(problem)
+    extra = [ptr("ws_ptr", _acc_dtype(problem))] + ([ptr("lock_ptr", "int32")] if reduce == "atomic" else [])
+    args = args[:3] + extra + args[3:] + [Arg("k_per_split", "i32", cfg.block_k % 16 == 0)]
+    return make_spec("split_k.py.jinja", name, args, cfg.num_warps, cfg.num_stages, block_m=cfg.block_m,
+                     block_n=cfg.block_n, block_k=cfg.block_k, group_m=cfg.group_m, even_k=even,
+                     split=split, reduce=reduce, **layout_vars(problem), **dot_vars(problem))
+
+
+def _out_stride_div16(spec) -> bool:
+    return any(a.name == "stride_cm" and a.div16 for a in spec.args)
+
+
+def _stream_getter(device: torch.device):
+    if device.type != "cuda":
+        return lambda: 0
+    raw, index = torch._C._cuda_getCurrentRawStream, device.index
+    return lambda: raw(index)
+
+
+class SplitKFamily(TritonFamily):
+    templates = ("split_k",)
+
+    def choices(self, problem, template, space):
+        pairs, why = split_k_choices(problem, space)
+        if not pairs:
+            return [], {template: why}
+        return [Choice("triton", template, problem.dtype, cfg, (("split", s),)) for cfg, s in pairs], {}
+
+    def specs(self, problem, choice):
+        # every split but the last covers whole blocks; the last ends at K
+        cfg = choice.config
+        return [_partial_spec(problem, choice.name, cfg, dict(choice.params)["split"], "atomic",
+                              even_k(problem, cfg.block_k))]
+
+    def launcher(self, problem, choice, specs, handles):
+        cfg, split = choice.config, dict(choice.params)["split"]
+        m, n, k = problem.m, problem.n, problem.k
+        sa0, sa1 = problem.stride_a
+        sb0, sb1 = problem.stride_b
+        n_tiles, kps = tiles(problem, cfg), k_per_split(k, split, cfg.block_k)
+        run = handles[0].bind((n_tiles, split, 1))
+        device = handles[0].device
+        acc_dtype = DTYPES_BY_NAME[_acc_dtype(problem)]
+        stream = _stream_getter(device)
+        # zeroed once; every launch leaves them zero again. One pair per stream: launches on two streams at once
+        # must not share partial sums.
+        workspaces: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def run_into(a, b, out, ldc):
+            s = stream()
+            ws = workspaces.get(s)
+            if ws is None:
+                ws = workspaces[s] = (torch.zeros(m * n, dtype=acc_dtype, device=device),
+                                      torch.zeros(n_tiles, dtype=torch.int32, device=device))
+            run(a, b, out, ws[0], ws[1], m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps)
+
+        return output_launch((m, n), DTYPES_BY_NAME[problem.out_dtype], device, _out_stride_div16(specs[0]), run_into)
+
+
+class DecomposeKFamily(TritonFamily):
+    templates = ("decompose_k",)
+
+    def choices(self, problem, template, space):
+        splits, why = decompose_k_splits(problem)
+        if not splits:
+            return [], {template: why}
+        return [Choice("triton", template, problem.dtype, None, (("split", s),)) for s in splits], {}
+
+    def specs(self, problem, choice):
+        split = dict(choice.params)["split"]
+        cfg = decompose_k_tile(problem, split)
+        reduce_args = [ptr("ws_ptr", _acc_dtype(problem)), ptr("c_ptr", problem.out_dtype),
+                       int_arg(problem, "MN", problem.m * problem.n, "mn"), int_arg(problem, "N", problem.n, "n"),
+                       int_arg(problem, "stride_cm", problem.n, "n")]
+        reduce = make_spec("reduce.py.jinja", choice.name + "_reduce", reduce_args, 4, 1, block=REDUCE_BLOCK,
+                           split=split, acc_type=dot_vars(problem)["acc_type"])
+        even = even_k(problem, cfg.block_k) and (problem.k // split) % cfg.block_k == 0
+        return [_partial_spec(problem, choice.name, cfg, split, "partials", even), reduce]
+
+    def launcher(self, problem, choice, specs, handles):
+        split = dict(choice.params)["split"]
+        cfg = decompose_k_tile(problem, split)
+        m, n, k = problem.m, problem.n, problem.k
+        sa0, sa1 = problem.stride_a
+        sb0, sb1 = problem.stride_b
+        kps = k // split
+        partial = handles[0].bind((tiles(problem, cfg), split, 1))
+        reduce = handles[1].bind((cdiv(m * n, REDUCE_BLOCK), 1, 1))
+        device = handles[0].device
+        acc_dtype = DTYPES_BY_NAME[_acc_dtype(problem)]
+        stream = _stream_getter(device)
+        workspaces: dict[int, torch.Tensor] = {}
+
+        def run_into(a, b, out, ldc):
+            s = stream()
+            ws = workspaces.get(s)
+            if ws is None:
+                ws = workspaces[s] = torch.empty(split * m * n, dtype=acc_dtype, device=device)
+            partial(a, b, out, ws, m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps)
+            reduce(ws, out, m * n, n, ldc)
+
+        return output_launch((m, n), DTYPES_BY_NAME[problem.out_dtype], device, _out_stride_div16(specs[0]), run_into)
+
+
+SPLIT_K = SplitKFamily()
+DECOMPOSE_K = DecomposeKFamily()
