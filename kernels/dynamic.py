@@ -36,9 +36,10 @@ from kernels.dynamic_rules import (BucketRule, bucket_id, hints_for, nearest, pa
                                    parse_hints, parse_mode)
 from kernels.errors import InputTypeError, InputValueError, KernelsError
 from kernels.fsutil import atomic_write_text, file_lock, read_json
-from kernels.heuristics import supports
+from kernels.heuristics import GemmConfig, supports
 from kernels.problem import GemmProblem
 from kernels.selection import Selection
+from kernels.templates_info import TEMPLATE_OPS
 from kernels.timing import measure_together, rotation_sets
 from kernels.verify import check, make_inputs, poisoned_output, reference
 
@@ -251,7 +252,7 @@ class Family:
         ok, notes = [], []
         for hw in self.winners:
             c = hw.choice
-            if c.backend == "triton" and c.config is not None:
+            if c.template in TEMPLATE_OPS and isinstance(c.config, GemmConfig):    # the templates supports() knows
                 fine, why = supports(runtime, c.template, c.config)
                 if not fine:
                     notes.append(f"hint {hw.label} winner {c.name} cannot run this shape: {why}")

@@ -1,0 +1,140 @@
+"""Dynamic shapes, the pure parts: knob parsing, buckets, the log2 distance, hint substitution, declaration."""
+import math
+
+import pytest
+
+import kernels
+from kernels.dynamic import Dynamic, resolve, substitute
+from kernels.dynamic_rules import (BucketRule, bucket_id, hints_for, log2_distance, nearest, parse_buckets,
+                                   parse_dims, parse_hints, parse_mode)
+from kernels.errors import InputTypeError, InputValueError
+from kernels.problem import GemmProblem
+
+
+def prob(m=64, n=48, k=32, sa=None, sb=None, dynamic=()):
+    return GemmProblem(op="mm", m=m, n=n, k=k, dtype="fp16", out_dtype="fp16", stride_a=sa or (k, 1),
+                       stride_b=sb or (n, 1), align_a=16, align_b=16, device="cpu", arch=0, device_name="cpu",
+                       dynamic=dynamic)
+
+
+@pytest.mark.parametrize("size,bounds", [(1, (0, 1)), (2, (1, 2)), (3, (2, 4)), (4, (2, 4)), (5, (4, 8)),
+                                         (4096, (2048, 4096)), (4097, (4096, 8192))])
+def test_pow2_buckets(size, bounds):
+    assert BucketRule("pow2").bounds(size) == bounds
+
+
+def test_edge_and_exact_buckets():
+    rule = BucketRule(" 16, 64,256 ")
+    assert rule.text == "16,64,256"
+    assert [rule.bounds(s) for s in (1, 16, 17, 64, 65, 256, 257, 10**6)] == \
+        [(0, 16), (0, 16), (16, 64), (16, 64), (64, 256), (64, 256), (256, None), (256, None)]
+    assert rule.label("m", 300) == "m∈(256,inf]"
+    exact = BucketRule("exact")
+    assert exact.bounds(300) == (299, 300) and exact.bounds(301) != exact.bounds(300)
+    assert bucket_id(BucketRule("pow2"), {"k": 600, "m": 3}) == "m∈(2,4] k∈(512,1024]"   # m, n, k order
+
+
+@pytest.mark.parametrize("bad", ["pow3", "64,16", "0,4", "16,16", "", "a,b"])
+def test_bad_bucket_rules(bad):
+    with pytest.raises(ValueError):
+        BucketRule(bad)
+
+
+def test_bucket_of_nonpositive_size_is_an_error():
+    with pytest.raises(ValueError):
+        BucketRule("pow2").bounds(0)
+
+
+def test_log2_distance_counts_each_operand_a_dim_appears_in():
+    n, k = 12288, 4096
+    assert log2_distance((64, n, k), (64, n, k)) == 0
+    assert log2_distance((64, n, k), (256, n, k)) == pytest.approx(4.0)      # M is in A and C: 2 * log2(4)
+    assert log2_distance((64, n, k), (64, n, 2 * k)) == pytest.approx(2.0)   # K is in A and B
+    assert log2_distance((64, n, k), (64, n // 2, k)) == pytest.approx(2.0)  # N is in B and C
+    assert log2_distance((100, n, k), (64, n, k)) == pytest.approx(2 * math.log2(100 / 64))
+    assert log2_distance((1, n, k), (4, n, k)) == log2_distance((4, n, k), (1, n, k)) == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("m,want", [(1, 64), (64, 64), (100, 64), (128, 256),  # 128, 1024: ties go up
+                                    (200, 256), (1000, 256), (1024, 4096),
+                                    (2048, 4096), (8192, 4096)])
+def test_nearest_hint_for_the_issue_hints(m, want):
+    hints = [(h, 12288, 4096) for h in (64, 256, 4096)]
+    best, dists = nearest((m, 12288, 4096), hints)
+    assert hints[best][0] == want
+    assert len(dists) == 3 and dists[best] == min(dists)
+
+
+def test_nearest_two_dims():
+    cands = [(m, 64, k) for m in (16, 256) for k in (64, 1024)]
+    best, _ = nearest((200, 64, 900), cands)
+    assert cands[best] == (256, 64, 1024)
+    best, _ = nearest((20, 64, 70), cands)
+    assert cands[best] == (16, 64, 64)
+
+
+def test_parse_dims_hints_mode():
+    assert parse_dims("m") == ("m",) and parse_dims(" K, M ") == ("m", "k") and parse_dims(("k", "n")) == ("n", "k")
+    assert parse_dims(True) == ("m",) and parse_dims(False) == () and parse_dims("") == () and parse_dims(None) == ()
+    with pytest.raises(ValueError, match="unknown dynamic"):
+        parse_dims("m,x")
+    assert parse_hints("4096, 64,256,64") == (64, 256, 4096)
+    assert parse_hints((16, 32)) == (16, 32)
+    assert parse_hints("m=16,64;k=1024") == (("m", (16, 64)), ("k", (1024,)))
+    assert parse_hints({"k": [8], "m": (2, 1)}) == (("m", (1, 2)), ("k", (8,)))
+    for bad in ("0,64", (-1,), (1.5,), "", "q=4"):
+        with pytest.raises(ValueError):
+            parse_hints(bad)
+    assert hints_for((16, 32), ("m", "k")) == {"m": (16, 32), "k": (16, 32)}
+    assert hints_for((("k", (8,)),), ("m", "k")) == {"m": (64, 256, 4096), "k": (8,)}
+    assert parse_mode(" Similarity ") == "similarity"
+    with pytest.raises(ValueError):
+        parse_mode("guess")
+    assert parse_buckets("pow2") == "pow2"
+
+
+def test_config_knobs_from_environment(monkeypatch):
+    assert kernels.config.dynamic_dims == () and kernels.config.dynamic_hints == (64, 256, 4096)
+    assert kernels.config.dynamic_mode == "benchmark" and kernels.config.dynamic_buckets == "pow2"
+    monkeypatch.setenv("KERNELS_DYNAMIC", "m,k")
+    monkeypatch.setenv("KERNELS_DYNAMIC_HINTS", "m=8,16;k=32")
+    monkeypatch.setenv("KERNELS_DYNAMIC_MODE", "similarity")
+    monkeypatch.setenv("KERNELS_DYNAMIC_BUCKETS", "8,64")
+    assert kernels.config.dynamic_dims == ("m", "k")
+    assert resolve(None) == Dynamic(("m", "k"), (("m", (8, 16)), ("k", (32,))), "similarity", "8,64")
+    monkeypatch.setenv("KERNELS_DYNAMIC_MODE", "fastest")
+    with pytest.raises(ValueError, match="KERNELS_DYNAMIC_MODE"):
+        _ = kernels.config.dynamic_mode
+
+
+def test_resolve_declarations():
+    assert resolve(None) is None and resolve(False) is None and resolve("") is None and resolve(()) is None
+    assert resolve("m") == Dynamic("m", (("m", (64, 256, 4096)),), "benchmark", "pow2")
+    assert resolve(True) == resolve("m") == resolve(("m",))
+    d = Dynamic("m", hints={"m": (32, 16)}, mode="similarity", buckets="exact")
+    hash(d)                                    # part of the warm dispatch key
+    assert resolve(d) == Dynamic("m", (("m", (16, 32)),), "similarity", "exact")
+    kernels.config.dynamic_hints = "16,32"
+    kernels.config.dynamic_mode = "similarity"
+    assert resolve("k") == Dynamic("k", (("k", (16, 32)),), "similarity", "pow2")
+    with pytest.raises(InputTypeError, match="hashable"):
+        resolve(["m"])
+    with pytest.raises(InputValueError, match="unknown dynamic"):
+        resolve("q")
+    with pytest.raises(ValueError):
+        Dynamic("")
+
+
+def test_substitute_keeps_layouts_and_padding():
+    row = prob(m=40, k=32, sa=(32, 1))
+    assert substitute(row, {"m": 256}, ("m",)).stride_a == (32, 1)
+    col = prob(m=40, k=32, sa=(1, 40))                       # column-major A: its stride follows M
+    got = substitute(col, {"m": 256}, ("m",))
+    assert (got.m, got.stride_a, got.layout_a, got.dynamic) == (256, (1, 256), "col", ("m",))
+    padded = prob(m=40, k=32, sa=(39, 1))                    # row-major, leading dim padded by 7
+    assert substitute(padded, {"k": 100}, ("k",)).stride_a == (107, 1)
+    one_row_col = prob(m=1, k=32, sa=(1, 1), sb=(1, 32))      # a column-major (1, K) view and a column-major B
+    got = substitute(one_row_col, {"m": 64}, ("m",))
+    assert got.stride_a == (1, 64) and got.stride_b == (1, 32)
+    strided = prob(m=8, k=32, sa=(64, 2))
+    assert substitute(strided, {"m": 16}, ("m",)).stride_a == (64, 2)
