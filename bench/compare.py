@@ -83,6 +83,8 @@ def run(args: argparse.Namespace, no_gpu: bool, progress: Progress):
     shapes = parse_shapes(args.shapes, args.dtype)
     if args.bench_ms is not None:
         config.bench_budget_ms = args.bench_ms
+    # --only/--skip also narrow the tuner's candidates (kernels.candidates), so filtered ones are never compiled
+    config.only, config.skip = tuple(args.only or ()), tuple(args.skip or ())
     device = "cpu" if no_gpu else "cuda"
     if no_gpu:
         torch.set_num_threads(1)   # CPU numbers on a shared machine: no thread-pool contention

@@ -1,4 +1,12 @@
-"""`python -m kernels info`: what this machine offers the tuner, and why a backend would be left out."""
+"""`python -m kernels ...`:
+
+    info                          what this machine offers the tuner, and why a backend would be left out
+    lut export [-o FILE]          a lookup table from the selection store (top-k per problem)
+    lut check FILE                validate a lookup table and report what is used and what is skipped
+    model collect                 (GPU) tune a shape list exhaustively and write a dataset CSV
+    model train --data CSV...     fit the learned performance model on CPU (reproducible)
+    model eval --data CSV...      Spearman and top-k regret of the analytic and learned models
+"""
 from __future__ import annotations
 
 import argparse
@@ -59,12 +67,201 @@ def info_lines() -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels")
-    parser.add_argument("command", choices=["info"], help="info: print the toolchain and backends")
-    parser.parse_args(argv)
-    print("\n".join(info_lines()))
+def _lut_export(args) -> int:
+    from pathlib import Path
+
+    from kernels import lut
+    from kernels.config import config
+
+    root = Path(args.store) if args.store else Path(config.cache_dir) / "selections"
+    table = lut.export_from_store(root, args.top_k, args.mode)
+    if args.output == "-":
+        sys.stdout.write(lut.dumps(table))
+    else:
+        lut.save(table, args.output)
+    print(f"{len(table.entries)} entries (top {args.top_k} per problem) from {root} -> {args.output}",
+          file=sys.stderr)
     return 0
+
+
+def _lut_check(args) -> int:
+    import warnings
+    from collections import Counter
+
+    from kernels import lut
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = lut.load(args.file)
+    problems = [str(w.message) for w in caught if issubclass(w.category, lut.LutWarning)]
+    for line in problems:
+        print(f"warning: {line}")
+    modes = Counter(e.mode for e in table.entries)
+    ops = Counter(f"{e.op}/{e.dtype}" for e in table.entries)
+    gpus = Counter(e.gpu for e in table.entries)
+    print(f"{args.file}: schema version {table.version}, {len(table.entries)} usable entries "
+          f"({', '.join(f'{k} {v}' for k, v in sorted(modes.items())) or 'none'}), "
+          f"{sum(len(e.choices) for e in table.entries)} choices; "
+          f"ops {dict(sorted(ops.items()))}; gpus {dict(sorted(gpus.items()))}; {len(problems)} warning(s)")
+    return 1 if problems else 0
+
+
+def _model_collect(args) -> int:
+    from kernels.perf_data import collect, parse_shapes
+
+    shapes = parse_shapes(args.shapes)
+    if args.limit_shapes:
+        shapes = shapes[:args.limit_shapes]
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
+    n = collect(shapes, dtypes, args.out, backends=backends, max_configs=args.max_configs or None,
+                bench_ms=args.bench_ms, time_limit_s=args.time_limit, resume=args.resume)
+    print(f"wrote {n} rows to {args.out}", file=sys.stderr)
+    return 0 if n else 1
+
+
+def _load_rows(paths, gpu: str | None):
+    from collections import Counter
+
+    from kernels.perf_data import read_dataset
+
+    rows, bad = read_dataset(paths)
+    for line in bad[:10]:
+        print(f"skipped row {line}", file=sys.stderr)
+    gpus = Counter(r.gpu for r in rows if r.ms is not None)
+    if gpu is None and len(gpus) > 1:
+        raise SystemExit(f"the data comes from several GPUs {dict(gpus)}: choose one with --gpu")
+    gpu = gpu or (next(iter(gpus)) if gpus else "")
+    return [r for r in rows if r.gpu == gpu], gpu
+
+
+def _report(rows, top_k: int, learned, title: str) -> None:
+    from kernels.perf_eval import score
+    from kernels.perf_model import AnalyticModel
+
+    print(f"{title}:")
+    models = [AnalyticModel()] + ([learned] if learned is not None else [])
+    for model in models:
+        s = score(model, rows, top_k)
+        print("  " + s.summary())
+        if len(models) == 1 or model is learned:
+            for p in s.problems:
+                print(f"    {p.label:<48} n={p.candidates:<5} rho={p.spearman:6.3f} regret={p.regret:.3f} "
+                      f"picked {p.picked}")
+
+
+def _model_train(args) -> int:
+    import hashlib
+    import re
+    import time
+    from pathlib import Path
+
+    from kernels import perf_learned
+
+    rows, gpu = _load_rows(args.data, args.gpu)
+    held: set = set()
+    if args.holdout_frac > 0:
+        keys = sorted({(r.problem.op, r.problem.dtype, r.problem.m, r.problem.n, r.problem.k) for r in rows},
+                      key=lambda t: hashlib.sha256(repr(t).encode()).hexdigest())
+        held = set(keys[:max(1, int(len(keys) * args.holdout_frac))])
+    key = lambda r: (r.problem.op, r.problem.dtype, r.problem.m, r.problem.n, r.problem.k)  # noqa: E731
+    train = [r for r in rows if key(r) not in held]
+    timed = [(r.problem, r.choice, r.ms) for r in train if r.ms is not None and r.choice.backend != "aten"]
+    digest = hashlib.sha256(b"".join(Path(p).read_bytes() for p in args.data)).hexdigest()[:16]
+    meta = perf_learned.default_meta(gpu, ",".join(Path(p).name for p in args.data), digest,
+                                     arch=rows[0].problem.arch if rows else 0)
+    triton_versions = sorted({r.triton for r in rows})
+    if triton_versions:
+        meta["triton"] = triton_versions[-1]      # the data's Triton, not this machine's
+    meta["data_dates"] = sorted({r.date for r in rows})
+    if args.note:
+        meta["note"] = args.note
+    start = time.perf_counter()
+    params = perf_learned.fit(timed, meta, seed=args.seed, steps=args.steps, hidden=args.hidden)
+    out = args.out or str(Path(__file__).parent / "data" /
+                          f"perf_model_{re.sub(r'[^a-z0-9]+', '_', gpu.lower()).strip('_') or 'unknown'}.json")
+    perf_learned.save(params, out)
+    print(f"fitted on {params['meta']['rows']} timed candidates from {gpu} in {time.perf_counter() - start:.1f} s "
+          f"(train RMSE of log time {params['meta']['train_rmse_log']:.3f}) -> {out}")
+    model = perf_learned.LearnedModel(params, out)
+    if held:
+        _report([r for r in rows if key(r) in held], args.top_k, model, f"held-out problems ({len(held)})")
+    if args.eval:
+        eval_rows, _ = _load_rows(args.eval, gpu)
+        _report(eval_rows, args.top_k, model, f"evaluation data {', '.join(args.eval)}")
+    return 0
+
+
+def _model_eval(args) -> int:
+    from kernels import perf_learned
+
+    rows, gpu = _load_rows(args.data, args.gpu)
+    learned = None
+    if args.model:
+        learned, why = perf_learned.load(args.model)
+        if learned is None:
+            print(f"cannot load {args.model}: {why}", file=sys.stderr)
+            return 2
+    _report(rows, args.top_k, learned, f"{gpu}: {', '.join(args.data)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m kernels", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="print the toolchain and backends")
+
+    lut = sub.add_parser("lut", help="lookup tables").add_subparsers(dest="lut_command", required=True)
+    exp = lut.add_parser("export", help="write a lookup table from the selection store")
+    exp.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
+    exp.add_argument("--store", help="selection store directory (default: <cache dir>/selections)")
+    exp.add_argument("--top-k", type=int, default=3, help="fastest choices kept per problem (default 3)")
+    exp.add_argument("--mode", choices=("add", "only"), default="add")
+    chk = lut.add_parser("check", help="validate a lookup table")
+    chk.add_argument("file")
+
+    model = sub.add_parser("model", help="performance model").add_subparsers(dest="model_command", required=True)
+    col = model.add_parser("collect", help="(GPU) exhaustive tuning over a shape list -> dataset CSV")
+    col.add_argument("--shapes", default="train", help="train, heldout, tiny, MxNxK,MxNxK or a file (default train)")
+    col.add_argument("--dtypes", default="bf16,int8", help="comma list (default bf16,int8)")
+    col.add_argument("--backends", default="aten,triton", help="default aten,triton (aten rows are a reference)")
+    col.add_argument("--max-configs", type=int, default=48,
+                     help="per problem: the default list plus this many sampled from the exhaustive space "
+                          "(0 = all; default 48)")
+    col.add_argument("--limit-shapes", type=int, default=0, help="only the first N shapes of the list")
+    col.add_argument("--bench-ms", type=float, default=10.0, help="measurement budget per candidate (default 10)")
+    col.add_argument("--time-limit", type=float, default=None, help="start no new problem after this many seconds")
+    col.add_argument("--resume", action="store_true", help="append to --out, skipping problems already there")
+    col.add_argument("--out", required=True, help="dataset CSV to write")
+    for name, helptext in (("train", "fit the learned model"), ("eval", "score the models on a dataset")):
+        p = model.add_parser(name, help=helptext)
+        p.add_argument("--data", nargs="+", required=True, help="dataset CSV file(s)")
+        p.add_argument("--gpu", help="use only rows from this GPU (needed when the data mixes GPUs)")
+        p.add_argument("--top-k", type=int, default=5, help="benchmark space scored (default 5)")
+        if name == "train":
+            p.add_argument("--out", help="parameter file (default kernels/data/perf_model_<gpu>.json)")
+            p.add_argument("--eval", nargs="+", help="held-out dataset CSV(s) to report on")
+            p.add_argument("--holdout-frac", type=float, default=0.0,
+                           help="hold out this fraction of the problems (by a stable hash) and report on them")
+            p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--steps", type=int, default=1500)
+            p.add_argument("--hidden", type=int, default=48)
+            p.add_argument("--note", help="free text stored in the model's meta")
+        else:
+            p.add_argument("--model", help="learned model parameters (.json); without it only the analytic model")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "info":
+        print("\n".join(info_lines()))
+        return 0
+    if args.command == "lut":
+        return _lut_export(args) if args.lut_command == "export" else _lut_check(args)
+    if args.model_command == "collect":
+        return _model_collect(args)
+    return _model_train(args) if args.model_command == "train" else _model_eval(args)
 
 
 if __name__ == "__main__":

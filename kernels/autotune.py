@@ -1,4 +1,5 @@
-"""choose(): support filter -> build (in parallel, per backend) -> verify -> benchmark -> re-time the best -> Selection.
+"""choose(): support filter -> narrow (lookup table, name filters, benchmark space: kernels.candidates) -> build (in
+parallel, per backend) -> verify -> benchmark -> re-time the best -> Selection.
 
 Knows nothing about toolchains: backends hand back Runners; a failure anywhere is recorded, never raised.
 """
@@ -14,6 +15,7 @@ import torch
 
 from backends import get_backend
 from kernels import counters
+from kernels.candidates import fingerprint_extra, narrow
 from kernels.config import config
 from kernels.errors import NoCandidateError
 from kernels.problem import GemmProblem
@@ -38,7 +40,8 @@ def _package_version(name: str) -> str:
 def fingerprint(backends: tuple[str, ...]) -> dict:
     """What a stored selection depends on besides the problem: versions, templates, the backend set."""
     return {"kernels": __version__, "torch": torch.__version__, "triton": _package_version("triton"),
-            "templates": _template_hash(), "backends": list(backends), "space": config.search_space}
+            "templates": _template_hash(), "backends": list(backends), "space": config.search_space,
+            **fingerprint_extra()}
 
 
 @functools.lru_cache(maxsize=1)
@@ -81,6 +84,10 @@ def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, di
                 notes.append(f"{name} unavailable: {why}")
                 continue
             cands, skipped = backend.choices(problem, config.search_space)
+            narrowed = narrow(problem, name, cands)      # lookup table, name filters, benchmark space
+            cands = narrowed.kept
+            skipped.update(narrowed.skipped)
+            notes.extend(narrowed.notes)
             for cname, why in skipped.items():
                 timings[cname] = f"unsupported: {why}"
             for c in cands:

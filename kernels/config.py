@@ -48,6 +48,83 @@ def _parse_regex(text: str) -> str:
     return text
 
 
+def _split_patterns(text: str) -> list[str]:
+    """Split on commas that are not inside (), [] or {} so `a{1,2}` stays one regex."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = max(depth - 1, 0)
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _parse_regex_list(value: str | tuple | list) -> tuple[str, ...]:
+    """A comma-separated string (commas inside brackets/braces kept) or a list of regular expressions."""
+    patterns = _split_patterns(value) if isinstance(value, str) else [str(v) for v in value if str(v)]
+    for pattern in patterns:
+        _parse_regex(pattern)
+    return tuple(patterns)
+
+
+PRESETS = ("", "fast")
+PERF_MODELS = ("auto", "analytic", "learned")
+
+
+def _parse_preset(text: str) -> str:
+    text = text.strip().lower()
+    if text in ("none", "default"):
+        text = ""
+    if text not in PRESETS:
+        raise ValueError(f"preset must be one of {[p for p in PRESETS if p]} (or empty), got {text!r}")
+    return text
+
+
+def _parse_benchmark_space(value: str | int) -> str | int:
+    """'all', 'default', a positive integer k (top-k by the performance model) or 'sample:N' (N candidates chosen by a
+    stable hash of their names, plus the default list: for collecting training data)."""
+    if isinstance(value, bool):
+        raise ValueError(f"benchmark space must be all, default, an integer or sample:N, got {value!r}")
+    if isinstance(value, int):
+        return _positive_int(value)
+    text = str(value).strip().lower()
+    if text in ("all", "default"):
+        return text
+    if text.startswith("sample:"):
+        return f"sample:{_positive_int(text.split(':', 1)[1])}"
+    try:
+        return _positive_int(text)
+    except ValueError:
+        raise ValueError(f"benchmark space must be all, default, a positive integer or sample:N, got {value!r}") \
+            from None
+
+
+def _parse_perf_model(text: str) -> str:
+    text = str(text).strip()
+    if text.lower() in PERF_MODELS:
+        return text.lower()
+    if text.endswith(".json"):
+        return text          # a learned model's parameter file
+    raise ValueError(f"performance model must be one of {PERF_MODELS} or a .json parameter file, got {text!r}")
+
+
+def _default_search_space() -> str:
+    return "exhaustive" if config.preset == "fast" else "default"
+
+
+def _default_benchmark_space() -> str | int:
+    return FAST_TOP_K if config.preset == "fast" else "all"
+
+
+FAST_TOP_K = 5   # the "fast" preset benchmarks this many candidates per backend, ranked by the performance model
+
+
 def _default_cache_dir() -> str:
     return str(Path.home() / ".cache" / "kernels" / __version__)
 
@@ -82,7 +159,19 @@ class Config:
     cache_dir = _Setting("KERNELS_CACHE_DIR", _default_cache_dir, str)
     backends = _Setting("KERNELS_BACKENDS", lambda: ("aten", "triton"), _parse_backends)
     max_jobs = _Setting("MAX_JOBS", lambda: os.cpu_count() or 1, _positive_int)
-    search_space = _Setting("KERNELS_SEARCH_SPACE", lambda: "default", _parse_space)
+    # "fast": exhaustive search space, benchmark only the performance model's top FAST_TOP_K (explicit settings win)
+    preset = _Setting("KERNELS_PRESET", lambda: "", _parse_preset)
+    search_space = _Setting("KERNELS_SEARCH_SPACE", _default_search_space, _parse_space)
+    # which of the searched candidates are built and benchmarked: all | default | k (model top-k) | sample:N
+    benchmark_space = _Setting("KERNELS_BENCHMARK_SPACE", _default_benchmark_space, _parse_benchmark_space)
+    # ranks candidates for a top-k benchmark space: auto (learned when fresh for this GPU/triton, else analytic),
+    # analytic, learned, or a path to a learned model's .json
+    perf_model = _Setting("KERNELS_PERF_MODEL", lambda: "auto", _parse_perf_model)
+    # lookup table (JSON, see kernels/lut.py): choices always benchmarked, or the only ones, per problem
+    lut = _Setting("KERNELS_LUT", lambda: "", str)
+    # regexes on choice names (re.search), applied before anything is compiled; aten is never filtered out
+    only = _Setting("KERNELS_ONLY", lambda: (), _parse_regex_list)
+    skip = _Setting("KERNELS_SKIP", lambda: (), _parse_regex_list)
     verbose = _Setting("KERNELS_VERBOSE", lambda: False, lambda v: _parse_bool(v) if isinstance(v, str) else bool(v))
     # how many of the fastest candidates are re-timed side by side before the winner is chosen
     retime_top = _Setting("KERNELS_RETIME_TOP", lambda: 3, _positive_int)

@@ -1,0 +1,204 @@
+"""The one narrowing stage between `backend.choices()` and building: what of the searched candidates is compiled and
+benchmarked.
+
+In order, per backend:
+1. the lookup table (`kernels.config.lut`): its choices for the problem join the candidates (`add`) or replace them
+   (`only`); each must still be a supported choice of this backend for this problem;
+2. name filters (`kernels.config.only` / `skip`, regexes, re.search), never applied to aten (the baseline);
+3. the benchmark space (`kernels.config.benchmark_space`): `all`; `default` (as many as the backend's default list);
+   an integer k (the performance model's top k); `sample:N` (the default list plus N chosen by a stable hash of the
+   name: the same names on every shape, for collecting training data). Lookup-table choices are always kept.
+Dropped candidates are summarized in notes (counts), not listed one by one; lookup-table choices that cannot run are
+listed with the reason.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+
+from kernels.choice import Choice
+from kernels.config import config
+from kernels.problem import GemmProblem
+
+
+@dataclass
+class Narrowed:
+    kept: list[Choice]
+    skipped: dict[str, str] = field(default_factory=dict)     # name -> reason, for Selection.timings
+    notes: list[str] = field(default_factory=list)            # for Selection.notes
+
+
+def backend_of_template(template: str) -> str:
+    if template.startswith("aten"):
+        return "aten"
+    if template.startswith("cutlass"):
+        return "cutlass"
+    return "triton"
+
+
+def narrow(problem: GemmProblem, backend_name: str, choices: list[Choice]) -> Narrowed:
+    """Never raises: on an internal error every candidate is kept and a note says why."""
+    try:
+        return _narrow(problem, backend_name, list(choices))
+    except Exception as e:  # noqa: BLE001 - narrowing is an optimisation; tuning must go on without it
+        return Narrowed(list(choices), {}, [f"{backend_name}: candidate narrowing failed ({type(e).__name__}: {e}); "
+                                            "benchmarking every candidate"])
+
+
+def _narrow(problem: GemmProblem, backend_name: str, choices: list[Choice]) -> Narrowed:
+    out = Narrowed([])
+    pinned, only = _from_lut(problem, backend_name, choices, out)
+    pinned_names = {c.name for c in pinned}
+    rest = [] if only else [c for c in choices if c.name not in pinned_names]
+    if only and pinned:
+        left_out = sum(1 for c in choices if c.name not in pinned_names)
+        if left_out:
+            out.notes.append(f"{backend_name}: lookup table entry is 'only': {left_out} other candidate(s) not built")
+    pinned, rest = _name_filter(backend_name, pinned, out), _name_filter(backend_name, rest, out)
+    rest = _benchmark_space(problem, backend_name, rest, out)
+    out.kept = pinned + [c for c in rest if c.name not in pinned_names]
+    return out
+
+
+# -- 1. lookup table -------------------------------------------------------------------------------------------------
+def _from_lut(problem, backend_name, choices, out: Narrowed) -> tuple[list[Choice], bool]:
+    """(the table's choices for this backend, whether they are the only candidates)."""
+    from kernels import lut as lut_mod
+
+    table, _ = lut_mod.active()
+    match = table.lookup(problem) if table is not None else None
+    if match is None:
+        return [], False
+    refs = [r for r in match.choices if backend_of_template(r.template_name) == backend_name]
+    if not refs:
+        if match.mode == "only":
+            out.notes.append(f"{backend_name}: lookup table entry {list(match.entries)} is 'only' and names none of "
+                             f"this backend's choices: {len(choices)} candidate(s) not built")
+            return [], True
+        return [], False
+    resolved: list[Choice] = []
+    pool = None
+    by_name = {c.name: c for c in choices}
+    for ref in refs:
+        choice = by_name.get(ref.name) if ref.name else None
+        why = ""
+        if choice is None:
+            if pool is None:
+                pool = _pool(problem, backend_name, choices)
+            choice, why = _resolve(problem, backend_name, ref, pool)
+        if choice is None:
+            out.skipped[ref.label] = f"lookup table choice not usable here: {why}"
+        elif choice not in resolved:
+            resolved.append(choice)
+    where = f"lookup table {table.source} entry {list(match.entries)}"
+    if not resolved:
+        out.notes.append(f"{backend_name}: none of the {where} choices can run this problem; using the usual "
+                         "candidates")
+        return [], False
+    out.notes.append(f"{backend_name}: {len(resolved)} choice(s) from {where} ({match.mode})")
+    return resolved, match.mode == "only"
+
+
+def _pool(problem, backend_name, choices) -> dict[str, Choice]:
+    """Every choice the backend supports for the problem (its exhaustive space) plus those already proposed."""
+    from backends import get_backend
+
+    pool = {c.name: c for c in choices}
+    try:
+        extra, _ = get_backend(backend_name).choices(problem, "exhaustive")
+        for c in extra:
+            pool.setdefault(c.name, c)
+    except Exception:  # noqa: BLE001 - resolve against what we have
+        pass
+    return pool
+
+
+def _resolve(problem, backend_name, ref, pool) -> tuple[Choice | None, str]:
+    from kernels.heuristics import supports
+
+    if ref.name:
+        hit = pool.get(ref.name)
+        return (hit, "") if hit is not None else (None, f"{ref.name} is not a supported {backend_name} choice for "
+                                                        f"{problem.short()}")
+    choice = Choice(backend_name, ref.template, problem.dtype, ref.config, ref.params)
+    if choice.name in pool:
+        return pool[choice.name], ""
+    if ref.config is None:
+        return None, f"{choice.name} is not a supported {backend_name} choice for {problem.short()}"
+    ok, why = supports(problem, ref.template, ref.config)
+    return (choice, "") if ok else (None, why)
+
+
+# -- 2. name filters -------------------------------------------------------------------------------------------------
+def _name_filter(backend_name: str, choices: list[Choice], out: Narrowed) -> list[Choice]:
+    only, skip = config.only, config.skip
+    if backend_name == "aten" or not (only or skip) or not choices:
+        return choices
+    kept = [c for c in choices if (not only or any(re.search(p, c.name) for p in only))
+            and not any(re.search(p, c.name) for p in skip)]
+    if len(kept) < len(choices):
+        out.notes.append(f"{backend_name}: {len(choices) - len(kept)} candidate(s) left out by KERNELS_ONLY/"
+                         f"KERNELS_SKIP ({', '.join(only) or '-'} / {', '.join(skip) or '-'})")
+    return kept
+
+
+# -- 3. benchmark space ----------------------------------------------------------------------------------------------
+def _benchmark_space(problem, backend_name, choices: list[Choice], out: Narrowed) -> list[Choice]:
+    space = config.benchmark_space
+    if space == "all" or len(choices) <= 1:
+        return choices
+    if isinstance(space, str) and space.startswith("sample:"):
+        return _sample(problem, backend_name, choices, int(space.split(":")[1]), out)
+    k = _default_count(problem, backend_name, choices) if space == "default" else int(space)
+    if len(choices) <= k:
+        return choices
+    from kernels.perf_model import model_for
+
+    model, why = model_for(problem)
+    predicted = model.predict(problem, choices)
+    order = sorted(range(len(choices)), key=lambda i: (predicted[i] is None, predicted[i] or 0.0, i))
+    kept = [choices[i] for i in sorted(order[:k])]
+    note = (f"{backend_name}: benchmarking {k} of {len(choices)} candidates, the {model.name} model's top {k} "
+            f"(benchmark space {space})")
+    unseen = model.unseen(choices) if hasattr(model, "unseen") else 0
+    if unseen:
+        note += f"; {unseen} of templates the learned model was not trained on ranked by the analytic estimate"
+    out.notes.append(note + (f"; {why}" if why else ""))
+    return kept
+
+
+def _default_count(problem, backend_name, choices) -> int:
+    if config.search_space == "default":
+        return len(choices)
+    from backends import get_backend
+
+    return max(1, len(get_backend(backend_name).choices(problem, "default")[0]))
+
+
+def _sample(problem, backend_name, choices, count, out: Narrowed) -> list[Choice]:
+    from backends import get_backend
+
+    defaults = {c.name for c in get_backend(backend_name).choices(problem, "default")[0]}
+    others = sorted((c for c in choices if c.name not in defaults),
+                    key=lambda c: hashlib.sha256(c.name.encode()).hexdigest())
+    chosen = {c.name for c in others[:count]} | defaults
+    kept = [c for c in choices if c.name in chosen]
+    out.notes.append(f"{backend_name}: benchmarking {len(kept)} of {len(choices)} candidates (the default list plus "
+                     f"{min(count, len(others))} sampled by name hash; benchmark space sample:{count})")
+    return kept
+
+
+def fingerprint_extra() -> dict:
+    """What narrowing adds to the selection fingerprint, only where it differs from the defaults (so stores written
+    before it existed stay valid)."""
+    extra: dict = {}
+    if config.benchmark_space != "all":
+        extra["benchmark_space"] = str(config.benchmark_space)
+        extra["perf_model"] = config.perf_model
+    if config.lut:
+        from kernels import lut as lut_mod
+        extra["lut"] = lut_mod.active()[1] or "unreadable"
+    if config.only or config.skip:
+        extra["only"], extra["skip"] = list(config.only), list(config.skip)
+    return extra

@@ -1,0 +1,108 @@
+"""Offline evaluation of a performance model on a dataset: per problem, the Spearman rank correlation of predicted vs
+measured times, and the regret of benchmarking only the model's top k (the best measured time among the top k over
+the best measured time among all timed candidates of the same backends)."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from kernels.perf_data import Row
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for t in range(i, j + 1):
+            ranks[order[t]] = (i + j) / 2.0
+        i = j + 1
+    return ranks
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Rank correlation with ties averaged; nan for fewer than 2 points or constant input."""
+    if len(xs) < 2:
+        return float("nan")
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    vx = sum((a - mx) ** 2 for a in rx)
+    vy = sum((b - my) ** 2 for b in ry)
+    return cov / math.sqrt(vx * vy) if vx > 0 and vy > 0 else float("nan")
+
+
+@dataclass
+class ProblemScore:
+    label: str
+    candidates: int
+    spearman: float
+    regret: float          # best of top-k / best overall (1.0 = found the best)
+    best: str
+    picked: str
+
+
+@dataclass
+class Score:
+    model: str
+    top_k: int
+    problems: list[ProblemScore]
+
+    @property
+    def geomean_regret(self) -> float:
+        vals = [p.regret for p in self.problems]
+        return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else float("nan")
+
+    @property
+    def worst_regret(self) -> float:
+        return max((p.regret for p in self.problems), default=float("nan"))
+
+    @property
+    def mean_spearman(self) -> float:
+        vals = [p.spearman for p in self.problems if not math.isnan(p.spearman)]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    @property
+    def reduction(self) -> float:
+        """How many times fewer candidates are built and benchmarked (mean candidates / k)."""
+        vals = [p.candidates / min(self.top_k, p.candidates) for p in self.problems]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    def summary(self) -> str:
+        return (f"{self.model:>9}: {len(self.problems)} problems, top-{self.top_k} regret geomean "
+                f"{self.geomean_regret:.3f}x worst {self.worst_regret:.3f}x, mean Spearman {self.mean_spearman:.3f}, "
+                f"{self.reduction:.1f}x fewer candidates")
+
+
+def group_by_problem(rows: list[Row]) -> dict[str, list[Row]]:
+    """Timed, non-aten rows by problem (the candidates a model ranks)."""
+    groups: dict[str, list[Row]] = defaultdict(list)
+    for r in rows:
+        if r.ms is not None and r.choice.backend != "aten":
+            p = r.problem
+            groups[f"{p.op} {p.dtype} {p.m}x{p.n}x{p.k} {p.stride_a}{p.stride_b}"].append(r)
+    return dict(groups)
+
+
+def score(model, rows: list[Row], top_k: int) -> Score:
+    result = Score(model.name, top_k, [])
+    for label, group in sorted(group_by_problem(rows).items()):
+        if len(group) < 2:
+            continue
+        problem = group[0].problem
+        pred = model.predict(problem, [r.choice for r in group])
+        pairs = [(p, r) for p, r in zip(pred, group) if p is not None]
+        if len(pairs) < 2:
+            continue
+        measured = [r.ms for _, r in pairs]
+        rho = spearman([p for p, _ in pairs], measured)
+        top = sorted(range(len(pairs)), key=lambda i: (pairs[i][0], i))[:top_k]
+        picked = min(top, key=lambda i: measured[i])
+        best = min(range(len(pairs)), key=lambda i: measured[i])
+        result.problems.append(ProblemScore(label, len(pairs), rho, measured[picked] / measured[best],
+                                            pairs[best][1].choice.name, pairs[picked][1].choice.name))
+    return result

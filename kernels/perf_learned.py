@@ -1,0 +1,227 @@
+"""The learned performance model: a small MLP (torch, CPU, float64) predicting log time from features of the problem,
+the candidate's tile and the analytic model's estimate. Parameters are JSON (kernels/data/perf_model_*.json) with
+the GPU, versions, dataset and date they came from; a model is only used for that GPU and Triton minor version.
+
+Training is reproducible: fixed seed, float64, one CPU thread, full-batch Adam.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+from kernels.choice import Choice
+from kernels.problem import GemmProblem
+
+KIND = "kernels-perf-mlp"
+VERSION = 1
+BASE_FEATURES = ("log_m", "log_n", "log_k", "log_block_m", "log_block_n", "log_block_k", "stages", "log_warps",
+                 "log_group_m", "log_split_k", "wgmma", "elem_bytes", "out_bytes", "log_tiles", "log_waves",
+                 "wave_efficiency", "log_blocks_per_sm", "log_k_iters", "smem_fraction", "m_util", "n_util",
+                 "k_util", "mma_fraction", "log_analytic_ms")
+
+
+def _log2(x: float) -> float:
+    return math.log2(max(x, 1e-12))
+
+
+def features(problem: GemmProblem, choice: Choice) -> list[float] | None:
+    """BASE_FEATURES for one candidate; None when it has no tile (aten)."""
+    from kernels.perf_model import estimate, gpu_spec, tile_of
+
+    tile = tile_of(problem, choice)
+    if tile is None:
+        return None
+    spec = gpu_spec(problem.arch, problem.device_name)
+    est = estimate(problem, tile, spec)
+    m, n, k = problem.m, problem.n, problem.k
+    return [_log2(m), _log2(n), _log2(k), _log2(tile.block_m), _log2(tile.block_n), _log2(tile.block_k),
+            float(tile.stages), _log2(tile.warps), _log2(tile.group_m), _log2(tile.split_k), float(tile.wgmma),
+            float(problem.elem_bytes), float(problem.out_bytes), _log2(est.tiles), _log2(est.waves),
+            est.wave_efficiency, _log2(est.blocks_per_sm), _log2(est.k_iters),
+            est.smem_bytes / spec.smem_per_sm, m / (-(-m // tile.block_m) * tile.block_m),
+            n / (-(-n // tile.block_n) * tile.block_n), k / (est.k_iters * tile.block_k * tile.split_k),
+            est.mma_fraction, math.log(est.ms)]
+
+
+def _minor(version: str) -> str:
+    return ".".join(str(version).split(".")[:2])
+
+
+def _triton_version() -> str:
+    try:
+        from importlib import metadata
+        return metadata.version("triton")
+    except Exception:  # noqa: BLE001
+        return "absent"
+
+
+class LearnedModel:
+    name = "learned"
+
+    def __init__(self, params: dict, path: str = ""):
+        self.params = params
+        self.path = path
+        self.meta = params.get("meta", {})
+        self.templates = list(params["templates"])
+        if list(params["features"]) != list(BASE_FEATURES) + [f"template={t}" for t in self.templates]:
+            raise ValueError("feature list differs from this version of kernels")
+        import torch
+        self._mean = torch.tensor(params["x_mean"], dtype=torch.float64)
+        self._std = torch.tensor(params["x_std"], dtype=torch.float64)
+        self._layers = [(torch.tensor(layer["w"], dtype=torch.float64), torch.tensor(layer["b"], dtype=torch.float64))
+                        for layer in params["layers"]]
+        self._y = (float(params["y_mean"]), float(params["y_std"]))
+
+    def stale_for(self, problem: GemmProblem) -> str:
+        """'' when this model was trained on the problem's GPU with this Triton minor version, else why not."""
+        gpu = self.meta.get("gpu", "")
+        if gpu.strip().lower() != problem.device_name.strip().lower():
+            return f"trained on {gpu or 'an unknown GPU'}, this is {problem.device_name}"
+        if _minor(self.meta.get("triton", "")) != _minor(_triton_version()):
+            return f"trained with triton {self.meta.get('triton')}, this is triton {_triton_version()}"
+        return ""
+
+    def unseen(self, choices: Sequence[Choice]) -> int:
+        return sum(1 for c in choices if c.backend != "aten" and c.template not in self.templates)
+
+    def vector(self, problem: GemmProblem, choice: Choice) -> list[float] | None:
+        base = features(problem, choice)
+        if base is None:
+            return None
+        return base + [1.0 if choice.template == t else 0.0 for t in self.templates]
+
+    def predict(self, problem: GemmProblem, choices: Sequence[Choice]) -> list[float | None]:
+        """Learned times for templates it was trained on; the analytic estimate for the others."""
+        import torch
+        from kernels.perf_model import AnalyticModel
+
+        rows, where = [], []
+        for i, c in enumerate(choices):
+            v = self.vector(problem, c) if c.template in self.templates else None
+            if v is not None:
+                rows.append(v)
+                where.append(i)
+        out = AnalyticModel().predict(problem, choices)
+        if rows:
+            with torch.no_grad():
+                y = self.forward(torch.tensor(rows, dtype=torch.float64))
+            for i, v in zip(where, y.tolist()):
+                out[i] = math.exp(v)
+        return out
+
+    def forward(self, x):
+        """Log milliseconds for a batch of feature rows."""
+        import torch
+        h = (x - self._mean) / self._std
+        for j, (w, b) in enumerate(self._layers):
+            h = h @ w + b
+            if j < len(self._layers) - 1:
+                h = torch.nn.functional.silu(h)
+        return h[:, 0] * self._y[1] + self._y[0]
+
+
+# -- training ------------------------------------------------------------------------------------------------------
+def fit(rows: list[tuple[GemmProblem, Choice, float]], meta: dict, *, seed: int = 0, steps: int = 1500,
+        hidden: int = 48, lr: float = 3e-3, weight_decay: float = 1e-4) -> dict:
+    """Parameters of an MLP fitted to (problem, choice, measured ms). Same data + seed -> same parameters."""
+    import torch
+
+    templates = sorted({c.template for _, c, _ in rows if c.backend != "aten"})
+    names = list(BASE_FEATURES) + [f"template={t}" for t in templates]
+    xs, ys = [], []
+    for problem, choice, ms in rows:
+        base = features(problem, choice)
+        if base is None or not (ms > 0):
+            continue
+        xs.append(base + [1.0 if choice.template == t else 0.0 for t in templates])
+        ys.append(math.log(ms))
+    if len(xs) < 8:
+        raise ValueError(f"need at least 8 timed candidates with a tile to fit, got {len(xs)}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.tensor(xs, dtype=torch.float64)
+        y = torch.tensor(ys, dtype=torch.float64)
+        mean, std = x.mean(0), x.std(0, unbiased=False)
+        std = torch.where(std > 1e-9, std, torch.ones_like(std))
+        y_mean, y_std = float(y.mean()), float(y.std(unbiased=False)) or 1.0
+        xn, yn = (x - mean) / std, (y - y_mean) / y_std
+        sizes = [x.shape[1], hidden, hidden, 1]
+        params = []
+        for a, b in zip(sizes[:-1], sizes[1:]):
+            w = (torch.rand(a, b, generator=gen, dtype=torch.float64) * 2 - 1) * math.sqrt(3.0 / a)
+            params += [w.requires_grad_(), torch.zeros(b, dtype=torch.float64, requires_grad=True)]
+        opt = torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+        for _ in range(steps):
+            h = xn
+            for j in range(0, len(params), 2):
+                h = h @ params[j] + params[j + 1]
+                if j < len(params) - 2:
+                    h = torch.nn.functional.silu(h)
+            loss = torch.mean((h[:, 0] - yn) ** 2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+        rmse = math.sqrt(float(loss)) * y_std
+    finally:
+        torch.set_num_threads(threads)
+    layers = [{"w": params[j].detach().tolist(), "b": params[j + 1].detach().tolist()}
+              for j in range(0, len(params), 2)]
+    return {"kind": KIND, "version": VERSION, "meta": dict(meta, rows=len(xs), seed=seed, steps=steps,
+                                                             hidden=hidden, train_rmse_log=round(rmse, 6)),
+            "features": names, "templates": templates, "x_mean": mean.tolist(), "x_std": std.tolist(),
+            "y_mean": y_mean, "y_std": y_std, "layers": layers}
+
+
+def save(params: dict, path: str | os.PathLike) -> None:
+    from kernels.fsutil import atomic_write_text
+    atomic_write_text(Path(path), json.dumps(params, indent=None, separators=(",", ":")) + "\n")
+
+
+def load(path: str | os.PathLike) -> tuple[LearnedModel | None, str]:
+    """The model at `path`, or (None, why not). Never raises."""
+    try:
+        params = json.loads(Path(path).read_text())
+        if params.get("kind") != KIND or params.get("version") != VERSION:
+            return None, f"not a {KIND} v{VERSION} file"
+        return LearnedModel(params, str(path)), ""
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {e}"
+
+
+def default_meta(gpu: str, dataset: str, dataset_sha256: str, arch: int = 0) -> dict:
+    import torch
+    return {"gpu": gpu, "arch": arch, "triton": _triton_version(), "torch": torch.__version__,
+            "dataset": dataset, "dataset_sha256": dataset_sha256, "trained": time.strftime("%Y-%m-%d", time.gmtime())}
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped() -> tuple[LearnedModel, ...]:
+    models = []
+    data = resources.files("kernels").joinpath("data")
+    for entry in sorted(data.iterdir(), key=lambda p: p.name):
+        if entry.name.startswith("perf_model_") and entry.name.endswith(".json"):
+            model, _ = load(str(entry))
+            if model is not None:
+                models.append(model)
+    return tuple(models)
+
+
+def shipped_for(problem: GemmProblem) -> tuple[LearnedModel | None, list[str]]:
+    """The first model in kernels/data/perf_model_*.json fresh for this problem, else (None, why each is stale)."""
+    reasons = []
+    for model in _shipped():
+        why = model.stale_for(problem)
+        if not why:
+            return model, []
+        reasons.append(f"{Path(model.path).name}: {why}")
+    return None, reasons
