@@ -171,7 +171,7 @@ def fit(rows: list[tuple[GemmProblem, Choice, float]], meta: dict, *, seed: int 
             loss.backward()
             opt.step()
             sched.step()
-        rmse = math.sqrt(float(loss)) * y_std
+        rmse = math.sqrt(float(loss.detach())) * y_std
     finally:
         torch.set_num_threads(threads)
     layers = [{"w": params[j].detach().tolist(), "b": params[j + 1].detach().tolist()}
