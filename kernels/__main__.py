@@ -164,7 +164,7 @@ def _model_train(args) -> int:
         keys = sorted({(r.problem.op, r.problem.dtype, r.problem.m, r.problem.n, r.problem.k) for r in rows},
                       key=lambda t: hashlib.sha256(repr(t).encode()).hexdigest())
         held = set(keys[:max(1, int(len(keys) * args.holdout_frac))])
-    key = lambda r: (r.problem.op, r.problem.dtype, r.problem.m, r.problem.n, r.problem.k)  # noqa: E731
+    key = lambda r: (r.problem.op, r.problem.dtype, r.problem.m, r.problem.n, r.problem.k)
     train = [r for r in rows if key(r) not in held]
     timed = [(r.problem, r.choice, r.ms) for r in train if r.ms is not None and r.choice.backend != "aten"]
     digest = hashlib.sha256(b"".join(Path(p).read_bytes() for p in args.data)).hexdigest()[:16]

@@ -9,9 +9,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from kernels.choice import Choice
 from kernels.problem import GemmProblem
@@ -120,6 +120,7 @@ def read_dataset(paths: Iterable[str | os.PathLike]) -> tuple[list[Row], list[st
 
 def _env() -> dict:
     import torch
+
     from kernels.autotune import _package_version
     from kernels.version import __version__
     return {"triton": _package_version("triton"), "torch": torch.__version__, "kernels": __version__,

@@ -11,9 +11,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 from kernels.choice import Choice
 from kernels.problem import GemmProblem
@@ -99,6 +99,7 @@ class LearnedModel:
     def predict(self, problem: GemmProblem, choices: Sequence[Choice]) -> list[float | None]:
         """Learned times for templates it was trained on; the analytic estimate for the others."""
         import torch
+
         from kernels.perf_model import AnalyticModel
 
         rows, where = [], []

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from kernels.choice import Choice
 from kernels.problem import GemmProblem
@@ -219,8 +220,8 @@ class AnalyticModel:
 def model_for(problem: GemmProblem) -> tuple[PerfModel, str]:
     """The model `kernels.config.perf_model` asks for, and a note when it is not the one asked for (stale or
     missing learned model -> analytic)."""
-    from kernels.config import config
     from kernels import perf_learned
+    from kernels.config import config
 
     wanted = config.perf_model
     if wanted == "analytic":
