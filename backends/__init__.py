@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import importlib
 
-_MODULES = {"aten": "backends.aten", "triton": "backends.triton", "cutlass": "backends.cutlass"}
+_MODULES = {"aten": "backends.aten", "triton": "backends.triton", "cutlass": "backends.cutlass",
+            "padded": "backends.padded"}
 _instances: dict = {}
 
 

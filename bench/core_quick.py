@@ -16,6 +16,12 @@ import torch
 BF16 = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192), (16, 12288, 4096), (64, 4096, 11008),
         (64, 22016, 4096), (3000, 2000, 1000)]
 INT8 = [(256, 12288, 4096), (1024, 22016, 4096), (4096, 4096, 4096)]
+# issue 3's target table (split-K, skinny, large, misaligned, int8)
+ISSUE3_BF16 = [(32, 32, 4096), (32, 32, 16384), (32, 32, 32768), (16, 12288, 4096), (16, 4096, 11008),
+               (64, 4096, 11008), (4096, 4096, 4096), (8192, 8192, 8192), (8192, 14336, 4096), (4096, 4096, 14336),
+               (2047, 2047, 2047)]
+ISSUE3_INT8 = [(1024, 22016, 4096), (4096, 4096, 4096)]
+SUITES = {"core": (BF16, INT8), "issue3": (ISSUE3_BF16, ISSUE3_INT8)}
 
 
 def side_by_side(op: str, m: int, n: int, k: int) -> dict:
@@ -46,12 +52,16 @@ def side_by_side(op: str, m: int, n: int, k: int) -> dict:
     best_name, best_ms = ranked[0]
     win_ms = sel.timings[sel.winner]
     best_triton = next(((nm, ms) for nm, ms in ranked if nm.startswith("triton")), (None, float("nan")))
+    per_template: dict[str, list] = {}
+    for nm, ms in ranked:
+        per_template.setdefault(sel.choices[nm].template, [nm, round(ms * 1e3, 2)])
     return {"op": op, "shape": [m, n, k], "winner": sel.winner, "kernels_ms": t["kernels"].median_ms,
             "aten_ms": t["aten"].median_ms, "speedup": t["aten"].median_ms / t["kernels"].median_ms,
             "regret": win_ms / best_ms, "best_triton": best_triton[0],
             "triton_vs_aten": sel.timings.get("aten_int_mm" if op == "int_mm" else "aten_mm", float("nan")) / best_triton[1]
             if isinstance(sel.timings.get("aten_int_mm" if op == "int_mm" else "aten_mm"), float) else None,
             "tune_s": tune_s, "failures": len(sel.failures()), "stats": kernels.stats(),
+            "best_per_template_us": per_template,
             "floor_pct": 100 * max(2 * m * n * k / 989e12, problem.min_bytes / 4.27e12) * 1e3 / t["kernels"].median_ms}
 
 
@@ -103,6 +113,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--backends", default="aten,triton")
+    ap.add_argument("--suite", choices=sorted(SUITES), default="core")
     args = ap.parse_args()
     import kernels
 
@@ -110,7 +121,8 @@ def main() -> None:
     os.environ["KERNELS_CACHE_DIR"] = cache
     kernels.config.backends = tuple(args.backends.split(","))
     rows = []
-    for op, shapes in (("mm", BF16), ("int_mm", INT8)):
+    bf16, int8 = SUITES[args.suite]
+    for op, shapes in (("mm", bf16), ("int_mm", int8)):
         for m, n, k in shapes:
             try:
                 rows.append(side_by_side(op, m, n, k))
@@ -142,6 +154,9 @@ def main() -> None:
         print(f"{r['op']:6} {'x'.join(map(str, r['shape'])):>20} {r['winner'][:44]:44} {r['kernels_ms'] * 1e3:10.1f} "
               f"{r['aten_ms'] * 1e3:9.1f} {r['speedup']:7.3f} {r['regret']:6.3f} {r['tune_s']:6.2f} "
               f"{r['floor_pct']:6.1f} {tva if tva is None else round(tva, 3)!s:>11}")
+    for r in ok:
+        print("x".join(map(str, r["shape"])), r["op"], "best per template (us):",
+              {t: v[1] for t, v in r["best_per_template_us"].items()})
     if ok:
         print("geomean speedup", round(math.exp(sum(math.log(r["speedup"]) for r in ok) / len(ok)), 4),
               " median tune s", sorted(r["tune_s"] for r in ok)[len(ok) // 2])

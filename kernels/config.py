@@ -8,7 +8,7 @@ from typing import Any, Callable
 from kernels.dynamic_rules import DEFAULT_HINTS, parse_buckets, parse_dims, parse_hints, parse_mode
 from kernels.version import __version__
 
-ALL_BACKENDS = ("aten", "triton", "cutlass")
+ALL_BACKENDS = ("aten", "triton", "cutlass", "padded")
 SEARCH_SPACES = ("default", "exhaustive")
 
 
@@ -157,7 +157,7 @@ class _Setting:
 
 class Config:
     cache_dir = _Setting("KERNELS_CACHE_DIR", _default_cache_dir, str)
-    backends = _Setting("KERNELS_BACKENDS", lambda: ("aten", "triton"), _parse_backends)
+    backends = _Setting("KERNELS_BACKENDS", lambda: ("aten", "triton", "padded"), _parse_backends)
     max_jobs = _Setting("MAX_JOBS", lambda: os.cpu_count() or 1, _positive_int)
     # "fast": exhaustive search space, benchmark only the performance model's top FAST_TOP_K (explicit settings win)
     preset = _Setting("KERNELS_PRESET", lambda: "", _parse_preset)

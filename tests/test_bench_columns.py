@@ -23,7 +23,7 @@ def test_aten_always_first_and_backends_deduped():
                                       "cutlass3x"]
     assert [c.kind for c in cols] == ["backend", "backend", "backend", "inductor", "template", "template",
                                       "template"]
-    assert tuned_backends(cols) == ["aten", "triton", "cutlass"]
+    assert tuned_backends(cols) == ["aten", "triton", "cutlass", "padded"]
     assert tuned_backends(parse_columns("decompose_k,split_k")) == ["aten", "triton"]
 
 

@@ -1,0 +1,139 @@
+"""padded: for problems whose operands are not 16-byte aligned (leading dimension or pointer), copy them into
+zero-padded row-major buffers with aligned strides and run an aligned choice (aten or a Triton template) on those.
+The copies are part of every call, so they are part of the timing: the tuner keeps padding only where it pays
+(torch.mm runs 2047^3 bf16 at a fraction of its 2048^3 speed)."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from backends.base import Backend, BuildOutcome, Runner
+from kernels.choice import Choice
+from kernels.heuristics import DEFAULT_NUM_SMS, candidate_configs
+from kernels.problem import GemmProblem
+
+INNER_TRITON_CONFIGS = 4      # aligned Triton configs tried behind the padding (aten is always tried)
+INNER_TEMPLATES = {"mm": ("aten_mm", "triton_mm"), "int_mm": ("aten_int_mm", "triton_int8_mm")}
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def is_aligned(problem: GemmProblem) -> bool:
+    """Both operands have 16-byte aligned pointers and leading dimensions."""
+    return (problem.align_a >= 16 and problem.align_b >= 16 and problem.leading_dim_aligned("a")
+            and problem.leading_dim_aligned("b"))
+
+
+def padded_dims(problem: GemmProblem) -> tuple[int, int]:
+    """(K, N) rounded up so that row-major rows of A (length K) and of B (length N) start 16-byte aligned."""
+    elems = 16 // problem.elem_bytes
+    return _round_up(problem.k, elems), _round_up(problem.n, elems)
+
+
+def full_width(inner_template: str) -> bool:
+    """torch._int_mm needs N % 8 == 0: it multiplies the whole padded B and the extra columns are dropped after.
+    The others take the first N columns of padded B and write the N-wide output directly."""
+    return inner_template == "aten_int_mm"
+
+
+def inner_problem(problem: GemmProblem, inner_template: str) -> GemmProblem:
+    """What the inner choice sees: A is M x Kp row-major; B is (the first N columns of) a Kp x Np row-major buffer."""
+    kp, np_ = padded_dims(problem)
+    return dataclasses.replace(problem, k=kp, n=np_ if full_width(inner_template) else problem.n,
+                               stride_a=(kp, 1), stride_b=(np_, 1), align_a=16, align_b=16)
+
+
+def _inner_choice(choice: Choice) -> Choice:
+    template = choice.template[len("padded_"):]
+    backend = "aten" if template.startswith("aten") else "triton"
+    return Choice(backend, template, choice.dtype, choice.config, choice.params)
+
+
+def _score(problem: GemmProblem, cfg) -> tuple:
+    """Rank aligned Triton configs for the padded problem: a full wave of tiles first, then the largest tiles."""
+    tiles = -(-problem.m // cfg.block_m) * -(-problem.n // cfg.block_n)
+    return (tiles >= DEFAULT_NUM_SMS, cfg.block_m * cfg.block_n, cfg.num_stages, cfg.num_warps)
+
+
+class PaddedBackend(Backend):
+    name = "padded"
+
+    def available(self, problem: GemmProblem) -> tuple[bool, str]:
+        if is_aligned(problem):
+            return False, "operands are already 16-byte aligned"
+        return True, ""
+
+    def choices(self, problem, space="default"):
+        from backends import get_backend
+
+        aten, triton_template = INNER_TEMPLATES[problem.op]
+        inner = inner_problem(problem, triton_template)
+        result = [Choice("padded", "padded_" + aten, problem.dtype)]
+        triton_ok, why = get_backend("triton").available(inner)
+        if triton_ok:
+            configs = sorted(candidate_configs(inner, triton_template, space), key=lambda c: _score(inner, c),
+                             reverse=True)[:INNER_TRITON_CONFIGS]
+            result += [Choice("padded", "padded_" + triton_template, problem.dtype, cfg) for cfg in configs]
+        skipped = {} if triton_ok else {"padded_" + triton_template: f"triton unavailable: {why}"}
+        return result, skipped
+
+    def build(self, problem, choices):
+        from backends import get_backend
+
+        outcomes = []
+        groups: dict[tuple[str, bool], list[tuple[Choice, Choice]]] = {}
+        for choice in choices:
+            inner_choice = _inner_choice(choice)
+            groups.setdefault((inner_choice.backend, full_width(inner_choice.template)), []).append(
+                (choice, inner_choice))
+        for (backend_name, wide), pairs in groups.items():
+            inner = inner_problem(problem, pairs[0][1].template)
+            try:
+                built = get_backend(backend_name).build(inner, [ic for _, ic in pairs])
+            except Exception as e:  # noqa: BLE001
+                outcomes += [BuildOutcome(c, None, f"inner build failed: {type(e).__name__}: {e}") for c, _ in pairs]
+                continue
+            for (choice, _), res in zip(pairs, built):
+                if res.runner is None:
+                    outcomes.append(BuildOutcome(choice, None, f"inner {res.choice.name}: {res.error}",
+                                                 compiled=res.compiled))
+                    continue
+                launch = _padded_launch(problem, wide, res.runner.launch)
+                outcomes.append(BuildOutcome(choice, Runner(choice, launch), compiled=res.compiled,
+                                             seconds=res.seconds))
+        order = {c.name: i for i, c in enumerate(choices)}
+        return sorted(outcomes, key=lambda o: order[o.choice.name])
+
+
+def _padded_launch(problem: GemmProblem, wide: bool, inner_launch):
+    """launch(a, b, out): copy each operand that is not already in the inner layout into a zero-padded aligned
+    buffer (one kernel each), then run the inner choice; `wide`: it computes Np columns and the first N are kept."""
+    kp, np_ = padded_dims(problem)
+    n, pad_k, pad_n = problem.n, kp - problem.k, np_ - problem.n
+    copy_a = not (problem.stride_a == (kp, 1) and problem.align_a >= 16)
+    copy_b = pad_k or (wide and pad_n) or not (problem.stride_b == (np_, 1) and problem.align_b >= 16)
+
+    def padded(t, pads):
+        # F.pad always writes a fresh (aligned, contiguous) tensor; with nothing to pad, clone does the same
+        return F.pad(t, pads) if any(pads) else t.clone(memory_format=torch.contiguous_format)
+
+    def launch(a, b, out=None):
+        a_p = padded(a, (0, pad_k)) if copy_a else a
+        # not copied: b already is (the first N columns of) aligned Np-wide rows, and N == Np when wide
+        b_p = padded(b, (0, pad_n, 0, pad_k)) if copy_b else b
+        if not wide:
+            return inner_launch(a_p, b_p[:, :n] if copy_b and pad_n else b_p, out)
+        full = inner_launch(a_p, b_p, None)[:, :n]
+        if out is None:
+            return full.contiguous()
+        return out.copy_(full)
+
+    return launch
+
+
+def create() -> PaddedBackend:
+    return PaddedBackend()

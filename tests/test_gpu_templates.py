@@ -1,0 +1,57 @@
+"""GPU: every Triton template, built directly (not through tuning), against torch over a shape grid that includes
+the issue-3 target shapes, with repeated calls (split_k's workspace must stay clean) and a caller's `out`."""
+import pytest
+import torch
+
+from backends.triton import TritonBackend
+from backends.triton_templates import family, templates
+from kernels.problem import GemmProblem
+from tests.test_gpu_core import operand, rel_err
+
+pytestmark = pytest.mark.gpu
+
+BF16_SHAPES = [(32, 32, 4096), (32, 32, 32768), (16, 12288, 4096), (16, 4096, 11008), (64, 4096, 11008),
+               (2047, 2047, 2047), (1, 1, 1000), (17, 33, 3000), (300, 200, 100), (4096, 4096, 4096)]
+INT8_SHAPES = [(32, 32, 4096), (1024, 22016, 4096), (64, 64, 8192), (17, 40, 3008)]
+
+
+def _check_template(template, a, b, limit=3):
+    op = "int_mm" if a.dtype == torch.int8 else "mm"
+    p = GemmProblem.from_tensors(op, a, b)
+    choices, skipped = family(template).choices(p, template, "default")
+    if not choices:
+        pytest.skip(f"{template} not offered: {skipped}")
+    backend = TritonBackend()
+    for outcome in backend.build(p, choices[:limit]):
+        assert outcome.runner is not None, outcome.error
+        for _ in range(3):
+            c = outcome.runner.launch(a, b, None)
+            if op == "int_mm":
+                assert c.dtype == torch.int32 and torch.equal(c, torch._int_mm(a, b) if a.shape[0] > 16 else
+                                                              (a.double() @ b.double()).int())
+            else:
+                assert c.shape == (a.shape[0], b.shape[1]) and c.dtype == a.dtype
+                assert rel_err(c, a, b) < (2e-3 if a.dtype == torch.float32 else 1e-2), outcome.choice.name
+        out = torch.empty(a.shape[0], b.shape[1] + 8, dtype=c.dtype, device="cuda")[:, :b.shape[1]]
+        outcome.runner.launch(a, b, out)
+        assert torch.equal(out, c) or rel_err(out, a, b) < 1e-2
+
+
+@pytest.mark.parametrize("template", [t for t in templates() if t != "triton_int8_mm"])
+@pytest.mark.parametrize("m,n,k", BF16_SHAPES)
+def test_bf16_template(template, m, n, k):
+    _check_template(template, operand(m, k, "row", torch.bfloat16), operand(k, n, "row", torch.bfloat16))
+
+
+@pytest.mark.parametrize("template", [t for t in templates() if t != "triton_mm"])
+@pytest.mark.parametrize("m,n,k", INT8_SHAPES)
+def test_int8_template(template, m, n, k):
+    _check_template(template, operand(m, k, "row", torch.int8), operand(k, n, "col", torch.int8))
+
+
+@pytest.mark.parametrize("template", templates())
+def test_fp16_col_major_and_fp32(template):
+    if template == "triton_int8_mm":
+        pytest.skip("int8 only")
+    _check_template(template, operand(48, 4000, "col", torch.float16), operand(4000, 40, "col", torch.float16))
+    _check_template(template, operand(48, 4000, "row", torch.float32), operand(4000, 40, "row", torch.float32))

@@ -1,0 +1,55 @@
+"""padded: misaligned problems run through aligned, zero-padded copies (interpreter on CPU; GPU in gpu tests)."""
+import pytest
+import torch
+
+from backends.padded import PaddedBackend, inner_problem, is_aligned, padded_dims
+from kernels.config import interpret_mode
+from kernels.problem import GemmProblem
+from tests.test_heuristics import problem
+from tests.test_triton_interpreter import assert_close, operand
+
+interpreted = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
+
+
+def test_offered_only_for_misaligned_problems():
+    assert is_aligned(problem(m=2048, n=2048, k=2048))
+    odd = problem(m=2047, n=2047, k=2047)
+    assert not is_aligned(odd)
+    assert padded_dims(odd) == (2048, 2048)
+    assert not PaddedBackend().available(problem(m=2048, n=2048, k=2048))[0]
+    inner = inner_problem(odd, "triton_mm")
+    assert (inner.k, inner.n, inner.stride_a, inner.stride_b) == (2048, 2047, (2048, 1), (2048, 1))
+    assert inner_problem(problem(m=40, n=33, k=65, dtype="int8", op="int_mm"), "aten_int_mm").n == 48
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int8])
+@pytest.mark.parametrize("m,n,k,la,lb", [(17, 33, 65, "row", "row"), (40, 9, 31, "col", "sliced"),
+                                         (33, 47, 200, "strided", "col")])
+def test_every_padded_choice_matches_torch(dtype, m, n, k, la, lb):
+    a, b = operand(m, k, la, dtype), operand(k, n, lb, dtype)
+    op = "int_mm" if dtype == torch.int8 else "mm"
+    p = GemmProblem.from_tensors(op, a, b)
+    backend = PaddedBackend()
+    choices, skipped = backend.choices(p)
+    assert len(choices) >= 2 and not skipped
+    for outcome in backend.build(p, choices):
+        assert outcome.runner is not None, outcome.error
+        c = outcome.runner.launch(a, b, None)
+        assert c.shape == (m, n) and c.is_contiguous()
+        assert_close(c, a, b)
+        out = torch.empty(m, n + 3, dtype=c.dtype)[:, :n]
+        assert outcome.runner.launch(a, b, out) is out
+        assert_close(out, a, b)
+
+
+@interpreted
+def test_misaligned_pointer_is_copied():
+    base = torch.randn(16 * 24 + 1).to(torch.float16)
+    a = base[1:].view(16, 24)                       # 2-byte aligned pointer, aligned leading dimension
+    b = torch.randn(24, 16).to(torch.float16)
+    p = GemmProblem.from_tensors("mm", a, b)
+    assert p.align_a == 2 and not is_aligned(p)
+    backend = PaddedBackend()
+    for outcome in backend.build(p, backend.choices(p)[0]):
+        assert_close(outcome.runner.launch(a, b, None), a, b)
