@@ -147,7 +147,7 @@ class Decision:
     dims: tuple[str, ...]
     winner: str                                   # choice name that serves the shape
     hint: str                                     # the hint(s) whose winner it is, e.g. "m=256"
-    source: str                                   # similarity | benchmarked | stored | memory | only-candidate
+    source: str                 # similarity | benchmarked | stored | memory | only-candidate | own-tune
     bucket: str = ""
     measured_at: tuple[int, int, int] | None = None   # benchmark mode: the shape the bucket was timed on
     distances: dict[str, float] = field(default_factory=dict)   # similarity: hint -> log2 L1 distance
@@ -160,7 +160,11 @@ class Decision:
         shape = "x".join(map(str, self.shape))
         head = (f"dynamic {','.join(self.dims)}, {self.mode} mode: {shape} served by {self.winner} "
                 f"(winner of hint {self.hint})")
-        if self.mode == "similarity":
+        if self.source == "own-tune":
+            head = (f"dynamic {','.join(self.dims)}, {self.mode} mode: {shape} served by {self.winner}, tuned for "
+                    f"this shape because no hint winner can run it")
+            body = "see the notes"
+        elif self.mode == "similarity":
             d = ", ".join(f"{h}: {v:.2f}" for h, v in self.distances.items())
             body = f"nearest hint by log2 L1 distance over A, B, C shapes ({d})"
         else:
@@ -252,11 +256,15 @@ class Family:
         ok, notes = [], []
         for hw in self.winners:
             c = hw.choice
+            fine, why = True, ""
             if c.template in TEMPLATE_OPS and isinstance(c.config, GemmConfig):    # the templates supports() knows
                 fine, why = supports(runtime, c.template, c.config)
-                if not fine:
-                    notes.append(f"hint {hw.label} winner {c.name} cannot run this shape: {why}")
-                    continue
+            elif c.backend == "aten":               # aten's own limits, e.g. torch._int_mm needs M > 16 on CUDA
+                why = get_backend("aten").choices(runtime)[1].get(c.name, "")
+                fine = not why
+            if not fine:
+                notes.append(f"hint {hw.label} winner {c.name} cannot run this shape: {why}")
+                continue
             ok.append(hw)
         return ok, notes
 
@@ -414,8 +422,14 @@ def launcher_for(problem: GemmProblem, dyn: Dynamic):
         fam = family_for(runtime, dyn)
         fam.ensure_winners(lambda hp: _select(api, hp))
         usable, notes = fam.usable(runtime)
-        if not usable:
-            raise KernelsError(f"kernels.dynamic: no hint winner can run {runtime.short()}: {'; '.join(notes)}")
+        if not usable:          # no hint winner can run this shape: tune it on its own (still dynamic: no new spec)
+            launch = api._launcher_for(runtime)
+            sel = api._selections[runtime]
+            dec = Decision(dyn.mode, _shape(runtime), dyn.dims, sel.winner, "none", "own-tune",
+                           hint_winners={hw.label: hw.choice.name for hw in fam.winners}, notes=fam.notes + notes)
+            _decisions[memo] = dec
+            _runtime[memo] = launch
+            return launch
         dec, ranking = (fam.similarity if dyn.mode == "similarity" else fam.benchmark)(runtime, usable)
         dec.hint_winners = {hw.label: hw.choice.name for hw in fam.winners}
         dec.notes = fam.notes + notes
@@ -449,10 +463,14 @@ def decision(problem: GemmProblem, dyn: Dynamic) -> Decision:
 
 def explain(problem: GemmProblem, dyn: Dynamic) -> Selection:
     """The serving hint winner's Selection, with source 'dynamic-<mode>' and the reason as its first note."""
+    from kernels import api
+
     dec = decision(problem, dyn)
-    fam = family_for(dataclasses.replace(problem, dynamic=dyn.dims), dyn)
-    hw = next(hw for hw in fam.winners if hw.choice.name == dec.winner)
-    sel = dataclasses.replace(hw.selection, source=f"dynamic-{dec.mode}", notes=[dec.why(), *hw.selection.notes])
+    runtime = dataclasses.replace(problem, dynamic=dyn.dims)
+    fam = family_for(runtime, dyn)
+    base = api._selections[runtime] if dec.source == "own-tune" else \
+        next(hw.selection for hw in fam.winners if hw.choice.name == dec.winner)
+    sel = dataclasses.replace(base, source=f"dynamic-{dec.mode}", notes=[dec.why(), *base.notes])
     sel.decision = dec           # the structured form, for programs (bench/dynamic.py)
     return sel
 

@@ -250,3 +250,33 @@ def test_bucket_decisions_persist_across_processes(isolated_cache):
     stored = list((isolated_cache / "selections" / "dynamic").glob("*.json"))
     assert len(stored) == 1 and set(json.loads(stored[0].read_text())["buckets"]) == \
         {"m∈(4,8]", "m∈(32,64]", "m∈(64,128]"}
+
+
+def test_aten_limits_make_a_hint_winner_unusable_for_a_shape():
+    """torch._int_mm needs M > 16 on CUDA: a hint winner that is aten_int_mm cannot serve M=8 (pure: no GPU used)."""
+    from kernels.choice import Choice
+    from kernels.selection import Selection
+
+    base = GemmProblem(op="int_mm", m=64, n=64, k=64, dtype="int8", out_dtype="int32", stride_a=(64, 1),
+                       stride_b=(64, 1), align_a=16, align_b=16, device="cuda", arch=90, device_name="gpu")
+    fam = dyn_mod.Family(dyn_mod.substitute(base, {}, ("m",)), Dynamic("m", hints=(64,)).resolved())
+    choice = Choice("aten", "aten_int_mm", "int8")
+    fam.winners = [dyn_mod.HintWinner({"m": 64}, fam.hint_problems[0],
+                                      Selection(problem=fam.hint_problems[0], winner=choice.name,
+                                                choices={choice.name: choice}, timings={choice.name: 0.1}))]
+    usable, notes = fam.usable(dyn_mod.substitute(base, {"m": 8}, ("m",)))
+    assert usable == [] and "needs M > 16" in notes[0]
+    usable, notes = fam.usable(dyn_mod.substitute(base, {"m": 32}, ("m",)))
+    assert usable == fam.winners and notes == []
+
+
+def test_no_usable_hint_winner_tunes_the_shape_itself(triton_only, monkeypatch):
+    b = weights()
+    dyn = Dynamic("m", hints=HINTS, mode="similarity")
+    kernels.mm(torch.randn(16, K).half(), b, dynamic=dyn)
+    monkeypatch.setattr(dyn_mod.Family, "usable", lambda self, runtime: ([], ["every winner: cannot (simulated)"]))
+    a = torch.randn(40, K).half()
+    assert rel_err(kernels.mm(a, b, dynamic=dyn), a, b) < 1e-2
+    sel = kernels.explain(a, b, dynamic=dyn)
+    assert sel.decision.source == "own-tune" and "cannot (simulated)" in sel.notes[0]
+    assert sel.problem.m == 40 and sel.problem.dynamic == ("m",) and kernels.stats()["tunes"] == 3
