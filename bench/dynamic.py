@@ -406,6 +406,7 @@ def main(argv=None) -> int:
 
     kernels.config.backends = tuple(s.strip() for s in args.backends.split(",") if s.strip())
     kernels.config.dynamic_buckets = args.buckets
+    kernels.config.dynamic_dims = ""          # the static reference stays static whatever KERNELS_DYNAMIC says
     if args.bench_ms is not None:
         kernels.config.bench_budget_ms = args.bench_ms
     bench = Bench(args)
