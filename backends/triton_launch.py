@@ -125,10 +125,10 @@ def needs_staging(out: torch.Tensor) -> bool:
     return (out.stride(1) != 1 and out.shape[1] != 1) or out.data_ptr() % 16 != 0
 
 
-def output_launch(shape: tuple[int, int], dtype: torch.dtype, device: torch.device, ldc_div16: bool,
+def output_launch(shape: tuple[int, int], dtype: torch.dtype, device: torch.device, ldc_multiple: int,
                   run_into: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], None]):
     """launch(a, b, out=None) around `run_into(a, b, out, ldc)`: allocates the output, or writes into the caller's
-    `out` directly when the binary's assumptions (row-major, aligned, ldc % 16 if it assumed so) hold for it."""
+    `out` directly when the binary's assumptions (row-major, aligned, ldc a multiple of `ldc_multiple`) hold."""
     n = shape[1]
 
     def launch(a, b, out=None):
@@ -136,7 +136,7 @@ def output_launch(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
             out = torch.empty(shape, dtype=dtype, device=device)
             run_into(a, b, out, n)
             return out
-        if needs_staging(out) or (ldc_div16 and out.stride(0) % 16):
+        if needs_staging(out) or out.stride(0) % ldc_multiple:
             out.copy_(launch(a, b, None))
             return out
         run_into(a, b, out, out.stride(0))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import json
 from dataclasses import asdict, dataclass
 
@@ -80,7 +81,12 @@ def gemm_args(problem: GemmProblem) -> list[Arg]:
             int_arg(problem, "stride_cm", problem.n, "n"), Arg("stride_cn", "i32", False)]
 
 
-OUT_STRIDE_INDEX = 10     # position of stride_cm in gemm_args
+def ldc_multiple(spec: TritonKernelSpec, row_bytes_multiple: int = 1, out_bytes: int = 1) -> int:
+    """What a caller's `out` row stride must be a multiple of for this binary: 16 when it was compiled assuming
+    stride_cm % 16 == 0, and (for TMA) whatever keeps rows `row_bytes_multiple`-byte aligned."""
+    assumed = 16 if any(a.name == "stride_cm" and a.div16 for a in spec.args) else 1
+    need = max(1, row_bytes_multiple // out_bytes)
+    return math.lcm(assumed, need)
 
 
 def layout_vars(problem: GemmProblem) -> dict:

@@ -9,6 +9,8 @@ TEMPLATE_OPS = {
     "aten_int_mm": ("int_mm",),
     "triton_mm": ("mm",),
     "triton_int8_mm": ("int_mm",),
+    "triton_tma_mm": ("mm",),
+    "triton_tma_int8_mm": ("int_mm",),
     "split_k": ("mm", "int_mm"),
     "decompose_k": ("mm", "int_mm"),
     "padded_aten_mm": ("mm",),
@@ -25,6 +27,8 @@ TEMPLATE_CONFIG_LISTS = {
     "triton_mm": "mm_configs",
     "triton_int8_mm": "int8_mm_configs",
     "split_k": "split_k_configs",
+    "triton_tma_mm": "persistent_mm_configs",
+    "triton_tma_int8_mm": "persistent_mm_configs",
 }
 
 # lower is simpler: among candidates whose times tie within noise, the simplest wins
@@ -33,6 +37,8 @@ TEMPLATE_COMPLEXITY = {
     "aten_int_mm": 0,
     "triton_mm": 10,
     "triton_int8_mm": 10,
+    "triton_tma_mm": 11,
+    "triton_tma_int8_mm": 11,
     "split_k": 12,
     "decompose_k": 14,
     "padded_aten_mm": 15,

@@ -50,7 +50,11 @@ def test_templates_compile_for_sm90_with_wgmma():
               Choice("triton", "split_k", "bf16", GemmConfig(64, 64, 64, 4, 4), (("split", 16),))),
              (problem(m=64, n=64, k=8192, dtype="int8", op="int_mm", stride_b=(1, 8192)),
               Choice("triton", "split_k", "int8", GemmConfig(64, 64, 64, 4, 4), (("split", 16),))),
-             (problem(m=64, n=64, k=8192, dtype="bf16"), Choice("triton", "decompose_k", "bf16", None, (("split", 8),)))]
+             (problem(m=64, n=64, k=8192, dtype="bf16"), Choice("triton", "decompose_k", "bf16", None, (("split", 8),))),
+             (problem(dtype="bf16"), Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8),
+                                            (("sub", 1),))),
+             (problem(dtype="int8", op="int_mm", stride_b=(1, 4096)),
+              Choice("triton", "triton_tma_int8_mm", "int8", GemmConfig(128, 128, 128, 3, 8)))]
     try:
         results = compile_jobs(backend, cases)
     finally:

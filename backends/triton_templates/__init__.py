@@ -15,6 +15,8 @@ from kernels.problem import GemmProblem
 _MODULES = {
     "triton_mm": "backends.triton_templates.mm",
     "triton_int8_mm": "backends.triton_templates.mm",
+    "triton_tma_mm": "backends.triton_templates.tma",
+    "triton_tma_int8_mm": "backends.triton_templates.tma",
     "split_k": ("backends.triton_templates.split_k", "SPLIT_K"),
     "decompose_k": ("backends.triton_templates.split_k", "DECOMPOSE_K"),
 }

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from backends.triton_launch import output_launch
-from backends.triton_render import (OUT_STRIDE_INDEX, dot_vars, even_k, gemm_args, layout_vars, make_spec)
+from backends.triton_render import dot_vars, even_k, gemm_args, layout_vars, ldc_multiple, make_spec
 from backends.triton_templates import TritonFamily
 from kernels.choice import Choice
 from kernels.heuristics import candidate_configs
@@ -35,8 +35,8 @@ class MatmulFamily(TritonFamily):
         def run_into(a, b, out, ldc):
             run(a, b, out, m, n, k, sa0, sa1, sb0, sb1, ldc, 1)
 
-        return output_launch((m, n), DTYPES_BY_NAME[problem.out_dtype], handles[0].device, OUT_STRIDE_INDEX in
-                             specs[0].div16, run_into)
+        return output_launch((m, n), DTYPES_BY_NAME[problem.out_dtype], handles[0].device, ldc_multiple(specs[0]),
+                             run_into)
 
 
 FAMILY = MatmulFamily()

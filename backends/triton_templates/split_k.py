@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from backends.triton_launch import output_launch
-from backends.triton_render import (OUT_STRIDE_INDEX, Arg, dot_vars, even_k, gemm_args, int_arg, layout_vars,
-                                    make_spec, ptr)
+from backends.triton_render import (Arg, dot_vars, even_k, gemm_args, int_arg, layout_vars,
+                                    ldc_multiple, make_spec, ptr)
 from backends.triton_templates import TritonFamily
 from kernels.choice import Choice
 from kernels.heuristics_split_k import (cdiv, decompose_k_splits, decompose_k_tile, k_per_split, split_k_choices,
@@ -29,10 +29,6 @@ def _partial_spec(problem, name, cfg, split, reduce, even):
                      split=split, reduce=reduce, **layout_vars(problem), **dot_vars(problem))
 
 
-def _out_stride_div16(spec) -> bool:
-    return any(a.name == "stride_cm" and a.div16 for a in spec.args)
-
-
 def _stream_getter(device: torch.device):
     if device.type != "cuda":
         return lambda: 0
@@ -50,10 +46,10 @@ class SplitKFamily(TritonFamily):
         return [Choice("triton", template, problem.dtype, cfg, (("split", s),)) for cfg, s in pairs], {}
 
     def specs(self, problem, choice):
-        # every split but the last covers whole blocks; the last ends at K
-        cfg = choice.config
-        return [_partial_spec(problem, choice.name, cfg, dict(choice.params)["split"], "atomic",
-                              even_k(problem, cfg.block_k))]
+        # unmasked K only when every split covers whole blocks and none runs past K
+        cfg, split = choice.config, dict(choice.params)["split"]
+        even = even_k(problem, cfg.block_k) and problem.k % k_per_split(problem.k, split, cfg.block_k) == 0
+        return [_partial_spec(problem, choice.name, cfg, split, "atomic", even)]
 
     def launcher(self, problem, choice, specs, handles):
         cfg, split = choice.config, dict(choice.params)["split"]
@@ -77,7 +73,7 @@ class SplitKFamily(TritonFamily):
                                       torch.zeros(n_tiles, dtype=torch.int32, device=device))
             run(a, b, out, ws[0], ws[1], m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps)
 
-        return output_launch((m, n), DTYPES_BY_NAME[problem.out_dtype], device, _out_stride_div16(specs[0]), run_into)
+        return output_launch((m, n), DTYPES_BY_NAME[problem.out_dtype], device, ldc_multiple(specs[0]), run_into)
 
 
 class DecomposeKFamily(TritonFamily):
@@ -122,7 +118,7 @@ class DecomposeKFamily(TritonFamily):
             partial(a, b, out, ws, m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps)
             reduce(ws, out, m * n, n, ldc)
 
-        return output_launch((m, n), DTYPES_BY_NAME[problem.out_dtype], device, _out_stride_div16(specs[0]), run_into)
+        return output_launch((m, n), DTYPES_BY_NAME[problem.out_dtype], device, ldc_multiple(specs[0]), run_into)
 
 
 SPLIT_K = SplitKFamily()
