@@ -48,6 +48,10 @@ def side_by_side(op: str, m: int, n: int, k: int) -> dict:
     calls = {"kernels": _user_call(Runner(Choice("x", "x", "x"), lambda x, y, o: fn(x, y)), sets),
              "aten": _user_call(Runner(Choice("x", "x", "x"), lambda x, y, o: aten(x, y)), sets)}
     t = measure_together(calls, len(sets), "cuda", 400.0)
+    try:
+        gpu = {"kernels": graph_us(fn, a, b), "aten": graph_us(aten, a, b)}
+    except Exception as e:  # noqa: BLE001 - graph capture is a diagnostic; its failure is data
+        gpu = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
     ranked = sel.ranked()
     best_name, best_ms = ranked[0]
     win_ms = sel.timings[sel.winner]
@@ -61,8 +65,31 @@ def side_by_side(op: str, m: int, n: int, k: int) -> dict:
             "triton_vs_aten": sel.timings.get("aten_int_mm" if op == "int_mm" else "aten_mm", float("nan")) / best_triton[1]
             if isinstance(sel.timings.get("aten_int_mm" if op == "int_mm" else "aten_mm"), float) else None,
             "tune_s": tune_s, "failures": len(sel.failures()), "stats": kernels.stats(),
-            "best_per_template_us": per_template,
+            "best_per_template_us": per_template, "graph_gpu_us": gpu,
             "floor_pct": 100 * max(2 * m * n * k / 989e12, problem.min_bytes / 4.27e12) * 1e3 / t["kernels"].median_ms}
+
+
+def graph_us(fn, a, b, reps: int = 20) -> float:
+    """GPU time per call without host cost: `reps` calls captured in a CUDA graph, replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn(a, b)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn(a, b)
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (10 * reps)
 
 
 def _probe(dtype, m, n, k):
@@ -86,6 +113,14 @@ def host_cost(n_calls: int = 3000) -> dict:
         host = (time.perf_counter() - t0) / n_calls * 1e6
         torch.cuda.synchronize()
         res[name] = min(res.get(name, 1e9), host)
+    from kernels.api import _fast_key
+
+    for name, fn in (("fast_key", lambda: _fast_key("mm", a, b)),
+                     ("torch.empty", lambda: torch.empty((64, 64), dtype=torch.bfloat16, device="cuda"))):
+        t0 = time.perf_counter()
+        for _ in range(n_calls):
+            fn()
+        res[name] = (time.perf_counter() - t0) / n_calls * 1e6
     res["winner"] = kernels.explain(a, b).winner
     res["ratio"] = res["kernels.mm"] / res["torch.mm"]
     return res
@@ -156,7 +191,8 @@ def main() -> None:
               f"{r['floor_pct']:6.1f} {tva if tva is None else round(tva, 3)!s:>11}")
     for r in ok:
         print("x".join(map(str, r["shape"])), r["op"], "best per template (us):",
-              {t: v[1] for t, v in r["best_per_template_us"].items()})
+              {t: v[1] for t, v in r["best_per_template_us"].items()}, "| GPU-only us (graph):",
+              {k: round(v, 2) if isinstance(v, float) else v for k, v in r["graph_gpu_us"].items()})
     if ok:
         print("geomean speedup", round(math.exp(sum(math.log(r["speedup"]) for r in ok) / len(ok)), 4),
               " median tune s", sorted(r["tune_s"] for r in ok)[len(ok) // 2])

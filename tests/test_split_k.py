@@ -81,3 +81,15 @@ def test_split_k_writes_into_out_and_stays_clean():
     for _ in range(3):
         runner.launch(a, b, out)
         assert_close(out, a, b)
+
+
+def test_k_offset_divisibility_is_only_assumed_when_true():
+    """A split's K offset moves the operand pointers: 3008 / 16 = 188 is not a multiple of 16, so the binary must not
+    assume 16-byte aligned rows of a split (on the GPU that assumption was a misaligned-address fault)."""
+    p = problem(m=17, n=40, k=3008, dtype="int8", op="int_mm", stride_b=(1, 3008))
+    from kernels.choice import Choice
+    spec = family("decompose_k").specs(p, Choice("triton", "decompose_k", "int8", None, (("split", 16),)))[0]
+    kps = next(a for a in spec.args if a.name == "k_per_split")
+    assert not kps.div16
+    spec8 = family("decompose_k").specs(p, Choice("triton", "decompose_k", "int8", None, (("split", 4),)))[0]
+    assert next(a for a in spec8.args if a.name == "k_per_split").div16        # 752 = 47 * 16

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from backends.triton_launch import output_launch
-from backends.triton_render import (Arg, dot_vars, even_k, gemm_args, int_arg, layout_vars,
+from backends.triton_render import (dot_vars, even_k, gemm_args, int_arg, layout_vars,
                                     ldc_multiple, make_spec, ptr)
 from backends.triton_templates import TritonFamily
 from kernels.choice import Choice
@@ -20,10 +20,11 @@ def _acc_dtype(problem) -> str:
     return "int32" if problem.dtype == "int8" else "fp32"
 
 
-def _partial_spec(problem, name, cfg, split, reduce, even):
+def _partial_spec(problem, name, cfg, split, reduce, even, kps):
     args = gemm_args(problem)
     extra = [ptr("ws_ptr", _acc_dtype(problem))] + ([ptr("lock_ptr", "int32")] if reduce == "atomic" else [])
-    args = args[:3] + extra + args[3:] + [Arg("k_per_split", "i32", cfg.block_k % 16 == 0)]
+    # the split's K offset moves the operand pointers: assume 16-divisibility only when it holds
+    args = args[:3] + extra + args[3:] + [int_arg(problem, "k_per_split", kps, "k")]
     return make_spec("split_k.py.jinja", name, args, cfg.num_warps, cfg.num_stages, block_m=cfg.block_m,
                      block_n=cfg.block_n, block_k=cfg.block_k, group_m=cfg.group_m, even_k=even,
                      split=split, reduce=reduce, **layout_vars(problem), **dot_vars(problem))
@@ -48,8 +49,9 @@ class SplitKFamily(TritonFamily):
     def specs(self, problem, choice):
         # unmasked K only when every split covers whole blocks and none runs past K
         cfg, split = choice.config, dict(choice.params)["split"]
-        even = even_k(problem, cfg.block_k) and problem.k % k_per_split(problem.k, split, cfg.block_k) == 0
-        return [_partial_spec(problem, choice.name, cfg, split, "atomic", even)]
+        kps = k_per_split(problem.k, split, cfg.block_k)
+        even = even_k(problem, cfg.block_k) and problem.k % kps == 0
+        return [_partial_spec(problem, choice.name, cfg, split, "atomic", even, kps)]
 
     def launcher(self, problem, choice, specs, handles):
         cfg, split = choice.config, dict(choice.params)["split"]
@@ -94,7 +96,7 @@ class DecomposeKFamily(TritonFamily):
         reduce = make_spec("reduce.py.jinja", choice.name + "_reduce", reduce_args, 4, 1, block=REDUCE_BLOCK,
                            split=split, acc_type=dot_vars(problem)["acc_type"])
         even = even_k(problem, cfg.block_k) and (problem.k // split) % cfg.block_k == 0
-        return [_partial_spec(problem, choice.name, cfg, split, "partials", even), reduce]
+        return [_partial_spec(problem, choice.name, cfg, split, "partials", even, problem.k // split), reduce]
 
     def launcher(self, problem, choice, specs, handles):
         split = dict(choice.params)["split"]
