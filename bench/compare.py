@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PNG")
     p.add_argument("--bench-ms", type=float, default=None, help="measurement budget per candidate (KERNELS_BENCH_MS)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="start no new shape after S seconds; the rest are reported as skipped (JSON/CSV are "
+                        "rewritten after every shape, so a killed run keeps what it measured)")
     return p
 
 
@@ -105,6 +108,11 @@ def run(args: argparse.Namespace, no_gpu: bool, progress: Progress):
         sr = ShapeResult(shape.m, shape.n, shape.k, problem.op, args.dtype, args.layout, problem.flops,
                          problem.min_bytes, facts.floor_ms(problem.flops, problem.min_bytes))
         report.shapes.append(sr)
+        if args.time_limit is not None and time.perf_counter() - progress.start > args.time_limit:
+            for c in columns:
+                sr.cells[c.name] = Cell(c.name, "skipped", message=f"--time-limit {args.time_limit:.0f} s reached")
+            progress(f"{where}: skipped (time limit)")
+            continue
         if no_gpu and shape.macs > CPU_MAX_MACS:
             for c in columns:
                 sr.cells[c.name] = Cell(c.name, "skipped", message=f"too large without a GPU (M*N*K > "
@@ -124,8 +132,20 @@ def run(args: argparse.Namespace, no_gpu: bool, progress: Progress):
         finally:
             if device == "cuda":
                 torch.cuda.empty_cache()
+            _save_partial(args, report, summarize)
     report.summary = summarize(report.columns, report.shapes)
     return report, error
+
+
+def _save_partial(args, report, summarize) -> None:
+    """Rewrite the JSON/CSV after every shape: a run stopped from outside keeps what it measured."""
+    from bench.report import write_csv, write_json
+
+    report.summary = summarize(report.columns, report.shapes)
+    if args.json:
+        write_json(report, args.json)
+    if args.csv:
+        write_csv(report, args.csv)
 
 
 def _measure_shape(args, columns, flt, backends_all, problem, facts, sr, no_gpu, where, progress) -> None:
