@@ -160,7 +160,17 @@ def _measure_shape(args, columns, flt, backends_all, problem, facts, sr, no_gpu,
         timed = sum(isinstance(t, float) for t in out.timings.values())
         progress(f"{where}: {backend} done in {out.seconds:.1f} s ({timed} timed, "
                  f"{len(out.timings) - timed} failed/unsupported)")
+    # kernels.mm first: Inductor's compile leaves process state behind (dynamo, caches), and kernels.mm's warm path
+    # is Python, so it is measured before any torch.compile of this shape runs
     sets = None
+    if not args.no_kernels_mm:
+        mm_backends = backends_all if "aten" in backends_all else ("aten",) + backends_all
+        for out in outcomes.values():
+            if out.backends == mm_backends:
+                m.seed_selection(out)    # kernels.mm serves this very tune instead of tuning again
+        progress(f"{where}: kernels.mm with backends {','.join(mm_backends)} vs torch.mm")
+        sets = m.rotated_sets(problem, problem.device)
+        sr.kernels_mm = m.kernels_mm_result(problem, mm_backends, sets, _budget())
     for col in columns:
         if col.kind == "inductor":
             sets = sets or m.rotated_sets(problem, problem.device)
@@ -168,15 +178,6 @@ def _measure_shape(args, columns, flt, backends_all, problem, facts, sr, no_gpu,
             sr.cells[col.name] = m.inductor_cell(problem, sets, facts, _budget())
         else:
             sr.cells[col.name] = m.tuned_cell(col, outcomes[col.backend], problem, facts, flt, no_gpu)
-    if args.no_kernels_mm:
-        return
-    mm_backends = backends_all if "aten" in backends_all else ("aten",) + backends_all
-    for out in outcomes.values():
-        if out.backends == mm_backends:
-            m.seed_selection(out)    # kernels.mm serves this very tune instead of tuning again
-    progress(f"{where}: kernels.mm with backends {','.join(mm_backends)} vs torch.mm")
-    sets = sets or m.rotated_sets(problem, problem.device)
-    sr.kernels_mm = m.kernels_mm_result(problem, mm_backends, sets, _budget())
 
 
 def _budget() -> float:
