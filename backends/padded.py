@@ -15,7 +15,9 @@ from kernels.heuristics import DEFAULT_NUM_SMS, candidate_configs
 from kernels.problem import GemmProblem
 
 INNER_TRITON_CONFIGS = 4      # aligned Triton configs tried behind the padding (aten is always tried)
-INNER_TEMPLATES = {"mm": ("aten_mm", "triton_mm"), "int_mm": ("aten_int_mm", "triton_int8_mm")}
+# int_mm has no aten inner choice: cuBLASLt's int8 path refuses the row-major padded B (CUBLAS_STATUS_NOT_SUPPORTED
+# on the H200) and Triton's int8 kernel is twice as fast as torch._int_mm anyway
+INNER_TEMPLATES = {"mm": ("aten_mm", "triton_mm"), "int_mm": (None, "triton_int8_mm")}
 
 
 def _round_up(x: int, multiple: int) -> int:
@@ -34,17 +36,12 @@ def padded_dims(problem: GemmProblem) -> tuple[int, int]:
     return _round_up(problem.k, elems), _round_up(problem.n, elems)
 
 
-def full_width(inner_template: str) -> bool:
-    """torch._int_mm needs N % 8 == 0: it multiplies the whole padded B and the extra columns are dropped after.
-    The others take the first N columns of padded B and write the N-wide output directly."""
-    return inner_template == "aten_int_mm"
-
-
-def inner_problem(problem: GemmProblem, inner_template: str) -> GemmProblem:
-    """What the inner choice sees: A is M x Kp row-major; B is (the first N columns of) a Kp x Np row-major buffer."""
+def inner_problem(problem: GemmProblem) -> GemmProblem:
+    """What the inner choice sees: A is M x Kp and B is Kp x Np, both row-major with aligned rows. The inner
+    choice computes all Np columns: an N that is not a multiple of the vector width would cost it vectorized B loads
+    (Triton) or its fast kernels (cuBLAS, for an unaligned output); the first N columns are kept."""
     kp, np_ = padded_dims(problem)
-    return dataclasses.replace(problem, k=kp, n=np_ if full_width(inner_template) else problem.n,
-                               stride_a=(kp, 1), stride_b=(np_, 1), align_a=16, align_b=16)
+    return dataclasses.replace(problem, k=kp, n=np_, stride_a=(kp, 1), stride_b=(np_, 1), align_a=16, align_b=16)
 
 
 def _inner_choice(choice: Choice) -> Choice:
@@ -71,8 +68,8 @@ class PaddedBackend(Backend):
         from backends import get_backend
 
         aten, triton_template = INNER_TEMPLATES[problem.op]
-        inner = inner_problem(problem, triton_template)
-        result = [Choice("padded", "padded_" + aten, problem.dtype)]
+        inner = inner_problem(problem)
+        result = [Choice("padded", "padded_" + aten, problem.dtype)] if aten else []
         triton_ok, why = get_backend("triton").available(inner)
         if triton_ok:
             configs = sorted(candidate_configs(inner, triton_template, space), key=lambda c: _score(inner, c),
@@ -85,13 +82,12 @@ class PaddedBackend(Backend):
         from backends import get_backend
 
         outcomes = []
-        groups: dict[tuple[str, bool], list[tuple[Choice, Choice]]] = {}
+        inner = inner_problem(problem)
+        groups: dict[str, list[tuple[Choice, Choice]]] = {}
         for choice in choices:
             inner_choice = _inner_choice(choice)
-            groups.setdefault((inner_choice.backend, full_width(inner_choice.template)), []).append(
-                (choice, inner_choice))
-        for (backend_name, wide), pairs in groups.items():
-            inner = inner_problem(problem, pairs[0][1].template)
+            groups.setdefault(inner_choice.backend, []).append((choice, inner_choice))
+        for backend_name, pairs in groups.items():
             try:
                 built = get_backend(backend_name).build(inner, [ic for _, ic in pairs])
             except Exception as e:  # noqa: BLE001
@@ -102,20 +98,20 @@ class PaddedBackend(Backend):
                     outcomes.append(BuildOutcome(choice, None, f"inner {res.choice.name}: {res.error}",
                                                  compiled=res.compiled))
                     continue
-                launch = _padded_launch(problem, wide, res.runner.launch)
+                launch = _padded_launch(problem, res.runner.launch)
                 outcomes.append(BuildOutcome(choice, Runner(choice, launch), compiled=res.compiled,
                                              seconds=res.seconds))
         order = {c.name: i for i, c in enumerate(choices)}
         return sorted(outcomes, key=lambda o: order[o.choice.name])
 
 
-def _padded_launch(problem: GemmProblem, wide: bool, inner_launch):
+def _padded_launch(problem: GemmProblem, inner_launch):
     """launch(a, b, out): copy each operand that is not already in the inner layout into a zero-padded aligned
-    buffer (one kernel each), then run the inner choice; `wide`: it computes Np columns and the first N are kept."""
+    buffer (one kernel each), run the inner choice on all Np columns, keep the first N."""
     kp, np_ = padded_dims(problem)
     n, pad_k, pad_n = problem.n, kp - problem.k, np_ - problem.n
     copy_a = not (problem.stride_a == (kp, 1) and problem.align_a >= 16)
-    copy_b = pad_k or (wide and pad_n) or not (problem.stride_b == (np_, 1) and problem.align_b >= 16)
+    copy_b = pad_k or pad_n or not (problem.stride_b == (np_, 1) and problem.align_b >= 16)
 
     def padded(t, pads):
         # F.pad always writes a fresh (aligned, contiguous) tensor; with nothing to pad, clone does the same
@@ -123,14 +119,11 @@ def _padded_launch(problem: GemmProblem, wide: bool, inner_launch):
 
     def launch(a, b, out=None):
         a_p = padded(a, (0, pad_k)) if copy_a else a
-        # not copied: b already is (the first N columns of) aligned Np-wide rows, and N == Np when wide
         b_p = padded(b, (0, pad_n, 0, pad_k)) if copy_b else b
-        if not wide:
-            return inner_launch(a_p, b_p[:, :n] if copy_b and pad_n else b_p, out)
+        if not pad_n:
+            return inner_launch(a_p, b_p, out)
         full = inner_launch(a_p, b_p, None)[:, :n]
-        if out is None:
-            return full.contiguous()
-        return out.copy_(full)
+        return full.contiguous() if out is None else out.copy_(full)
 
     return launch
 

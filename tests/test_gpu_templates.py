@@ -55,3 +55,26 @@ def test_fp16_col_major_and_fp32(template):
         pytest.skip("int8 only")
     _check_template(template, operand(48, 4000, "col", torch.float16), operand(4000, 40, "col", torch.float16))
     _check_template(template, operand(48, 4000, "row", torch.float32), operand(4000, 40, "row", torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int8])
+@pytest.mark.parametrize("m,n,k,la,lb", [(2047, 2047, 2047, "row", "row"), (33, 47, 200, "col", "sliced"),
+                                         (300, 200, 100, "row", "col")])
+def test_padded_choices_equal_torch(dtype, m, n, k, la, lb):
+    """Every padded choice returns what torch does: same shape, dtype, contiguity, and values (exact for int8)."""
+    from backends.padded import PaddedBackend
+
+    a, b = operand(m, k, la, dtype), operand(k, n, lb, dtype)
+    op = "int_mm" if dtype == torch.int8 else "mm"
+    p = GemmProblem.from_tensors(op, a, b)
+    backend = PaddedBackend()
+    assert backend.available(p)[0]
+    ref = (a.double() @ b.double())
+    for outcome in backend.build(p, backend.choices(p)[0]):
+        assert outcome.runner is not None, outcome.error
+        c = outcome.runner.launch(a, b, None)
+        assert c.shape == (m, n) and c.is_contiguous()
+        if op == "int_mm":
+            assert c.dtype == torch.int32 and torch.equal(c.double(), ref)
+        else:
+            assert c.dtype == dtype and rel_err(c, a, b) < 1e-2

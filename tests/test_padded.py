@@ -17,9 +17,9 @@ def test_offered_only_for_misaligned_problems():
     assert not is_aligned(odd)
     assert padded_dims(odd) == (2048, 2048)
     assert not PaddedBackend().available(problem(m=2048, n=2048, k=2048))[0]
-    inner = inner_problem(odd, "triton_mm")
-    assert (inner.k, inner.n, inner.stride_a, inner.stride_b) == (2048, 2047, (2048, 1), (2048, 1))
-    assert inner_problem(problem(m=40, n=33, k=65, dtype="int8", op="int_mm"), "aten_int_mm").n == 48
+    inner = inner_problem(odd)
+    assert (inner.k, inner.n, inner.stride_a, inner.stride_b) == (2048, 2048, (2048, 1), (2048, 1))
+    assert inner_problem(problem(m=40, n=33, k=65, dtype="int8", op="int_mm")).n == 48
 
 
 @interpreted
@@ -32,7 +32,7 @@ def test_every_padded_choice_matches_torch(dtype, m, n, k, la, lb):
     p = GemmProblem.from_tensors(op, a, b)
     backend = PaddedBackend()
     choices, skipped = backend.choices(p)
-    assert len(choices) >= 2 and not skipped
+    assert len(choices) >= (1 if dtype == torch.int8 else 2) and not skipped
     for outcome in backend.build(p, choices):
         assert outcome.runner is not None, outcome.error
         c = outcome.runner.launch(a, b, None)
