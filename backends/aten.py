@@ -16,6 +16,11 @@ def _int_mm(a, b, out):
     return torch._int_mm(a, b) if out is None else torch._int_mm(a, b, out=out)
 
 
+# what kernels.mm's warm path calls for out=None: torch's own function, no Python frame in between
+_mm.direct = torch.mm
+_int_mm.direct = torch._int_mm
+
+
 def int_mm_limits(problem: GemmProblem) -> str:
     """aten's own rules for torch._int_mm on CUDA (cuBLASLt): '' when it can run, else the reason."""
     if problem.device != "cuda":

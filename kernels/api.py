@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import threading
 
 import torch
@@ -30,12 +31,17 @@ _lock = threading.RLock()
 _store = SelectionStore()
 
 
+_FP32 = torch.float32
+_matmul_precision = torch.get_float32_matmul_precision
+_grad_enabled = torch.is_grad_enabled
+
+
 def _fast_key(op: str, a, b) -> tuple:
-    # everything GemmProblem is derived from, read as cheaply as torch allows
+    # everything GemmProblem is derived from, read as cheaply as torch allows (module-level aliases: no attribute
+    # lookups on `torch` per call; the grad mode is only asked when an input requires grad)
     return (op, a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.device, b.device,
-            a.data_ptr() % 16, b.data_ptr() % 16,
-            torch.get_float32_matmul_precision() if a.dtype is torch.float32 else None,
-            torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
+            a.data_ptr() & 15, b.data_ptr() & 15, _matmul_precision() if a.dtype is _FP32 else None,
+            (a.requires_grad or b.requires_grad) and _grad_enabled())
 
 
 def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dynamic=None) -> torch.Tensor:
@@ -43,12 +49,16 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dyn
     `dynamic`: dims whose size varies between calls ('m', 'm,k', kernels.Dynamic(...); None = config.dynamic_dims):
     one winner per size hint, each new shape served by one of them (see kernels.dynamic)."""
     try:
-        launch = _dispatch.get(_fast_key("mm", a, b) if dynamic is None else (_fast_key("mm", a, b), dynamic))
+        entry = _dispatch.get(_fast_key("mm", a, b) if dynamic is None else (_fast_key("mm", a, b), dynamic))
     except (AttributeError, TypeError):
-        launch = None
-    if launch is not None and (out is None or _out_matches(out, a, b, a.dtype)):
-        _memory_hits[0] += 1
-        return launch(a, b, out)
+        entry = None
+    if entry is not None:
+        if out is None:
+            _memory_hits[0] += 1
+            return entry[0](a, b)       # for aten winners this is torch.mm itself: no Python frame in between
+        if _out_matches(out, a, b, a.dtype):
+            _memory_hits[0] += 1
+            return entry[1](a, b, out)
     return _cold("mm", a, b, out, dynamic)
 
 
@@ -56,13 +66,30 @@ def int_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     """a @ b for 2-D int8 tensors, exact, with an int32 result. `dynamic` as for mm."""
     # mirrors mm() line for line on purpose: a shared helper would add a Python call to every warm call
     try:
-        launch = _dispatch.get(_fast_key("int_mm", a, b) if dynamic is None else (_fast_key("int_mm", a, b), dynamic))
+        entry = _dispatch.get(_fast_key("int_mm", a, b) if dynamic is None else (_fast_key("int_mm", a, b), dynamic))
     except (AttributeError, TypeError):
-        launch = None
-    if launch is not None and (out is None or _out_matches(out, a, b, torch.int32)):
-        _memory_hits[0] += 1
-        return launch(a, b, out)
+        entry = None
+    if entry is not None:
+        if out is None:
+            _memory_hits[0] += 1
+            return entry[0](a, b)
+        if _out_matches(out, a, b, torch.int32):
+            _memory_hits[0] += 1
+            return entry[1](a, b, out)
     return _cold("int_mm", a, b, out, dynamic)
+
+
+def _two_arg(launch):
+    """launch(a, b) for calls without `out`: the torch function itself for aten winners (they carry it as
+    `.direct`), the launcher when it accepts two arguments, else a wrapper passing out=None."""
+    direct = getattr(launch, "direct", None)
+    if direct is not None:
+        return direct
+    try:
+        inspect.signature(launch).bind(None, None)
+        return launch
+    except (TypeError, ValueError):
+        return lambda a, b: launch(a, b, None)
 
 
 def _out_matches(out, a, b, dtype) -> bool:
@@ -127,6 +154,7 @@ def _aten_launch(op: str):
     def launch(a, b, out=None):
         return fn(a, b) if out is None else fn(a, b, out=out)
 
+    launch.direct = fn
     return launch
 
 
@@ -159,7 +187,7 @@ def _cold(op: str, a, b, out, dynamic=None):
         with _device_ctx(a):
             launch = _launcher_for(problem) if dyn is None else _dynamic.launcher_for(problem, dyn)
     with _lock:
-        _dispatch[key] = launch
+        _dispatch[key] = (_two_arg(launch), launch)
     with _device_ctx(a):
         return launch(a, b, out)
 
