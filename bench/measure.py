@@ -156,11 +156,13 @@ def inductor_cell(problem: GemmProblem, sets, facts: DeviceFacts, budget_ms: flo
     result = check(problem, out, reference(problem, a, b))
     if not result.ok:
         return Cell("inductor", "failed", tune_s=cell.tune_s, message=f"wrong result: {result.message}")
-    timed = measure_together({"inductor": _calls(fn, sets), "aten": _calls(_aten_fn(problem.op), sets)},
-                             len(sets), "cuda", 2 * budget_ms)
+    calls = {"inductor": _calls(fn, sets)}
+    if not _aten_cannot_run(problem):
+        calls["aten"] = _calls(_aten_fn(problem.op), sets)
+    timed = measure_together(calls, len(sets), "cuda", 2 * budget_ms)
     t = timed["inductor"]
     cell.median_ms, cell.p20_ms, cell.p80_ms = t.median_ms, t.p20_ms, t.p80_ms
-    cell.aten_ms = timed["aten"].median_ms
+    cell.aten_ms = timed["aten"].median_ms if "aten" in timed else None
     fill_rates(cell, problem, facts)
     return cell
 
@@ -192,18 +194,31 @@ def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets, bud
     result = check(problem, out, reference(problem, a, b))
     if not result.ok:
         return KernelsMmResult("error", winner=sel.winner, message=f"wrong result: {result.message}")
-    timed = measure_together({"kernels": _calls(entry, sets), "torch": _calls(_aten_fn(problem.op), sets)},
-                             len(sets), device, 2 * budget_ms)
-    km, tm = timed["kernels"], timed["torch"]
+    why_not_torch = _aten_cannot_run(problem)
+    calls = {"kernels": _calls(entry, sets)}
+    if not why_not_torch:
+        calls["torch"] = _calls(_aten_fn(problem.op), sets)
+    timed = measure_together(calls, len(sets), device, 2 * budget_ms)
+    km, tm = timed["kernels"], timed.get("torch")
     ranked = sel.ranked()
     regret = None
     if ranked and isinstance(sel.timings.get(sel.winner), float):
         regret = sel.timings[sel.winner] / ranked[0][1] - 1.0
-    return KernelsMmResult("ok", winner=sel.winner, source=first_call_source(before, kernels.stats()), mm_ms=km.median_ms, mm_p20_ms=km.p20_ms,
-                           mm_p80_ms=km.p80_ms, torch_ms=tm.median_ms, torch_p20_ms=tm.p20_ms,
-                           torch_p80_ms=tm.p80_ms, speedup=tm.median_ms / km.median_ms, regret=regret,
-                           first_call_s=first,
-                           message="" if device == "cuda" else "CPU times: correctness only")
+    message = "CPU times: correctness only" if device != "cuda" else (
+        f"no torch baseline: {why_not_torch}" if why_not_torch else "")
+    return KernelsMmResult("ok", winner=sel.winner, source=first_call_source(before, kernels.stats()),
+                           mm_ms=km.median_ms, mm_p20_ms=km.p20_ms, mm_p80_ms=km.p80_ms,
+                           torch_ms=tm.median_ms if tm else None, torch_p20_ms=tm.p20_ms if tm else None,
+                           torch_p80_ms=tm.p80_ms if tm else None,
+                           speedup=tm.median_ms / km.median_ms if tm else None, regret=regret,
+                           first_call_s=first, message=message)
+
+
+def _aten_cannot_run(problem: GemmProblem) -> str:
+    """'' when torch's own function runs the problem (torch._int_mm refuses M <= 16 on CUDA), else why not."""
+    from backends.aten import int_mm_limits
+
+    return int_mm_limits(problem) if problem.op == "int_mm" else ""
 
 
 def first_call_source(before: dict, after: dict) -> str:

@@ -41,6 +41,9 @@ def _mm_row(r: KernelsMmResult) -> tuple[str, ...]:
     if r.status != "ok":
         return ("kernels.mm", f"error: {r.message}"[:120], "-", "-", "-", "-", _fmt(r.first_call_s, ".1f"))
     regret = f"regret {r.regret * 100:.1f}%" if r.regret is not None else "regret -"
+    if r.torch_ms is None:      # torch cannot run this problem (e.g. torch._int_mm with M <= 16)
+        return ("kernels.mm", f"{r.winner} [{r.source}, {regret}]", f"{_ms(r.mm_ms, r.mm_p20_ms, r.mm_p80_ms)} "
+                f"({r.message})"[:160], "-", "-", "-", _fmt(r.first_call_s, ".1f"))
     return ("kernels.mm", f"{r.winner} [{r.source}, {regret}]",
             f"{_ms(r.mm_ms, r.mm_p20_ms, r.mm_p80_ms)} vs torch {r.torch_ms:.4f}", "-", "-",
             f"{r.speedup:.2f}x torch", _fmt(r.first_call_s, ".1f"))

@@ -133,5 +133,5 @@ def summarize(columns: list[str], shapes: list[ShapeResult]) -> Summary:
     return Summary(geomean_speedup={c: geomean(v) for c, v in per_col.items()},
                    shapes_counted={c: len(v) for c, v in per_col.items()}, wins=wins,
                    best_overall_geomean=geomean(best_speedups),
-                   kernels_mm_geomean=geomean(r.speedup for r in km),
+                   kernels_mm_geomean=geomean(r.speedup for r in km if r.speedup is not None),
                    kernels_mm_max_regret=max(regrets) if regrets else None)
