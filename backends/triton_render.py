@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
 import json
+import math
 from dataclasses import asdict, dataclass
 
 import jinja2

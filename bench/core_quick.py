@@ -26,8 +26,8 @@ SUITES = {"core": (BF16, INT8), "issue3": (ISSUE3_BF16, ISSUE3_INT8)}
 
 def side_by_side(op: str, m: int, n: int, k: int) -> dict:
     import kernels
-    from kernels.autotune import _user_call
     from backends.base import Runner
+    from kernels.autotune import _user_call
     from kernels.choice import Choice
     from kernels.problem import GemmProblem
     from kernels.timing import measure_together, rotation_sets

@@ -4,8 +4,15 @@ Splitting K pays when the output has too few tiles to fill the GPU: the splits m
 """
 from __future__ import annotations
 
-from kernels.heuristics import (DEFAULT_NUM_SMS, INT32_MAX, GemmConfig, config_list, next_pow2, scale_config,
-                                supports)
+from kernels.heuristics import (
+    DEFAULT_NUM_SMS,
+    INT32_MAX,
+    GemmConfig,
+    config_list,
+    next_pow2,
+    scale_config,
+    supports,
+)
 from kernels.problem import GemmProblem
 
 MAX_WORKSPACE_ELEMENTS = 1 << 24          # fp32/int32 partials: 64 MiB at most

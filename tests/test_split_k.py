@@ -8,7 +8,12 @@ import torch
 from backends.triton import TritonBackend
 from backends.triton_templates import family
 from kernels.config import interpret_mode
-from kernels.heuristics_split_k import decompose_k_splits, decompose_k_tile, k_per_split, split_k_choices
+from kernels.heuristics_split_k import (
+    decompose_k_splits,
+    decompose_k_tile,
+    k_per_split,
+    split_k_choices,
+)
 from kernels.problem import GemmProblem
 from tests.test_heuristics import problem
 from tests.test_triton_interpreter import assert_close, operand

@@ -2,7 +2,14 @@
 from __future__ import annotations
 
 from backends.triton_launch import output_launch
-from backends.triton_render import dot_vars, even_k, gemm_args, layout_vars, ldc_multiple, make_spec
+from backends.triton_render import (
+    dot_vars,
+    even_k,
+    gemm_args,
+    layout_vars,
+    ldc_multiple,
+    make_spec,
+)
 from backends.triton_templates import TritonFamily
 from kernels.choice import Choice
 from kernels.heuristics import candidate_configs

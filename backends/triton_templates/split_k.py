@@ -5,12 +5,26 @@ from __future__ import annotations
 import torch
 
 from backends.triton_launch import output_launch
-from backends.triton_render import (dot_vars, even_k, gemm_args, int_arg, layout_vars,
-                                    ldc_multiple, make_spec, ptr)
+from backends.triton_render import (
+    dot_vars,
+    even_k,
+    gemm_args,
+    int_arg,
+    layout_vars,
+    ldc_multiple,
+    make_spec,
+    ptr,
+)
 from backends.triton_templates import TritonFamily
 from kernels.choice import Choice
-from kernels.heuristics_split_k import (cdiv, decompose_k_splits, decompose_k_tile, k_per_split, split_k_choices,
-                                        tiles)
+from kernels.heuristics_split_k import (
+    cdiv,
+    decompose_k_splits,
+    decompose_k_tile,
+    k_per_split,
+    split_k_choices,
+    tiles,
+)
 from kernels.problem import DTYPES_BY_NAME
 
 REDUCE_BLOCK = 1024
