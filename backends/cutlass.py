@@ -239,10 +239,11 @@ class CutlassBackend(Backend):
         picked = select(problem, {t: [c for tt, c in result if tt == t] for t in ranked}, limit)
         chosen = [Choice("cutlass", t, problem.dtype, None, c.params()) for t, c in picked]
         names = {c.name for c in chosen}
-        for template, cfg in result:
-            name = Choice("cutlass", template, problem.dtype, None, cfg.params()).name
-            if name not in names:
-                skipped[name] = f"ranked below the {limit} built per problem (KERNELS_CUTLASS_MAX_CONFIGS)"
+        below = [n for n in (Choice("cutlass", t, problem.dtype, None, c.params()).name for t, c in result)
+                 if n not in names]
+        if below:   # one line for the lot: dozens of "ranked below" rows would bury the real failures
+            skipped["cutlass (ranked cut)"] = (f"{len(below)} more candidates ranked below the {limit} built per "
+                                               f"problem (KERNELS_CUTLASS_MAX_CONFIGS), e.g. {', '.join(below[:3])}")
         return chosen, skipped
 
     def build(self, problem, choices):

@@ -147,3 +147,14 @@ def test_int8_choice_names_carry_no_duplicate_dtype():
     assert chosen and all(re.match(r"cutlass(3x_sm90|2x_sm80)_int8_mm_\d+x\d+x128_", c.name) for c in chosen)
     _, skipped = _backend().choices(problem(dtype="int8", la="row", lb="row"))
     assert set(skipped) == {SM90_I8, SM80_I8}
+
+
+def test_ranked_cut_is_one_summary_line_not_one_row_per_candidate():
+    config.cutlass_max_profiling_configs = 3
+    try:
+        chosen, skipped = CutlassBackend().choices(problem(4096, 4096, 4096))
+    finally:
+        config.reset()
+    assert chosen
+    assert not any("ranked below" in why for name, why in skipped.items() if name != "cutlass (ranked cut)")
+    assert re.match(r"\d+ more candidates ranked below the 3 built", skipped["cutlass (ranked cut)"])
