@@ -25,7 +25,7 @@ _ATEN = {"mm": torch.mm, "int_mm": torch._int_mm}
 # warm path: fast key -> launch(a, b, out). Filled on the first call of each problem.
 _dispatch: dict[tuple, object] = {}
 _selections: dict[GemmProblem, Selection] = {}
-_launchers: dict[GemmProblem, object] = {}
+_launchers: dict[tuple[GemmProblem, int], object] = {}    # (problem, device index) -> launch
 _memory_hits = [0]
 _lock = threading.RLock()
 _store = SelectionStore()
@@ -197,12 +197,15 @@ def _device_ctx(t):
 
 
 def _launcher_for(problem: GemmProblem):
+    """The launcher for the problem on the current device (callers enter the tensors' device first): a launcher
+    holds device-bound state (loaded functions, workspaces), so a second GPU gets its own, from the same selection."""
+    where = (problem, torch.cuda.current_device() if problem.device == "cuda" else -1)
     with _lock:
-        launch = _launchers.get(problem)
+        launch = _launchers.get(where)
         if launch is None:
             sel, launch = _select(problem)
             _selections[problem] = sel
-            _launchers[problem] = launch
+            _launchers[where] = launch
         return launch
 
 
