@@ -56,6 +56,11 @@ def _score(problem: GemmProblem, cfg) -> tuple:
     return (tiles >= DEFAULT_NUM_SMS, cfg.block_m * cfg.block_n, cfg.num_stages, cfg.num_warps)
 
 
+def rank_inner_configs(inner: GemmProblem, configs: list) -> list:
+    """Aligned Triton configs for a padded problem, best guess first (shared with the Triton padded family)."""
+    return sorted(configs, key=lambda c: _score(inner, c), reverse=True)
+
+
 class PaddedBackend(Backend):
     name = "padded"
 
@@ -72,8 +77,7 @@ class PaddedBackend(Backend):
         result = [Choice("padded", "padded_" + aten, problem.dtype)] if aten else []
         triton_ok, why = get_backend("triton").available(inner)
         if triton_ok:
-            configs = sorted(candidate_configs(inner, triton_template, space), key=lambda c: _score(inner, c),
-                             reverse=True)[:INNER_TRITON_CONFIGS]
+            configs = rank_inner_configs(inner, candidate_configs(inner, triton_template, space))[:INNER_TRITON_CONFIGS]
             result += [Choice("padded", "padded_" + triton_template, problem.dtype, cfg) for cfg in configs]
         skipped = {} if triton_ok else {"padded_" + triton_template: f"triton unavailable: {why}"}
         return result, skipped

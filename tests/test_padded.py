@@ -53,3 +53,37 @@ def test_misaligned_pointer_is_copied():
     backend = PaddedBackend()
     for outcome in backend.build(p, backend.choices(p)[0]):
         assert_close(outcome.runner.launch(a, b, None), a, b)
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int8])
+@pytest.mark.parametrize("m,n,k,la,lb", [(17, 33, 65, "row", "row"), (40, 9, 31, "col", "sliced"),
+                                         (33, 47, 200, "strided", "col")])
+def test_two_launch_triton_padded_matches_torch(dtype, m, n, k, la, lb):
+    """triton_padded_*: one copy kernel for both operands, then the mm writing the N-wide output directly."""
+    from backends.triton import TritonBackend
+    from backends.triton_templates import family
+
+    a, b = operand(m, k, la, dtype), operand(k, n, lb, dtype)
+    op = "int_mm" if dtype == torch.int8 else "mm"
+    template = "triton_padded_int8_mm" if op == "int_mm" else "triton_padded_mm"
+    p = GemmProblem.from_tensors(op, a, b)
+    choices, skipped = family(template).choices(p, template, "default")
+    if not choices:
+        pytest.skip(f"not offered: {skipped}")
+    for outcome in TritonBackend().build(p, choices[:2]):
+        assert outcome.runner is not None, outcome.error
+        for _ in range(2):                     # the padded buffers are reused: stale data must not leak
+            c = outcome.runner.launch(a, b, None)
+            assert c.shape == (m, n) and c.is_contiguous()
+            assert_close(c, a, b)
+        out = torch.empty(m, n + 3, dtype=c.dtype)[:, :n]
+        assert outcome.runner.launch(a, b, out) is out
+        assert_close(out, a, b)
+
+
+def test_two_launch_padded_not_offered_for_aligned_problems():
+    from backends.triton_templates import family
+
+    choices, skipped = family("triton_padded_mm").choices(problem(), "triton_padded_mm", "default")
+    assert choices == [] and "aligned" in skipped["triton_padded_mm"]

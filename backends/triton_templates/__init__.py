@@ -17,6 +17,8 @@ _MODULES = {
     "triton_int8_mm": "backends.triton_templates.mm",
     "triton_tma_mm": "backends.triton_templates.tma",
     "triton_tma_int8_mm": "backends.triton_templates.tma",
+    "triton_padded_mm": "backends.triton_templates.padded",
+    "triton_padded_int8_mm": "backends.triton_templates.padded",
     "split_k": ("backends.triton_templates.split_k", "SPLIT_K"),
     "decompose_k": ("backends.triton_templates.split_k", "DECOMPOSE_K"),
 }

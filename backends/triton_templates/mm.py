@@ -30,7 +30,8 @@ class MatmulFamily(TritonFamily):
         cfg = choice.config
         return [make_spec("mm.py.jinja", choice.name, gemm_args(problem), cfg.num_warps, cfg.num_stages,
                           block_m=cfg.block_m, block_n=cfg.block_n, block_k=cfg.block_k, group_m=cfg.group_m,
-                          even_k=even_k(problem, cfg.block_k), **layout_vars(problem), **dot_vars(problem))]
+                          even_k=even_k(problem, cfg.block_k), store_n="N", **layout_vars(problem),
+                          **dot_vars(problem))]
 
     def launcher(self, problem, choice, specs, handles):
         cfg = choice.config

@@ -1,0 +1,104 @@
+"""triton_padded_mm / triton_padded_int8_mm: a misaligned problem in two launches. One kernel copies both operands
+into zero-padded row-major buffers (K and N rounded up to 16 elements, so every load of the product vectorizes);
+the tiled mm then reads those and writes the caller's N-wide output directly. The `padded` backend does the same
+with torch ops (four launches); on a host-bound GPU the launches are what the call costs."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from backends.triton_launch import output_launch
+from backends.triton_render import (Arg, dot_vars, even_k, gemm_args, int_arg, layout_vars, ldc_multiple, make_spec,
+                                    ptr)
+from backends.triton_templates import TritonFamily
+from kernels.choice import Choice
+from kernels.heuristics import candidate_configs
+from kernels.heuristics_split_k import cdiv
+from kernels.problem import DTYPES_BY_NAME, GemmProblem
+
+PAD_BLOCK = (32, 128)       # rows x columns one copy program moves
+INNER_CONFIGS = 4
+INNER_TEMPLATE = {"triton_padded_mm": "triton_mm", "triton_padded_int8_mm": "triton_int8_mm"}
+
+
+def padded_shape(problem: GemmProblem) -> tuple[int, int]:
+    """(Kp, Np): K and N rounded up to 16 elements (the divisibility Triton vectorizes masked loads on)."""
+    return -(-problem.k // 16) * 16, -(-problem.n // 16) * 16
+
+
+def inner_problem(problem: GemmProblem) -> GemmProblem:
+    kp, np_ = padded_shape(problem)
+    return dataclasses.replace(problem, k=kp, n=np_, stride_a=(kp, 1), stride_b=(np_, 1), align_a=16, align_b=16)
+
+
+class PaddedTritonFamily(TritonFamily):
+    templates = ("triton_padded_mm", "triton_padded_int8_mm")
+
+    def choices(self, problem, template, space):
+        from backends.padded import is_aligned, rank_inner_configs
+
+        if is_aligned(problem):
+            return [], {template: "operands are already 16-byte aligned"}
+        inner = inner_problem(problem)
+        configs = rank_inner_configs(inner, candidate_configs(inner, INNER_TEMPLATE[template], space))
+        return [Choice("triton", template, problem.dtype, cfg) for cfg in configs[:INNER_CONFIGS]], {}
+
+    def specs(self, problem, choice):
+        cfg = choice.config
+        inner = inner_problem(problem)
+        kp, np_ = padded_shape(problem)
+        sa, sb = problem.stride_a, problem.stride_b
+        pad_args = [ptr("a_ptr", problem.dtype, problem.align_a >= 16), ptr("b_ptr", problem.dtype, problem.align_b >= 16),
+                    ptr("ap_ptr", problem.dtype), ptr("bp_ptr", problem.dtype),
+                    int_arg(problem, "M", problem.m, "m"), int_arg(problem, "N", problem.n, "n"),
+                    int_arg(problem, "K", problem.k, "k"), int_arg(problem, "Kp", kp, "k"),
+                    int_arg(problem, "Np", np_, "n"), int_arg(problem, "stride_am", sa[0]),
+                    int_arg(problem, "stride_ak", sa[1]), int_arg(problem, "stride_bk", sb[0]),
+                    int_arg(problem, "stride_bn", sb[1]), Arg("a_programs", "i32", False)]
+        pad = make_spec("pad2.py.jinja", choice.name + "_pad", pad_args, 4, 1, block_r=PAD_BLOCK[0],
+                        block_c=PAD_BLOCK[1], **layout_vars(problem))
+        mm_args = gemm_args(inner)
+        mm_args[10] = int_arg(problem, "stride_cm", problem.n, "n")          # the caller's N-wide output
+        mm_args.append(int_arg(problem, "N_OUT", problem.n, "n"))
+        mm = make_spec("mm.py.jinja", choice.name, mm_args, cfg.num_warps, cfg.num_stages, block_m=cfg.block_m,
+                       block_n=cfg.block_n, block_k=cfg.block_k, group_m=cfg.group_m, even_k=even_k(inner, cfg.block_k),
+                       store_n="N_OUT", **layout_vars(inner), **dot_vars(inner))
+        return [pad, mm]
+
+    def launcher(self, problem, choice, specs, handles):
+        cfg = choice.config
+        m, n, k = problem.m, problem.n, problem.k
+        kp, np_ = padded_shape(problem)
+        sa0, sa1 = problem.stride_a
+        sb0, sb1 = problem.stride_b
+        a_programs = cdiv(m, PAD_BLOCK[0]) * cdiv(kp, PAD_BLOCK[1])
+        b_programs = cdiv(kp, PAD_BLOCK[0]) * cdiv(np_, PAD_BLOCK[1])
+        pad = handles[0].bind((a_programs + b_programs, 1, 1))
+        mm = handles[1].bind((cdiv(m, cfg.block_m) * cdiv(np_, cfg.block_n), 1, 1))
+        device = handles[0].device
+        dtype = DTYPES_BY_NAME[problem.dtype]
+        stream = _stream_getter(device)
+        # the padded copies are rewritten whole by every call (zeros included), so one pair per stream is reused
+        buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def run_into(a, b, out, ldc):
+            s = stream()
+            bufs = buffers.get(s)
+            if bufs is None:
+                bufs = buffers[s] = (torch.empty(m * kp, dtype=dtype, device=device),
+                                     torch.empty(kp * np_, dtype=dtype, device=device))
+            pad(a, b, bufs[0], bufs[1], m, n, k, kp, np_, sa0, sa1, sb0, sb1, a_programs)
+            mm(bufs[0], bufs[1], out, m, np_, kp, kp, 1, np_, 1, ldc, 1, n)
+
+        return output_launch((m, n), DTYPES_BY_NAME[problem.out_dtype], device, ldc_multiple(specs[1]), run_into)
+
+
+def _stream_getter(device: torch.device):
+    if device.type != "cuda":
+        return lambda: 0
+    raw, index = torch._C._cuda_getCurrentRawStream, device.index
+    return lambda: raw(index)
+
+
+FAMILY = PaddedTritonFamily()
