@@ -120,6 +120,30 @@ def _ensure_allocator() -> None:
     _allocator_set[0] = True
 
 
+def stream_getter(device: torch.device) -> Callable[[], int]:
+    """() -> the current stream's handle on `device` (0 on CPU): the key for per-stream workspaces."""
+    if device.type != "cuda":
+        return lambda: 0
+    raw, index = torch._C._cuda_getCurrentRawStream, device.index
+    return lambda: raw(index)
+
+
+def per_stream(device: torch.device, make: Callable[[], object]) -> Callable[[], object]:
+    """() -> make()'s result for the current stream, made on first use there: workspaces that concurrent launches
+    on two streams must not share, allocated once rather than per call."""
+    stream = stream_getter(device)
+    made: dict[int, object] = {}
+
+    def get():
+        s = stream()
+        value = made.get(s)
+        if value is None:
+            value = made[s] = make()
+        return value
+
+    return get
+
+
 def needs_staging(out: torch.Tensor) -> bool:
     """Kernels write row-major, 16-byte aligned outputs; any other `out` gets a staging buffer and a copy."""
     return (out.stride(1) != 1 and out.shape[1] != 1) or out.data_ptr() % 16 != 0

@@ -8,7 +8,7 @@ import dataclasses
 
 import torch
 
-from backends.triton_launch import output_launch
+from backends.triton_launch import output_launch, per_stream
 from backends.triton_render import (Arg, dot_vars, even_k, gemm_args, int_arg, layout_vars, ldc_multiple, make_spec,
                                     ptr)
 from backends.triton_templates import TritonFamily
@@ -78,27 +78,17 @@ class PaddedTritonFamily(TritonFamily):
         mm = handles[1].bind((cdiv(m, cfg.block_m) * cdiv(np_, cfg.block_n), 1, 1))
         device = handles[0].device
         dtype = DTYPES_BY_NAME[problem.dtype]
-        stream = _stream_getter(device)
         # the padded copies are rewritten whole by every call (zeros included), so one pair per stream is reused
-        buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        buffers = per_stream(device, lambda: (torch.empty(m * kp, dtype=dtype, device=device),
+                                              torch.empty(kp * np_, dtype=dtype, device=device)))
 
         def run_into(a, b, out, ldc):
-            s = stream()
-            bufs = buffers.get(s)
-            if bufs is None:
-                bufs = buffers[s] = (torch.empty(m * kp, dtype=dtype, device=device),
-                                     torch.empty(kp * np_, dtype=dtype, device=device))
+            bufs = buffers()
             pad(a, b, bufs[0], bufs[1], m, n, k, kp, np_, sa0, sa1, sb0, sb1, a_programs)
             mm(bufs[0], bufs[1], out, m, np_, kp, kp, 1, np_, 1, ldc, 1, n)
 
         return output_launch((m, n), DTYPES_BY_NAME[problem.out_dtype], device, ldc_multiple(specs[1]), run_into)
 
-
-def _stream_getter(device: torch.device):
-    if device.type != "cuda":
-        return lambda: 0
-    raw, index = torch._C._cuda_getCurrentRawStream, device.index
-    return lambda: raw(index)
 
 
 FAMILY = PaddedTritonFamily()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from backends.triton_launch import output_launch
+from backends.triton_launch import output_launch, per_stream
 from backends.triton_render import (
     dot_vars,
     even_k,
@@ -44,12 +44,6 @@ def _partial_spec(problem, name, cfg, split, reduce, even, kps):
                      split=split, reduce=reduce, **layout_vars(problem), **dot_vars(problem))
 
 
-def _stream_getter(device: torch.device):
-    if device.type != "cuda":
-        return lambda: 0
-    raw, index = torch._C._cuda_getCurrentRawStream, device.index
-    return lambda: raw(index)
-
 
 class SplitKFamily(TritonFamily):
     templates = ("split_k",)
@@ -76,17 +70,12 @@ class SplitKFamily(TritonFamily):
         run = handles[0].bind((n_tiles, split, 1))
         device = handles[0].device
         acc_dtype = DTYPES_BY_NAME[_acc_dtype(problem)]
-        stream = _stream_getter(device)
-        # zeroed once; every launch leaves them zero again. One pair per stream: launches on two streams at once
-        # must not share partial sums.
-        workspaces: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # zeroed once; every launch leaves them zero again
+        workspace = per_stream(device, lambda: (torch.zeros(m * n, dtype=acc_dtype, device=device),
+                                                torch.zeros(n_tiles, dtype=torch.int32, device=device)))
 
         def run_into(a, b, out, ldc):
-            s = stream()
-            ws = workspaces.get(s)
-            if ws is None:
-                ws = workspaces[s] = (torch.zeros(m * n, dtype=acc_dtype, device=device),
-                                      torch.zeros(n_tiles, dtype=torch.int32, device=device))
+            ws = workspace()
             run(a, b, out, ws[0], ws[1], m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps)
 
         return output_launch((m, n), DTYPES_BY_NAME[problem.out_dtype], device, ldc_multiple(specs[0]), run_into)
@@ -123,14 +112,10 @@ class DecomposeKFamily(TritonFamily):
         reduce = handles[1].bind((cdiv(m * n, REDUCE_BLOCK), 1, 1))
         device = handles[0].device
         acc_dtype = DTYPES_BY_NAME[_acc_dtype(problem)]
-        stream = _stream_getter(device)
-        workspaces: dict[int, torch.Tensor] = {}
+        workspace = per_stream(device, lambda: torch.empty(split * m * n, dtype=acc_dtype, device=device))
 
         def run_into(a, b, out, ldc):
-            s = stream()
-            ws = workspaces.get(s)
-            if ws is None:
-                ws = workspaces[s] = torch.empty(split * m * n, dtype=acc_dtype, device=device)
+            ws = workspace()
             partial(a, b, out, ws, m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps)
             reduce(ws, out, m * n, n, ldc)
 
