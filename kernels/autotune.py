@@ -120,9 +120,12 @@ def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, di
         bytes_per_set = (problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes
         n_sets = rotation_sets(bytes_per_set, device)
         sets = [(a, b)] + [make_inputs(problem, device, seed=s) for s in range(1, n_sets)]
+        best = float("inf")
         for cname, runner in list(verified.items()):
             try:
-                t = measure(_user_call(runner, sets), n_sets, device, config.bench_budget_ms)
+                t = measure(_user_call(runner, sets), n_sets, device, config.bench_budget_ms,
+                            stop_above_ms=best * config.tune_cutoff)
+                best = min(best, t.median_ms)
                 counters.bump("benchmarks")
                 timings[cname] = t.median_ms
                 details[cname] = t.as_dict()

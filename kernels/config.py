@@ -179,6 +179,9 @@ class Config:
     tie_tolerance = _Setting("KERNELS_TIE_TOLERANCE", lambda: 0.01, float)
     # milliseconds of measurement per candidate (spread over samples)
     bench_budget_ms = _Setting("KERNELS_BENCH_MS", lambda: 40.0, float)
+    # a candidate already this many times slower than the best so far after a few samples stops being measured
+    # (it cannot win; the fastest few are re-timed side by side anyway)
+    tune_cutoff = _Setting("KERNELS_TUNE_CUTOFF", lambda: 1.25, float)
     # seconds to wait for another process that is tuning the same problem
     lock_timeout_s = _Setting("KERNELS_LOCK_TIMEOUT", lambda: 600.0, float)
     # CUTLASS: how many candidates are built per problem (the best-ranked by kernels.heuristics_cutlass, not by name)

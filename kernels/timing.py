@@ -83,14 +83,19 @@ class Sampler:
 
 
 def measure(call: Call, n_sets: int, device: str, budget_ms: float, min_samples: int = 5,
-            max_samples: int = 50) -> Timing:
+            max_samples: int = 50, stop_above_ms: float | None = None) -> Timing:
+    """Median of up to `budget_ms` of samples. With `stop_above_ms`, a candidate whose median after `min_samples`
+    is already above it stops there: it is out of the running, and the full budget is spent on contenders."""
     sampler = Sampler(call, n_sets, device)
     est = sampler.plan()
     per_sample = max(est * sampler.calls_per_sample, 1e-3)
     n = int(min(max_samples, max(min_samples, budget_ms // per_sample)))
     if device != "cuda":
         n = min(n, 3)
-    return summarize([sampler.sample() for _ in range(n)], sampler.calls_per_sample)
+    samples = [sampler.sample() for _ in range(min(n, min_samples))]
+    if stop_above_ms is None or statistics.median(samples) <= stop_above_ms:
+        samples += [sampler.sample() for _ in range(n - len(samples))]
+    return summarize(samples, sampler.calls_per_sample)
 
 
 def measure_together(calls: dict[str, Call], n_sets: int, device: str, budget_ms: float,
