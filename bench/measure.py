@@ -72,7 +72,9 @@ def tune_backends(problem: GemmProblem, backends: tuple[str, ...]) -> TuneOutcom
 def _unavailable_note(notes: list[str], backend: str) -> str | None:
     for note in notes:
         for part in note.split("; "):
-            if part.startswith(f"{backend} unavailable:") or part.startswith(f"{backend} failed:"):
+            if part.startswith(f"{backend} unavailable: "):
+                return part[len(f"{backend} unavailable: "):]      # the cell's status already says unavailable
+            if part.startswith(f"{backend} failed:"):
                 return part
     return None
 
