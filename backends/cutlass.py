@@ -275,6 +275,43 @@ class CutlassBackend(Backend):
                         outcomes[p.index] = self._finish(problem, p)
         return [outcomes[i] for i in range(len(choices))]
 
+    def compile_only(self, problem: GemmProblem, choices: list[Choice]) -> list[BuildOutcome]:
+        """Render and build the binaries without loading or running them: what a machine without a GPU can check.
+        An outcome with neither runner nor error is a binary that built (or was already in the artifact store)."""
+        outcomes: list[BuildOutcome | None] = []
+        pending: list[_Prepared] = []
+        for choice in choices:
+            start = time.perf_counter()
+            try:
+                key, paths, source = self.artifact_paths(problem, choice)
+                spec = spec_for(problem, choice)
+            except Exception as e:  # noqa: BLE001
+                outcomes.append(BuildOutcome(choice, None, f"render failed: {type(e).__name__}: {e}"))
+                continue
+            if artifact_valid(paths, key):
+                outcomes.append(BuildOutcome(choice, None, None, compiled=False))
+                continue
+            write_if_different(paths.source, source)
+            pending.append(_Prepared(len(outcomes), choice, spec, key, paths, start))
+            outcomes.append(None)
+        if pending:
+            with file_lock(self.root / "build.lock", config.lock_timeout_s):
+                todo = [p for p in pending if not artifact_valid(p.paths, p.key)]
+                if todo:
+                    self._compile(todo)
+                for p in pending:
+                    seconds = time.perf_counter() - p.start
+                    if p in todo and p.paths.binary.exists():
+                        publish_marker(p.paths, p.key, {"choice": p.choice.name, "arch": p.spec.arch,
+                                                        "flags": list(p.spec.flags), "nvcc": self.tools.nvcc_version,
+                                                        "cutlass": self.tools.cutlass.version})
+                    if p.paths.binary.exists():
+                        outcomes[p.index] = BuildOutcome(p.choice, None, None, compiled=p in todo, seconds=seconds)
+                    else:
+                        outcomes[p.index] = BuildOutcome(p.choice, None, f"compile failed (log {p.paths.log})",
+                                                         compiled=True, seconds=seconds)
+        return outcomes
+
     def measure_isolated(self, problem, runners, budget_ms):
         from backends.cutlass_child import run_isolated
 

@@ -152,7 +152,10 @@ def _measure_shape(args, columns, flt, backends_all, problem, facts, sr, no_gpu,
     from bench import measure as m
 
     outcomes = {}
+    compile_only = no_gpu and "cutlass" in backends_all      # no GPU: CUTLASS is built, not run
     for backend in backends_all:
+        if compile_only and backend == "cutlass":
+            continue
         tuned = ("aten",) if backend == "aten" else ("aten", backend)
         progress(f"{where}: tuning {'+'.join(tuned)}")
         out = m.tune_backends(problem, tuned)
@@ -165,6 +168,8 @@ def _measure_shape(args, columns, flt, backends_all, problem, facts, sr, no_gpu,
     sets = None
     if not args.no_kernels_mm:
         mm_backends = backends_all if "aten" in backends_all else ("aten",) + backends_all
+        if compile_only:
+            mm_backends = tuple(b for b in mm_backends if b != "cutlass")
         for out in outcomes.values():
             if out.backends == mm_backends:
                 m.seed_selection(out)    # kernels.mm serves this very tune instead of tuning again
@@ -176,6 +181,9 @@ def _measure_shape(args, columns, flt, backends_all, problem, facts, sr, no_gpu,
             sets = sets or m.rotated_sets(problem, problem.device)
             progress(f"{where}: inductor compile (max-autotune-no-cudagraphs)")
             sr.cells[col.name] = m.inductor_cell(problem, sets, facts, _budget())
+        elif compile_only and col.backend == "cutlass":
+            progress(f"{where}: {col.name} compile-only (no GPU)")
+            sr.cells[col.name] = m.cutlass_compile_cell(col, problem)
         else:
             sr.cells[col.name] = m.tuned_cell(col, outcomes[col.backend], problem, facts, flt, no_gpu)
 

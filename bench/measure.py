@@ -3,6 +3,7 @@ with kernels.timing on the same rotated inputs. Every failure becomes a Cell, ne
 (unless the caller asked not to keep going)."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -233,3 +234,26 @@ def first_call_source(before: dict, after: dict) -> str:
     if after.get("cpu_fallbacks", 0) > before.get("cpu_fallbacks", 0):
         return "cpu-fallback"
     return "memory"
+
+
+def cutlass_compile_cell(column: Column, problem: GemmProblem, arch: int = 90) -> Cell:
+    """No GPU: build the best-ranked CUTLASS candidate of the column for the problem as an sm90 device would run
+    it (compile-only: nvcc and the CUTLASS headers are checked, nothing runs)."""
+    from backends import get_backend
+
+    backend = get_backend("cutlass")
+    target = dataclasses.replace(problem, device="cuda", arch=arch, device_name=f"sm{arch} (compile-only)")
+    ok, why = backend.available(target)
+    if not ok:
+        return Cell(column.name, "unavailable", message=why)
+    choices = [c for c in backend.choices(target)[0] if column.owns(c)]
+    if not choices:
+        return Cell(column.name, "unavailable", message=f"no CUTLASS config for {problem.short()}")
+    start = time.perf_counter()
+    outcome = backend.compile_only(target, choices[:1])[0]
+    seconds = time.perf_counter() - start
+    if outcome.error:
+        return Cell(column.name, "failed", best=outcome.choice.name, tune_s=seconds, message=outcome.error[:300])
+    return Cell(column.name, "compiled", best=outcome.choice.name, tune_s=seconds,
+                message=f"compile-only (no GPU): {outcome.choice.name} built for sm{arch}a"
+                        f"{'' if outcome.compiled else ' (already in the artifact store)'}")
