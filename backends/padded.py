@@ -11,17 +11,13 @@ import torch.nn.functional as F
 
 from backends.base import Backend, BuildOutcome, Runner
 from kernels.choice import Choice
-from kernels.heuristics import DEFAULT_NUM_SMS, candidate_configs
+from kernels.heuristics import DEFAULT_NUM_SMS, candidate_configs, output_tiles, round_up
 from kernels.problem import GemmProblem
 
 INNER_TRITON_CONFIGS = 4      # aligned Triton configs tried behind the padding (aten is always tried)
 # int_mm has no aten inner choice: cuBLASLt's int8 path refuses the row-major padded B (CUBLAS_STATUS_NOT_SUPPORTED
 # on the H200) and Triton's int8 kernel is twice as fast as torch._int_mm anyway
 INNER_TEMPLATES = {"mm": ("aten_mm", "triton_mm"), "int_mm": (None, "triton_int8_mm")}
-
-
-def _round_up(x: int, multiple: int) -> int:
-    return -(-x // multiple) * multiple
 
 
 def is_aligned(problem: GemmProblem) -> bool:
@@ -33,7 +29,7 @@ def is_aligned(problem: GemmProblem) -> bool:
 def padded_dims(problem: GemmProblem) -> tuple[int, int]:
     """(K, N) rounded up so that row-major rows of A (length K) and of B (length N) start 16-byte aligned."""
     elems = 16 // problem.elem_bytes
-    return _round_up(problem.k, elems), _round_up(problem.n, elems)
+    return round_up(problem.k, elems), round_up(problem.n, elems)
 
 
 def inner_problem(problem: GemmProblem) -> GemmProblem:
@@ -50,15 +46,14 @@ def _inner_choice(choice: Choice) -> Choice:
     return Choice(backend, template, choice.dtype, choice.config, choice.params)
 
 
-def _score(problem: GemmProblem, cfg) -> tuple:
-    """Rank aligned Triton configs for the padded problem: a full wave of tiles first, then the largest tiles."""
-    tiles = -(-problem.m // cfg.block_m) * -(-problem.n // cfg.block_n)
-    return (tiles >= DEFAULT_NUM_SMS, cfg.block_m * cfg.block_n, cfg.num_stages, cfg.num_warps)
+def inner_triton_configs(inner: GemmProblem, template: str, space: str) -> list:
+    """The few aligned Triton configs tried behind padding (here and in the Triton padded family): a full wave of
+    tiles first, then the largest tiles."""
+    def score(cfg) -> tuple:
+        return (output_tiles(inner, cfg) >= DEFAULT_NUM_SMS, cfg.block_m * cfg.block_n, cfg.num_stages,
+                cfg.num_warps)
 
-
-def rank_inner_configs(inner: GemmProblem, configs: list) -> list:
-    """Aligned Triton configs for a padded problem, best guess first (shared with the Triton padded family)."""
-    return sorted(configs, key=lambda c: _score(inner, c), reverse=True)
+    return sorted(candidate_configs(inner, template, space), key=score, reverse=True)[:INNER_TRITON_CONFIGS]
 
 
 class PaddedBackend(Backend):
@@ -77,7 +72,7 @@ class PaddedBackend(Backend):
         result = [Choice("padded", "padded_" + aten, problem.dtype)] if aten else []
         triton_ok, why = get_backend("triton").available(inner)
         if triton_ok:
-            configs = rank_inner_configs(inner, candidate_configs(inner, triton_template, space))[:INNER_TRITON_CONFIGS]
+            configs = inner_triton_configs(inner, triton_template, space)
             result += [Choice("padded", "padded_" + triton_template, problem.dtype, cfg) for cfg in configs]
         skipped = {} if triton_ok else {"padded_" + triton_template: f"triton unavailable: {why}"}
         return result, skipped

@@ -68,9 +68,9 @@ def int_arg(problem: GemmProblem, name: str, value: int, dims: str = "") -> Arg:
     return Arg(name, "i32", value % 16 == 0 and not any(d in problem.dynamic for d in dims))
 
 
-def gemm_args(problem: GemmProblem) -> list[Arg]:
+def gemm_args(problem: GemmProblem, out_cols: int | None = None) -> list[Arg]:
     """a, b, c, M, N, K and the six strides: the argument list every GEMM template starts with. The output is ours
-    (or checked at launch): row-major with row stride N."""
+    (or checked at launch): row-major with row stride `out_cols` (default N)."""
     sa, sb = problem.stride_a, problem.stride_b
     return [ptr("a_ptr", problem.dtype, problem.align_a >= 16), ptr("b_ptr", problem.dtype, problem.align_b >= 16),
             ptr("c_ptr", problem.out_dtype),
@@ -78,7 +78,8 @@ def gemm_args(problem: GemmProblem) -> list[Arg]:
             int_arg(problem, "K", problem.k, "k"),
             int_arg(problem, "stride_am", sa[0]), int_arg(problem, "stride_ak", sa[1]),
             int_arg(problem, "stride_bk", sb[0]), int_arg(problem, "stride_bn", sb[1]),
-            int_arg(problem, "stride_cm", problem.n, "n"), Arg("stride_cn", "i32", False)]
+            int_arg(problem, "stride_cm", problem.n if out_cols is None else out_cols, "n"),
+            Arg("stride_cn", "i32", False)]
 
 
 def ldc_multiple(spec: TritonKernelSpec, row_bytes_multiple: int = 1, out_bytes: int = 1) -> int:

@@ -65,6 +65,19 @@ def exhaustive_configs() -> list[GemmConfig]:
         space["group_m"])]
 
 
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def round_up(x: int, multiple: int) -> int:
+    return cdiv(x, multiple) * multiple
+
+
+def output_tiles(problem: GemmProblem, config: GemmConfig) -> int:
+    """How many BLOCK_M x BLOCK_N tiles cover the output."""
+    return cdiv(problem.m, config.block_m) * cdiv(problem.n, config.block_n)
+
+
 def next_pow2(x: int) -> int:
     return 1 if x <= 1 else 1 << (x - 1).bit_length()
 

@@ -8,8 +8,10 @@ from kernels.heuristics import (
     DEFAULT_NUM_SMS,
     INT32_MAX,
     GemmConfig,
+    cdiv,
     config_list,
     next_pow2,
+    output_tiles,
     scale_config,
     supports,
 )
@@ -17,14 +19,6 @@ from kernels.problem import GemmProblem
 
 MAX_WORKSPACE_ELEMENTS = 1 << 24          # fp32/int32 partials: 64 MiB at most
 WAVE_TARGETS = (1, 2, 4)                  # aim tiles * split at this many waves of programs
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def tiles(problem: GemmProblem, cfg: GemmConfig) -> int:
-    return cdiv(problem.m, cfg.block_m) * cdiv(problem.n, cfg.block_n)
 
 
 def k_per_split(k: int, split: int, block_k: int) -> int:
@@ -43,7 +37,7 @@ def split_k_choices(problem: GemmProblem, space: str = "default",
         if cfg in seen or not supports(problem, "split_k", cfg)[0]:
             continue
         seen.add(cfg)
-        n_tiles = tiles(problem, cfg)
+        n_tiles = output_tiles(problem, cfg)
         if n_tiles >= 2 * num_sms:
             continue                      # enough tiles to fill the GPU without splitting
         k_blocks = cdiv(problem.k, cfg.block_k)
@@ -71,7 +65,7 @@ def decompose_k_splits(problem: GemmProblem, num_sms: int = DEFAULT_NUM_SMS, lim
     if max(divisors) * m * n > INT32_MAX:
         divisors = [s for s in divisors if s * m * n <= INT32_MAX]
     cfg = decompose_k_tile(problem, divisors[0])
-    n_tiles = tiles(problem, cfg)
+    n_tiles = output_tiles(problem, cfg)
     pow2 = [s for s in divisors if s & (s - 1) == 0]
     pool = pow2 or divisors
     ranked = sorted(pool, key=lambda s: abs((n_tiles * s) / num_sms - 1.5))

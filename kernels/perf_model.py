@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kernels.choice import Choice
+from kernels.heuristics import cdiv
 from kernels.problem import GemmProblem
 
 
@@ -117,10 +118,6 @@ def tile_of(problem: GemmProblem, choice: Choice) -> Tile | None:
     return None
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 @dataclass(frozen=True)
 class Estimate:
     """The analytic model's pieces for one candidate (also features for the learned model)."""
@@ -138,9 +135,9 @@ def estimate(problem: GemmProblem, tile: Tile, spec: GpuSpec) -> Estimate:
     m, n, k = problem.m, problem.n, problem.k
     e = problem.elem_bytes
     bm, bn, bk, s, w = tile.block_m, tile.block_n, tile.block_k, max(tile.stages, 1), max(tile.warps, 1)
-    tiles = _cdiv(m, bm) * _cdiv(n, bn) * tile.split_k
-    k_part = _cdiv(k, tile.split_k)
-    k_iters = max(1, _cdiv(k_part, bk))
+    tiles = cdiv(m, bm) * cdiv(n, bn) * tile.split_k
+    k_part = cdiv(k, tile.split_k)
+    k_iters = max(1, cdiv(k_part, bk))
     smem = e * (bm + bn) * bk * s
     threads = 32 * w
     regs = min(255, 32 + bm * bn // threads + (bm + bn) * bk * e // (4 * threads))
@@ -152,7 +149,7 @@ def estimate(problem: GemmProblem, tile: Tile, spec: GpuSpec) -> Estimate:
         waves = max(1, math.ceil(waves_f))
         wave_eff = 1.0
     else:
-        waves = _cdiv(tiles, slots)
+        waves = cdiv(tiles, slots)
         waves_f = float(waves)
         wave_eff = tiles / (waves * slots)
     peak_sm = spec.tflops[dtype_key(problem)] * 1e12 / spec.sms          # FLOP/s per SM
@@ -186,7 +183,7 @@ def estimate(problem: GemmProblem, tile: Tile, spec: GpuSpec) -> Estimate:
     if tile.split_k > 1:                                                 # partial results: written, read, reduced
         t_compute += 2 * tile.split_k * m * n * 4 / (spec.hbm_tbs * 1e12)
     # DRAM: operands re-read across tile columns/rows beyond what L2 reuse (grouped ordering) keeps
-    traffic = (m * k * _cdiv(n, bn) + k * n * _cdiv(m, bm)) * e
+    traffic = (m * k * cdiv(n, bn) + k * n * cdiv(m, bm)) * e
     dram = max(problem.min_bytes, traffic / max(1.0, 2.0 * tile.group_m))
     t_dram = dram / (spec.hbm_tbs * 1e12)
     t_floor = problem.flops / (spec.tflops[dtype_key(problem)] * 1e12)

@@ -12,12 +12,8 @@ from backends.triton_render import (
 )
 from backends.triton_templates import TritonFamily
 from kernels.choice import Choice
-from kernels.heuristics import candidate_configs
+from kernels.heuristics import candidate_configs, output_tiles
 from kernels.problem import DTYPES_BY_NAME
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class MatmulFamily(TritonFamily):
@@ -38,7 +34,7 @@ class MatmulFamily(TritonFamily):
         m, n, k = problem.m, problem.n, problem.k
         sa0, sa1 = problem.stride_a
         sb0, sb1 = problem.stride_b
-        run = handles[0].bind((cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n), 1, 1))
+        run = handles[0].bind((output_tiles(problem, cfg), 1, 1))
 
         def run_into(a, b, out, ldc):
             run(a, b, out, m, n, k, sa0, sa1, sb0, sb1, ldc, 1)

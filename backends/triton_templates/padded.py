@@ -13,18 +13,16 @@ from backends.triton_render import (Arg, dot_vars, even_k, gemm_args, int_arg, l
                                     ptr)
 from backends.triton_templates import TritonFamily
 from kernels.choice import Choice
-from kernels.heuristics import candidate_configs
-from kernels.heuristics_split_k import cdiv
+from kernels.heuristics import cdiv, round_up
 from kernels.problem import DTYPES_BY_NAME, GemmProblem
 
 PAD_BLOCK = (32, 128)       # rows x columns one copy program moves
-INNER_CONFIGS = 4
 INNER_TEMPLATE = {"triton_padded_mm": "triton_mm", "triton_padded_int8_mm": "triton_int8_mm"}
 
 
 def padded_shape(problem: GemmProblem) -> tuple[int, int]:
     """(Kp, Np): K and N rounded up to 16 elements (the divisibility Triton vectorizes masked loads on)."""
-    return -(-problem.k // 16) * 16, -(-problem.n // 16) * 16
+    return round_up(problem.k, 16), round_up(problem.n, 16)
 
 
 def inner_problem(problem: GemmProblem) -> GemmProblem:
@@ -36,13 +34,12 @@ class PaddedTritonFamily(TritonFamily):
     templates = ("triton_padded_mm", "triton_padded_int8_mm")
 
     def choices(self, problem, template, space):
-        from backends.padded import is_aligned, rank_inner_configs
+        from backends.padded import inner_triton_configs, is_aligned
 
         if is_aligned(problem):
             return [], {template: "operands are already 16-byte aligned"}
-        inner = inner_problem(problem)
-        configs = rank_inner_configs(inner, candidate_configs(inner, INNER_TEMPLATE[template], space))
-        return [Choice("triton", template, problem.dtype, cfg) for cfg in configs[:INNER_CONFIGS]], {}
+        configs = inner_triton_configs(inner_problem(problem), INNER_TEMPLATE[template], space)
+        return [Choice("triton", template, problem.dtype, cfg) for cfg in configs], {}
 
     def specs(self, problem, choice):
         cfg = choice.config
@@ -58,9 +55,8 @@ class PaddedTritonFamily(TritonFamily):
                     int_arg(problem, "stride_bn", sb[1]), Arg("a_programs", "i32", False)]
         pad = make_spec("pad2.py.jinja", choice.name + "_pad", pad_args, 4, 1, block_r=PAD_BLOCK[0],
                         block_c=PAD_BLOCK[1], **layout_vars(problem))
-        mm_args = gemm_args(inner)
-        mm_args[10] = int_arg(problem, "stride_cm", problem.n, "n")          # the caller's N-wide output
-        mm_args.append(int_arg(problem, "N_OUT", problem.n, "n"))
+        # B is Np wide, the caller's output N wide
+        mm_args = gemm_args(inner, out_cols=problem.n) + [int_arg(problem, "N_OUT", problem.n, "n")]
         mm = make_spec("mm.py.jinja", choice.name, mm_args, cfg.num_warps, cfg.num_stages, block_m=cfg.block_m,
                        block_n=cfg.block_n, block_k=cfg.block_k, group_m=cfg.group_m, even_k=even_k(inner, cfg.block_k),
                        store_n="N_OUT", **layout_vars(inner), **dot_vars(inner))
@@ -88,7 +84,6 @@ class PaddedTritonFamily(TritonFamily):
             mm(bufs[0], bufs[1], out, m, np_, kp, kp, 1, np_, 1, ldc, 1, n)
 
         return output_launch((m, n), DTYPES_BY_NAME[problem.out_dtype], device, ldc_multiple(specs[1]), run_into)
-
 
 
 FAMILY = PaddedTritonFamily()

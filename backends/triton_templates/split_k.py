@@ -17,14 +17,8 @@ from backends.triton_render import (
 )
 from backends.triton_templates import TritonFamily
 from kernels.choice import Choice
-from kernels.heuristics_split_k import (
-    cdiv,
-    decompose_k_splits,
-    decompose_k_tile,
-    k_per_split,
-    split_k_choices,
-    tiles,
-)
+from kernels.heuristics import cdiv, output_tiles
+from kernels.heuristics_split_k import decompose_k_splits, decompose_k_tile, k_per_split, split_k_choices
 from kernels.problem import DTYPES_BY_NAME
 
 REDUCE_BLOCK = 1024
@@ -42,7 +36,6 @@ def _partial_spec(problem, name, cfg, split, reduce, even, kps):
     return make_spec("split_k.py.jinja", name, args, cfg.num_warps, cfg.num_stages, block_m=cfg.block_m,
                      block_n=cfg.block_n, block_k=cfg.block_k, group_m=cfg.group_m, even_k=even,
                      split=split, reduce=reduce, **layout_vars(problem), **dot_vars(problem))
-
 
 
 class SplitKFamily(TritonFamily):
@@ -66,7 +59,7 @@ class SplitKFamily(TritonFamily):
         m, n, k = problem.m, problem.n, problem.k
         sa0, sa1 = problem.stride_a
         sb0, sb1 = problem.stride_b
-        n_tiles, kps = tiles(problem, cfg), k_per_split(k, split, cfg.block_k)
+        n_tiles, kps = output_tiles(problem, cfg), k_per_split(k, split, cfg.block_k)
         run = handles[0].bind((n_tiles, split, 1))
         device = handles[0].device
         acc_dtype = DTYPES_BY_NAME[_acc_dtype(problem)]
@@ -108,7 +101,7 @@ class DecomposeKFamily(TritonFamily):
         sa0, sa1 = problem.stride_a
         sb0, sb1 = problem.stride_b
         kps = k // split
-        partial = handles[0].bind((tiles(problem, cfg), split, 1))
+        partial = handles[0].bind((output_tiles(problem, cfg), split, 1))
         reduce = handles[1].bind((cdiv(m * n, REDUCE_BLOCK), 1, 1))
         device = handles[0].device
         acc_dtype = DTYPES_BY_NAME[_acc_dtype(problem)]

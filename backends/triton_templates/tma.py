@@ -11,8 +11,7 @@ from backends.triton_launch import output_launch
 from backends.triton_render import dot_vars, int_arg, ldc_multiple, make_spec, ptr
 from backends.triton_templates import TritonFamily
 from kernels.choice import Choice
-from kernels.heuristics import candidate_configs, shared_memory_limit
-from kernels.heuristics_split_k import cdiv
+from kernels.heuristics import candidate_configs, output_tiles, shared_memory_limit
 from kernels.problem import DTYPE_BYTES, DTYPES_BY_NAME, GemmProblem
 
 SUBTILE_MIN_TILE = 128 * 256      # tiles at least this large also get an epilogue-subtiled variant
@@ -78,8 +77,7 @@ class TmaFamily(TritonFamily):
         lead_a = problem.stride_a[0] if problem.layout_a == "row" else problem.stride_a[1]
         lead_b = problem.stride_b[0] if problem.layout_b == "row" else problem.stride_b[1]
         device = handles[0].device
-        tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
-        programs = min(tiles, _num_sms(device.index) if device.type == "cuda" else INTERPRETER_PROGRAMS)
+        programs = min(output_tiles(problem, cfg), _num_sms(device.index) if device.type == "cuda" else INTERPRETER_PROGRAMS)
         run = handles[0].bind((programs, 1, 1))
 
         def run_into(a, b, out, ldc):
