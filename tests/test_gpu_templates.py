@@ -3,10 +3,10 @@ the issue-3 target shapes, with repeated calls (split_k's workspace must stay cl
 import pytest
 import torch
 
-from backends.triton import TritonBackend
-from backends.triton_templates import family, templates
+from backends.triton_templates import templates
 from kernels.problem import GemmProblem
 from tests.test_gpu_core import operand, rel_err
+from tests.triton_util import build_offered, op_of
 
 pytestmark = pytest.mark.gpu
 
@@ -16,14 +16,8 @@ INT8_SHAPES = [(32, 32, 4096), (1024, 22016, 4096), (64, 64, 8192), (17, 40, 300
 
 
 def _check_template(template, a, b, limit=3):
-    op = "int_mm" if a.dtype == torch.int8 else "mm"
-    p = GemmProblem.from_tensors(op, a, b)
-    choices, skipped = family(template).choices(p, template, "default")
-    if not choices:
-        pytest.skip(f"{template} not offered: {skipped}")
-    backend = TritonBackend()
-    for outcome in backend.build(p, choices[:limit]):
-        assert outcome.runner is not None, outcome.error
+    op = op_of(a)
+    for outcome in build_offered(template, a, b, limit):
         for call in range(12 if template == "split_k" else 3):     # split_k: its workspace must stay clean
             c = outcome.runner.launch(a, b, None)
             if op == "int_mm":

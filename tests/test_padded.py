@@ -61,18 +61,11 @@ def test_misaligned_pointer_is_copied():
                                          (33, 47, 200, "strided", "col")])
 def test_two_launch_triton_padded_matches_torch(dtype, m, n, k, la, lb):
     """triton_padded_*: one copy kernel for both operands, then the mm writing the N-wide output directly."""
-    from backends.triton import TritonBackend
-    from backends.triton_templates import family
+    from tests.triton_util import build_offered
 
     a, b = operand(m, k, la, dtype), operand(k, n, lb, dtype)
-    op = "int_mm" if dtype == torch.int8 else "mm"
-    template = "triton_padded_int8_mm" if op == "int_mm" else "triton_padded_mm"
-    p = GemmProblem.from_tensors(op, a, b)
-    choices, skipped = family(template).choices(p, template, "default")
-    if not choices:
-        pytest.skip(f"not offered: {skipped}")
-    for outcome in TritonBackend().build(p, choices[:2]):
-        assert outcome.runner is not None, outcome.error
+    template = "triton_padded_int8_mm" if dtype == torch.int8 else "triton_padded_mm"
+    for outcome in build_offered(template, a, b, limit=2):
         for _ in range(2):                     # the padded buffers are reused: stale data must not leak
             c = outcome.runner.launch(a, b, None)
             assert c.shape == (m, n) and c.is_contiguous()

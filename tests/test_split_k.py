@@ -5,7 +5,6 @@ import dataclasses
 import pytest
 import torch
 
-from backends.triton import TritonBackend
 from backends.triton_templates import family
 from kernels.config import interpret_mode
 from kernels.heuristics_split_k import (
@@ -14,9 +13,9 @@ from kernels.heuristics_split_k import (
     k_per_split,
     split_k_choices,
 )
-from kernels.problem import GemmProblem
 from tests.test_heuristics import problem
 from tests.test_triton_interpreter import assert_close, operand
+from tests.triton_util import build_offered
 
 interpreted = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
 
@@ -46,13 +45,8 @@ def test_decompose_k_follows_inductors_rule():
 
 
 def _run(template, a, b, limit=2, calls=2):
-    op = "int_mm" if a.dtype == torch.int8 else "mm"
-    p = GemmProblem.from_tensors(op, a, b)
-    choices, skipped = family(template).choices(p, template, "default")
-    assert choices, skipped
-    outcomes = TritonBackend().build(p, choices[:limit])
+    outcomes = build_offered(template, a, b, limit, require=True)
     for o in outcomes:
-        assert o.runner is not None, o.error
         for _ in range(calls):
             assert_close(o.runner.launch(a, b, None), a, b)
     return [o.choice.name for o in outcomes]
@@ -79,9 +73,7 @@ def test_decompose_k_matches_torch(dtype, m, n, k):
 @interpreted
 def test_split_k_writes_into_out_and_stays_clean():
     a, b = operand(9, 2000, "row", torch.float32), operand(2000, 12, "row", torch.float32)
-    p = GemmProblem.from_tensors("mm", a, b)
-    choice = family("split_k").choices(p, "split_k", "default")[0][0]
-    runner = TritonBackend().build(p, [choice])[0].runner
+    runner = build_offered("split_k", a, b, limit=1, require=True)[0].runner
     out = torch.full((18, 12), float("nan"))[::2]            # strided: goes through a staging buffer
     for _ in range(3):
         runner.launch(a, b, out)

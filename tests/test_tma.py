@@ -4,13 +4,12 @@ tiles per program)."""
 import pytest
 import torch
 
-from backends.triton import TritonBackend
 from backends.triton_templates import family
 from backends.triton_templates.tma import tma_unsupported
 from kernels.config import interpret_mode
-from kernels.problem import GemmProblem
 from tests.test_heuristics import problem
 from tests.test_triton_interpreter import assert_close, operand
+from tests.triton_util import build_offered
 
 
 def test_descriptor_rules():
@@ -29,12 +28,6 @@ def test_descriptor_rules():
                                          (200, 160, 96, "col", "col"), (8, 16, 48, "col", "row")])
 def test_tma_matches_torch(dtype, m, n, k, la, lb):
     a, b = operand(m, k, la, dtype), operand(k, n, lb, dtype)
-    op = "int_mm" if dtype == torch.int8 else "mm"
-    template = "triton_tma_int8_mm" if op == "int_mm" else "triton_tma_mm"
-    p = GemmProblem.from_tensors(op, a, b)
-    choices, skipped = family(template).choices(p, template, "default")
-    if not choices:
-        pytest.skip(f"not offered: {skipped}")
-    for outcome in TritonBackend().build(p, choices[:2]):
-        assert outcome.runner is not None, outcome.error
+    template = "triton_tma_int8_mm" if dtype == torch.int8 else "triton_tma_mm"
+    for outcome in build_offered(template, a, b, limit=2):
         assert_close(outcome.runner.launch(a, b, None), a, b)
