@@ -40,7 +40,6 @@ class TritonBackend(Backend):
         self._pool: WorkerPool | None = None
         self._pool_key = None
         self._kernels: dict[tuple, object] = {}   # (build key, device) -> loaded CompiledKernel
-        self._compiled_now: set[str] = set()      # build keys the last build() compiled
 
     # -- paths -------------------------------------------------------------------------------------------------
     @property
@@ -95,21 +94,24 @@ class TritonBackend(Backend):
                 plans.append((choice, specs, keys, start, None))
             except Exception as e:  # noqa: BLE001 - a template that does not render is one failed candidate
                 plans.append((choice, [], [], start, f"render failed: {type(e).__name__}: {e}"))
-        handles = self._interpreted(kernels) if interpret_mode() else self._compiled(problem, kernels)
+        if interpret_mode():
+            handles, compiled_now = self._interpreted(kernels), set()
+        else:
+            handles, compiled_now = self._compiled(problem, kernels)
         outcomes = []
         for choice, specs, keys, start, error in plans:
+            compiled = any(k in compiled_now for k in keys)
             if error is None:
                 error = next((handles[k] for k in keys if isinstance(handles[k], str)), None)
             if error is not None:
-                outcomes.append(BuildOutcome(choice, None, error, compiled=any(k in self._compiled_now for k in keys)))
+                outcomes.append(BuildOutcome(choice, None, error, compiled=compiled))
                 continue
             try:
                 launch = family(choice.template).launcher(problem, choice, specs, [handles[k] for k in keys])
             except Exception as e:  # noqa: BLE001
                 outcomes.append(BuildOutcome(choice, None, f"launcher failed: {type(e).__name__}: {str(e)[:300]}"))
                 continue
-            outcomes.append(BuildOutcome(choice, Runner(choice, launch),
-                                         compiled=any(k in self._compiled_now for k in keys),
+            outcomes.append(BuildOutcome(choice, Runner(choice, launch), compiled=compiled,
                                          seconds=time.perf_counter() - start))
         return outcomes
 
@@ -121,7 +123,6 @@ class TritonBackend(Backend):
     # -- interpreter -------------------------------------------------------------------------------------------
     def _interpreted(self, kernels) -> dict[str, object]:
         """build key -> InterpretedHandle, or the failure text."""
-        self._compiled_now = set()
         handles: dict[str, object] = {}
         for key, (spec, path, _) in kernels.items():
             try:
@@ -136,10 +137,11 @@ class TritonBackend(Backend):
                 "div16": list(spec.div16), "backend": "cuda", "arch": problem.arch, "warp_size": 32,
                 "options": spec.options}
 
-    def _compiled(self, problem, kernels) -> dict[str, object]:
-        """build key -> CompiledHandle, or the failure text. Compiles what the artifact store lacks, in parallel."""
-        self._compiled_now = set()
+    def _compiled(self, problem, kernels) -> tuple[dict[str, object], set[str]]:
+        """(build key -> CompiledHandle or the failure text, the keys compiled now). Compiles what the artifact store
+        lacks, in parallel."""
         handles: dict[str, object] = {}
+        compiled_now: set[str] = set()
         to_compile = []
         for key, (spec, path, _) in kernels.items():
             meta = read_json(self.root / "artifacts" / f"{key}.json")
@@ -151,7 +153,7 @@ class TritonBackend(Backend):
             results = self._get_pool().map([job for _, job in to_compile])
             counters.bump("compiles", len(to_compile))
             for (key, job), res in zip(to_compile, results):
-                self._compiled_now.add(key)
+                compiled_now.add(key)
                 if not res.get("ok"):
                     log = self.root / "logs" / f"{key}.log"
                     atomic_write_text(log, f"{job}\n\n{res.get('trace') or res.get('error')}\n")
@@ -164,14 +166,14 @@ class TritonBackend(Backend):
                                          "arch": problem.arch, "compile_seconds": res.get("seconds")}))
         for key, (spec, path, _) in kernels.items():
             if key not in handles:
-                handles[key] = self._load(problem, spec, path, key)
-        return handles
+                handles[key] = self._load(problem, spec, path, key, from_store=key not in compiled_now)
+        return handles, compiled_now
 
     def _in_triton_cache(self, group: str) -> bool:
         """The compiled kernel's files are still in Triton's cache (its metadata JSON is written last)."""
         return bool(group) and any((self.triton_cache_dir / group).glob("*.json"))
 
-    def _load(self, problem, spec, module_path, key):
+    def _load(self, problem, spec, module_path, key, from_store: bool):
         try:
             # loaded once per device: a CUDA function handle belongs to the context it was loaded in
             device = torch.cuda.current_device()
@@ -181,7 +183,7 @@ class TritonBackend(Backend):
                     kernel = compile_job(self._job(problem, spec, module_path))
                     kernel._init_handles()      # loads the cubin; raises when resources do not fit the device
                 self._kernels[(key, device)] = kernel
-                if key not in self._compiled_now:
+                if from_store:
                     counters.bump("artifact_loads")
             return CompiledHandle(kernel, device)
         except Exception as e:  # noqa: BLE001
