@@ -247,70 +247,13 @@ class CutlassBackend(Backend):
         return chosen, skipped
 
     def build(self, problem, choices):
-        outcomes: dict[int, BuildOutcome] = {}
-        pending: list[_Prepared] = []
-        for i, choice in enumerate(choices):
-            start = time.perf_counter()
-            try:
-                key, paths, source = self.artifact_paths(problem, choice)
-                spec = spec_for(problem, choice)
-            except Exception as e:  # noqa: BLE001 - a config that does not render is one failed candidate
-                outcomes[i] = BuildOutcome(choice, None, f"render failed: {type(e).__name__}: {e}")
-                continue
-            if artifact_valid(paths, key):
-                outcomes[i] = self._load(problem, choice, paths, start, compiled=False)
-                continue
-            write_if_different(paths.source, source)
-            pending.append(_Prepared(i, choice, spec, key, paths, start))
-        if pending:
-            with file_lock(self.root / "build.lock", config.lock_timeout_s):
-                # another process may have built some while we waited for the lock
-                todo = [p for p in pending if not artifact_valid(p.paths, p.key)]
-                for p in pending:
-                    if p not in todo:
-                        outcomes[p.index] = self._load(problem, p.choice, p.paths, p.start, compiled=False)
-                if todo:
-                    self._compile(todo)
-                    for p in todo:
-                        outcomes[p.index] = self._finish(problem, p)
-        return [outcomes[i] for i in range(len(choices))]
+        return [outcome if paths is None else self._load(problem, outcome.choice, paths, started, outcome.compiled)
+                for outcome, paths, started in self._build_binaries(problem, choices)]
 
     def compile_only(self, problem: GemmProblem, choices: list[Choice]) -> list[BuildOutcome]:
         """Render and build the binaries without loading or running them: what a machine without a GPU can check.
         An outcome with neither runner nor error is a binary that built (or was already in the artifact store)."""
-        outcomes: list[BuildOutcome | None] = []
-        pending: list[_Prepared] = []
-        for choice in choices:
-            start = time.perf_counter()
-            try:
-                key, paths, source = self.artifact_paths(problem, choice)
-                spec = spec_for(problem, choice)
-            except Exception as e:  # noqa: BLE001
-                outcomes.append(BuildOutcome(choice, None, f"render failed: {type(e).__name__}: {e}"))
-                continue
-            if artifact_valid(paths, key):
-                outcomes.append(BuildOutcome(choice, None, None, compiled=False))
-                continue
-            write_if_different(paths.source, source)
-            pending.append(_Prepared(len(outcomes), choice, spec, key, paths, start))
-            outcomes.append(None)
-        if pending:
-            with file_lock(self.root / "build.lock", config.lock_timeout_s):
-                todo = [p for p in pending if not artifact_valid(p.paths, p.key)]
-                if todo:
-                    self._compile(todo)
-                for p in pending:
-                    seconds = time.perf_counter() - p.start
-                    if p in todo and p.paths.binary.exists():
-                        publish_marker(p.paths, p.key, {"choice": p.choice.name, "arch": p.spec.arch,
-                                                        "flags": list(p.spec.flags), "nvcc": self.tools.nvcc_version,
-                                                        "cutlass": self.tools.cutlass.version})
-                    if p.paths.binary.exists():
-                        outcomes[p.index] = BuildOutcome(p.choice, None, None, compiled=p in todo, seconds=seconds)
-                    else:
-                        outcomes[p.index] = BuildOutcome(p.choice, None, f"compile failed (log {p.paths.log})",
-                                                         compiled=True, seconds=seconds)
-        return outcomes
+        return [outcome for outcome, _, _ in self._build_binaries(problem, choices)]
 
     def measure_isolated(self, problem, runners, budget_ms):
         from backends.cutlass_child import run_isolated
@@ -327,18 +270,48 @@ class CutlassBackend(Backend):
         run_ninja(str(tools.nvcc), jobs, self.root / "batches", config.max_jobs)
         bump_stat("compiles", len(todo))
 
-    def _finish(self, problem: GemmProblem, p: _Prepared) -> BuildOutcome:
+    def _build_binaries(self, problem, choices) -> list[tuple[BuildOutcome, ArtifactPaths | None, float]]:
+        """Per choice: (an outcome without a runner, the binary's paths when it exists, when its build started).
+        Renders every choice, then compiles what the artifact store lacks in one ninja batch under the build lock."""
+        results: list = [None] * len(choices)
+        pending: list[_Prepared] = []
+        for i, choice in enumerate(choices):
+            start = time.perf_counter()
+            try:
+                key, paths, source = self.artifact_paths(problem, choice)
+                spec = spec_for(problem, choice)
+            except Exception as e:  # noqa: BLE001 - a config that does not render is one failed candidate
+                results[i] = (BuildOutcome(choice, None, f"render failed: {type(e).__name__}: {e}"), None, start)
+                continue
+            if artifact_valid(paths, key):
+                results[i] = (BuildOutcome(choice, None), paths, start)
+                continue
+            write_if_different(paths.source, source)
+            pending.append(_Prepared(i, choice, spec, key, paths, start))
+        if pending:
+            with file_lock(self.root / "build.lock", config.lock_timeout_s):
+                # another process may have built some while we waited for the lock
+                todo = [p for p in pending if not artifact_valid(p.paths, p.key)]
+                if todo:
+                    self._compile(todo)
+                for p in pending:
+                    results[p.index] = self._finish(p) if p in todo else (BuildOutcome(p.choice, None), p.paths,
+                                                                          p.start)
+        return results
+
+    def _finish(self, p: _Prepared) -> tuple[BuildOutcome, ArtifactPaths | None, float]:
+        """After ninja: the compile error (with the log's tail), or the marker published for a good binary."""
         if not p.paths.binary.exists():
             try:
                 tail = p.paths.log.read_text()[-LOG_TAIL_CHARS:]
             except OSError:
                 tail = "(no compiler log)"
-            return BuildOutcome(p.choice, None, f"compile failed: {tail.strip()} (source {p.paths.source}, "
-                                                f"log {p.paths.log})", compiled=True,
-                                seconds=time.perf_counter() - p.start)
+            return (BuildOutcome(p.choice, None, f"compile failed: {tail.strip()} (source {p.paths.source}, "
+                                                 f"log {p.paths.log})", compiled=True,
+                                 seconds=time.perf_counter() - p.start), None, p.start)
         publish_marker(p.paths, p.key, {"choice": p.choice.name, "arch": p.spec.arch, "flags": list(p.spec.flags),
                                         "nvcc": self.tools.nvcc_version, "cutlass": self.tools.cutlass.version})
-        return self._load(problem, p.choice, p.paths, p.start, compiled=True)
+        return BuildOutcome(p.choice, None, compiled=True, seconds=time.perf_counter() - p.start), p.paths, p.start
 
     def _load(self, problem, choice, paths: ArtifactPaths, start: float, compiled: bool) -> BuildOutcome:
         try:
