@@ -15,6 +15,7 @@ TEMPLATE_OPS = {
     "decompose_k": ("mm", "int_mm"),
     "triton_padded_mm": ("mm",),
     "triton_padded_int8_mm": ("int_mm",),
+    "triton_kmajor_int8_mm": ("int_mm",),
     "padded_aten_mm": ("mm",),
     "padded_triton_mm": ("mm",),
     "padded_triton_int8_mm": ("int_mm",),
@@ -24,9 +25,10 @@ TEMPLATE_OPS = {
     "cutlass2x_sm80_int8_mm": ("int_mm",),
 }
 
+# template -> the named config list(s) seeding it (kernels/data/*.json), concatenated in order
 TEMPLATE_CONFIG_LISTS = {
     "triton_mm": "mm_configs",
-    "triton_int8_mm": "int8_mm_configs",
+    "triton_int8_mm": ("int8_mm_configs", "int8_mm_extra_configs"),
     "split_k": "split_k_configs",
     "triton_tma_mm": "persistent_mm_configs",
     "triton_tma_int8_mm": "persistent_mm_configs",
@@ -44,6 +46,7 @@ TEMPLATE_COMPLEXITY = {
     "decompose_k": 14,
     "triton_padded_mm": 15,
     "triton_padded_int8_mm": 15,
+    "triton_kmajor_int8_mm": 13,
     "padded_aten_mm": 15,
     "padded_triton_mm": 16,
     "padded_triton_int8_mm": 16,

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 
 BF16_SHAPES = [(32, 32, 4096), (32, 32, 32768), (16, 12288, 4096), (16, 4096, 11008), (64, 4096, 11008),
                (2047, 2047, 2047), (1, 1, 1000), (17, 33, 3000), (300, 200, 100), (4096, 4096, 4096)]
-INT8_SHAPES = [(32, 32, 4096), (1024, 22016, 4096), (64, 64, 8192), (17, 40, 3008)]
+INT8_SHAPES = [(32, 32, 4096), (1024, 22016, 4096), (64, 64, 8192), (17, 40, 3008), (200, 4096, 1000)]
 
 
 def _check_template(template, a, b, limit=3):
@@ -39,8 +39,9 @@ def test_bf16_template(template, m, n, k):
 
 @pytest.mark.parametrize("template", [t for t in templates() if t != "triton_mm"])
 @pytest.mark.parametrize("m,n,k", INT8_SHAPES)
-def test_int8_template(template, m, n, k):
-    _check_template(template, operand(m, k, "row", torch.int8), operand(k, n, "col", torch.int8))
+@pytest.mark.parametrize("lb", ["col", "row"])      # int8 wgmma reads only K-major B: both paths must be right
+def test_int8_template(template, m, n, k, lb):
+    _check_template(template, operand(m, k, "row", torch.int8), operand(k, n, lb, torch.int8))
 
 
 @pytest.mark.parametrize("template", templates())

@@ -56,7 +56,11 @@ def test_templates_compile_for_sm90_with_wgmma():
              (problem(dtype="int8", op="int_mm", stride_b=(1, 4096)),
               Choice("triton", "triton_tma_int8_mm", "int8", GemmConfig(128, 128, 128, 3, 8))),
              (problem(m=2047, n=2047, k=2047, dtype="bf16"),
-              Choice("triton", "triton_padded_mm", "bf16", GemmConfig(128, 128, 64, 3, 8)))]
+              Choice("triton", "triton_padded_mm", "bf16", GemmConfig(128, 128, 64, 3, 8))),
+             (problem(m=2047, n=2047, k=2047, dtype="int8", op="int_mm"),
+              Choice("triton", "triton_padded_int8_mm", "int8", GemmConfig(128, 256, 128, 3, 8))),
+             (problem(dtype="int8", op="int_mm"),
+              Choice("triton", "triton_kmajor_int8_mm", "int8", GemmConfig(128, 256, 128, 3, 8)))]
     try:
         results = compile_jobs(backend, cases)
     finally:
@@ -64,8 +68,8 @@ def test_templates_compile_for_sm90_with_wgmma():
     assert all(r["ok"] for r in results), [r.get("error") for r in results]
     tool = cuobjdump()
     for r in results:
-        if r["kernel"].endswith(("_reduce", "_pad")):
-            continue        # decompose_k's reduction and the padding copy have no dot
+        if r["kernel"].endswith(("_reduce", "_pad", "_bt")):
+            continue        # decompose_k's reduction and the padding / transposing copies have no dot
         group = backend.triton_cache_dir / r["cache_group"]
         cubins = list(group.glob("*.cubin"))
         meta = json.loads(next(p for p in group.glob("*.json") if not p.name.startswith("__grp__")).read_text())
@@ -73,6 +77,9 @@ def test_templates_compile_for_sm90_with_wgmma():
         if tool:
             sass = subprocess.run([tool, "--dump-sass", str(cubins[0])], capture_output=True, text=True).stdout
             assert "HGMMA" in sass or "IGMMA" in sass, "expected Hopper wgmma instructions in the SASS"
+            if r["kernel"].startswith(("triton_kmajor_int8_mm", "triton_padded_int8_mm")):
+                # their B copies are K-major so that no tile is transposed in registers (byte permutes)
+                assert "PRMT" not in sass, r["kernel"]
 
 
 def test_compile_failure_is_reported_not_raised(tmp_path):

@@ -1,6 +1,6 @@
 """triton_padded_mm / triton_padded_int8_mm: a misaligned problem in two launches. One kernel copies both operands
-into zero-padded row-major buffers (K and N rounded up to 16 elements, so every load of the product vectorizes);
-the tiled mm then reads those and writes the caller's N-wide output directly. The `padded` backend does the same
+into zero-padded buffers (K and N rounded up to 16 elements, so every load of the product vectorizes; int8 B
+K-major); the tiled mm then reads those and writes the caller's N-wide output directly. The `padded` backend does the same
 with torch ops (four launches); on a host-bound GPU the launches are what the call costs."""
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from kernels.choice import Choice
 from kernels.heuristics import cdiv, round_up
 from kernels.problem import DTYPES_BY_NAME, GemmProblem
 
-PAD_BLOCK = (32, 128)       # rows x columns one copy program moves
 INNER_TEMPLATE = {"triton_padded_mm": "triton_mm", "triton_padded_int8_mm": "triton_int8_mm"}
 
 
@@ -25,9 +24,20 @@ def padded_shape(problem: GemmProblem) -> tuple[int, int]:
     return round_up(problem.k, 16), round_up(problem.n, 16)
 
 
+def b_kmajor(problem: GemmProblem) -> bool:
+    """int8 B is copied K-major: Hopper's int8 wgmma reads only K-major B (see backends/triton_templates/kmajor.py)."""
+    return problem.dtype == "int8"
+
+
+def pad_block(problem: GemmProblem) -> tuple[int, int]:
+    """rows x columns one copy program moves; a K-major B copy stores BLOCK_R-long runs, so int8 takes 128."""
+    return (128, 128) if b_kmajor(problem) else (32, 128)
+
+
 def inner_problem(problem: GemmProblem) -> GemmProblem:
     kp, np_ = padded_shape(problem)
-    return dataclasses.replace(problem, k=kp, n=np_, stride_a=(kp, 1), stride_b=(np_, 1), align_a=16, align_b=16)
+    stride_b = (1, kp) if b_kmajor(problem) else (np_, 1)
+    return dataclasses.replace(problem, k=kp, n=np_, stride_a=(kp, 1), stride_b=stride_b, align_a=16, align_b=16)
 
 
 class PaddedTritonFamily(TritonFamily):
@@ -53,8 +63,9 @@ class PaddedTritonFamily(TritonFamily):
                     int_arg(problem, "Np", np_, "n"), int_arg(problem, "stride_am", sa[0]),
                     int_arg(problem, "stride_ak", sa[1]), int_arg(problem, "stride_bk", sb[0]),
                     int_arg(problem, "stride_bn", sb[1]), Arg("a_programs", "i32", False)]
-        pad = make_spec("pad2.py.jinja", choice.name + "_pad", pad_args, 4, 1, block_r=PAD_BLOCK[0],
-                        block_c=PAD_BLOCK[1], **layout_vars(problem))
+        block_r, block_c = pad_block(problem)
+        pad = make_spec("pad2.py.jinja", choice.name + "_pad", pad_args, 4, 1, block_r=block_r, block_c=block_c,
+                        b_kmajor=b_kmajor(problem), **layout_vars(problem))
         # B is Np wide, the caller's output N wide
         mm_args = gemm_args(inner, out_cols=problem.n) + [int_arg(problem, "N_OUT", problem.n, "n")]
         mm = make_spec("mm.py.jinja", choice.name, mm_args, cfg.num_warps, cfg.num_stages, block_m=cfg.block_m,
@@ -68,8 +79,10 @@ class PaddedTritonFamily(TritonFamily):
         kp, np_ = padded_shape(problem)
         sa0, sa1 = problem.stride_a
         sb0, sb1 = problem.stride_b
-        a_programs = cdiv(m, PAD_BLOCK[0]) * cdiv(kp, PAD_BLOCK[1])
-        b_programs = cdiv(kp, PAD_BLOCK[0]) * cdiv(np_, PAD_BLOCK[1])
+        sbp0, sbp1 = inner_problem(problem).stride_b
+        block_r, block_c = pad_block(problem)
+        a_programs = cdiv(m, block_r) * cdiv(kp, block_c)
+        b_programs = cdiv(kp, block_r) * cdiv(np_, block_c)
         pad = handles[0].bind((a_programs + b_programs, 1, 1))
         mm = handles[1].bind((cdiv(m, cfg.block_m) * cdiv(np_, cfg.block_n), 1, 1))
         device = handles[0].device
@@ -81,7 +94,7 @@ class PaddedTritonFamily(TritonFamily):
         def run_into(a, b, out, ldc):
             bufs = buffers()
             pad(a, b, bufs[0], bufs[1], m, n, k, kp, np_, sa0, sa1, sb0, sb1, a_programs)
-            mm(bufs[0], bufs[1], out, m, np_, kp, kp, 1, np_, 1, ldc, 1, n)
+            mm(bufs[0], bufs[1], out, m, np_, kp, kp, 1, sbp0, sbp1, ldc, 1, n)
 
         return output_launch((m, n), DTYPES_BY_NAME[problem.out_dtype], device, ldc_multiple(specs[1]), run_into)
 
