@@ -53,9 +53,10 @@ def _raw_lists() -> dict:
     return {**data, **ours, "notes": notes}
 
 
-def config_list(name: str) -> list[GemmConfig]:
-    """A named list from the data files: mm_configs, int8_mm_configs, persistent_mm_configs, split_k_configs, ..."""
-    return [GemmConfig.from_dict(c) for c in _raw_lists()[name]]
+def config_list(names: str | tuple[str, ...]) -> list[GemmConfig]:
+    """Named lists from the data files (mm_configs, int8_mm_configs, persistent_mm_configs, ...), concatenated."""
+    return [GemmConfig.from_dict(c) for name in ((names,) if isinstance(names, str) else names)
+            for c in _raw_lists()[name]]
 
 
 def exhaustive_configs() -> list[GemmConfig]:
