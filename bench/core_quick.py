@@ -20,11 +20,14 @@ INT8 = [(256, 12288, 4096), (1024, 22016, 4096), (4096, 4096, 4096)]
 ISSUE3_BF16 = [(32, 32, 4096), (32, 32, 16384), (32, 32, 32768), (16, 12288, 4096), (16, 4096, 11008),
                (64, 4096, 11008), (4096, 4096, 4096), (8192, 8192, 8192), (8192, 14336, 4096), (4096, 4096, 14336),
                (2047, 2047, 2047)]
-ISSUE3_INT8 = [(1024, 22016, 4096), (4096, 4096, 4096)]
+# int8 with B K-major (column-major) first: the layout issue 3's torch._int_mm baselines were taken in (235 / 160 us;
+# with a row-major B cuBLAS takes 1085 us for 4096^3), then row-major B (triton_kmajor_int8_mm's case)
+ISSUE3_INT8 = [(1024, 22016, 4096, "col"), (4096, 4096, 4096, "col"), (1024, 22016, 4096, "row"),
+               (4096, 4096, 4096, "row")]
 SUITES = {"core": (BF16, INT8), "issue3": (ISSUE3_BF16, ISSUE3_INT8)}
 
 
-def side_by_side(op: str, m: int, n: int, k: int) -> dict:
+def side_by_side(op: str, m: int, n: int, k: int, b_layout: str = "row") -> dict:
     import kernels
     from backends.base import Runner
     from kernels.autotune import _user_call
@@ -34,7 +37,7 @@ def side_by_side(op: str, m: int, n: int, k: int) -> dict:
     from kernels.verify import make_inputs
 
     dtype = torch.int8 if op == "int_mm" else torch.bfloat16
-    a, b = make_inputs(GemmProblem.from_tensors(op, *_probe(dtype, m, n, k)), "cuda", seed=1)
+    a, b = make_inputs(GemmProblem.from_tensors(op, *_probe(dtype, m, n, k, b_layout)), "cuda", seed=1)
     fn = kernels.int_mm if op == "int_mm" else kernels.mm
     t0 = time.perf_counter()
     fn(a, b)
@@ -59,14 +62,15 @@ def side_by_side(op: str, m: int, n: int, k: int) -> dict:
     per_template: dict[str, list] = {}
     for nm, ms in ranked:
         per_template.setdefault(sel.choices[nm].template, [nm, round(ms * 1e3, 2)])
-    return {"op": op, "shape": [m, n, k], "winner": sel.winner, "kernels_ms": t["kernels"].median_ms,
+    peak = 1979e12 if op == "int_mm" else 989e12       # H100/H200 dense tensor-core peak (ops/s)
+    return {"op": op, "shape": [m, n, k], "b_layout": b_layout, "winner": sel.winner, "kernels_ms": t["kernels"].median_ms,
             "aten_ms": t["aten"].median_ms, "speedup": t["aten"].median_ms / t["kernels"].median_ms,
             "regret": win_ms / best_ms, "best_triton": best_triton[0],
             "triton_vs_aten": sel.timings.get("aten_int_mm" if op == "int_mm" else "aten_mm", float("nan")) / best_triton[1]
             if isinstance(sel.timings.get("aten_int_mm" if op == "int_mm" else "aten_mm"), float) else None,
             "tune_s": tune_s, "failures": len(sel.failures()), "stats": kernels.stats(),
             "best_per_template_us": per_template, "graph_gpu_us": gpu,
-            "floor_pct": 100 * max(2 * m * n * k / 989e12, problem.min_bytes / 4.27e12) * 1e3 / t["kernels"].median_ms}
+            "floor_pct": 100 * max(2 * m * n * k / peak, problem.min_bytes / 4.27e12) * 1e3 / t["kernels"].median_ms}
 
 
 def graph_us(fn, a, b, reps: int = 20) -> float:
@@ -92,8 +96,10 @@ def graph_us(fn, a, b, reps: int = 20) -> float:
     return start.elapsed_time(end) * 1e3 / (10 * reps)
 
 
-def _probe(dtype, m, n, k):
-    return (torch.empty(m, k, device="cuda", dtype=dtype), torch.empty(k, n, device="cuda", dtype=dtype))
+def _probe(dtype, m, n, k, b_layout="row"):
+    b = torch.empty(n, k, device="cuda", dtype=dtype).t() if b_layout == "col" else \
+        torch.empty(k, n, device="cuda", dtype=dtype)
+    return torch.empty(m, k, device="cuda", dtype=dtype), b
 
 
 def host_cost(n_calls: int = 3000) -> dict:
@@ -158,9 +164,9 @@ def main() -> None:
     rows = []
     bf16, int8 = SUITES[args.suite]
     for op, shapes in (("mm", bf16), ("int_mm", int8)):
-        for m, n, k in shapes:
+        for m, n, k, *b_layout in shapes:
             try:
-                rows.append(side_by_side(op, m, n, k))
+                rows.append(side_by_side(op, m, n, k, *b_layout))
             except Exception as e:  # noqa: BLE001
                 rows.append({"op": op, "shape": [m, n, k], "error": f"{type(e).__name__}: {e}"})
             print(json.dumps(rows[-1]), flush=True)
@@ -186,11 +192,12 @@ def main() -> None:
             print(f"{r['op']:6} {str(r['shape']):>20} ERROR {r['error'][:120]}")
             continue
         tva = r["triton_vs_aten"]
-        print(f"{r['op']:6} {'x'.join(map(str, r['shape'])):>20} {r['winner'][:44]:44} {r['kernels_ms'] * 1e3:10.1f} "
+        label = "x".join(map(str, r["shape"])) + ("" if r.get("b_layout", "row") == "row" else " Bc")
+        print(f"{r['op']:6} {label:>20} {r['winner'][:44]:44} {r['kernels_ms'] * 1e3:10.1f} "
               f"{r['aten_ms'] * 1e3:9.1f} {r['speedup']:7.3f} {r['regret']:6.3f} {r['tune_s']:6.2f} "
               f"{r['floor_pct']:6.1f} {tva if tva is None else round(tva, 3)!s:>11}")
     for r in ok:
-        print("x".join(map(str, r["shape"])), r["op"], "best per template (us):",
+        print("x".join(map(str, r["shape"])), r["op"], "B", r["b_layout"], "best per template (us):",
               {t: v[1] for t, v in r["best_per_template_us"].items()}, "| GPU-only us (graph):",
               {k: round(v, 2) if isinstance(v, float) else v for k, v in r["graph_gpu_us"].items()})
     if ok:
