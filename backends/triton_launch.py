@@ -153,11 +153,11 @@ def output_launch(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
                   run_into: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], None]):
     """launch(a, b, out=None) around `run_into(a, b, out, ldc)`: allocates the output, or writes into the caller's
     `out` directly when the binary's assumptions (row-major, aligned, ldc a multiple of `ldc_multiple`) hold."""
-    n = shape[1]
+    m, n = shape
 
     def launch(a, b, out=None):
         if out is None:
-            out = torch.empty(shape, dtype=dtype, device=device)
+            out = torch.empty(m, n, dtype=dtype, device=device)    # sizes as ints: torch parses them faster than a tuple
             run_into(a, b, out, n)
             return out
         if needs_staging(out) or out.stride(0) % ldc_multiple:
