@@ -73,27 +73,14 @@ def side_by_side(op: str, m: int, n: int, k: int, b_layout: str = "row") -> dict
             "floor_pct": 100 * max(2 * m * n * k / peak, problem.min_bytes / 4.27e12) * 1e3 / t["kernels"].median_ms}
 
 
-def graph_us(fn, a, b, reps: int = 20) -> float:
-    """GPU time per call without host cost: `reps` calls captured in a CUDA graph, replayed."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn(a, b)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn(a, b)
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (10 * reps)
+def graph_us(fn, a, b) -> float:
+    """GPU time per call without host cost (kernels.timing.device_time_ms: the measurement tuning uses)."""
+    from kernels.timing import device_time_ms
+
+    ms = device_time_ms(lambda i: fn(a, b), 1)
+    if ms is None:
+        raise RuntimeError("the call could not be captured in a CUDA graph")
+    return ms * 1e3
 
 
 def _probe(dtype, m, n, k, b_layout="row"):

@@ -125,3 +125,31 @@ def rotation_sets(bytes_per_set: int, device: str, l2_bytes: int | None = None, 
     want = math.ceil(3 * l2_bytes / max(bytes_per_set, 1))
     fit = max(1, max_total_bytes // max(bytes_per_set, 1))
     return int(max(1, min(want, max_sets, fit)))
+
+
+def device_time_ms(call: Call, n_sets: int, reps: int = 20, replays: int = 10) -> float | None:
+    """GPU time per call with the host taken out: `reps` calls (rotating input sets) captured in a CUDA graph and
+    replayed. None when the call cannot be captured (that is data, not an error: the caller falls back to the
+    host-inclusive time)."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):       # warm up off the default stream, as capture requires
+            for i in range(3):
+                call(i % max(1, n_sets))
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(reps):
+                call(i % max(1, n_sets))
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / (replays * reps)
+    except Exception:  # noqa: BLE001 - e.g. a launcher that synchronizes; capture is a refinement, not a requirement
+        torch.cuda.synchronize()
+        return None
