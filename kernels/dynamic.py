@@ -32,8 +32,8 @@ from backends import get_backend
 from kernels import counters
 from kernels.choice import Choice
 from kernels.config import config
-from kernels.dynamic_rules import (BucketRule, bucket_id, hints_for, nearest, parse_buckets, parse_dims,
-                                   parse_hints, parse_mode)
+from kernels.dynamic_rules import (BucketRule, bucket_id, hints_for, nearest, outside_hints, parse_buckets,
+                                   parse_dims, parse_hints, parse_mode)
 from kernels.errors import InputTypeError, InputValueError, KernelsError
 from kernels.fsutil import atomic_write_text, file_lock, read_json
 from kernels.heuristics import GemmConfig, supports
@@ -275,9 +275,20 @@ class Family:
     def similarity(self, runtime: GemmProblem, usable: list[HintWinner]) -> tuple[Decision, list[str]]:
         best, dists = nearest(_shape(runtime), [_shape(hw.problem) for hw in usable])
         order = sorted(range(len(usable)), key=lambda i: (round(dists[i], 9), -_volume(usable[i].problem)))
+        # Outside the hints, a fixed tile is extrapolated; an aten winner is not (cuBLAS picks its kernel per call).
+        # On the H200, (K, N) = (11008, 4096): M = 1..31 served by the M=64 hint's 64-row Triton tile ran up to
+        # 2.4x a per-M tune, served by the aten winner of M=4096 at most 1.12x.
+        notes = []
+        aten = [i for i in order if usable[i].choice.backend == "aten"]
+        if aten and usable[best].choice.backend != "aten" and \
+                outside_hints({d: getattr(runtime, d) for d in self.dims}, [hw.sizes for hw in usable]):
+            notes.append(f"outside the hints: served by hint {usable[aten[0]].label}'s aten winner instead of the "
+                         f"nearest hint {usable[best].label}'s {usable[best].choice.name} (cuBLAS picks per call)")
+            best = aten[0]
+            order = [best] + [i for i in order if i != best]
         ranking = list(dict.fromkeys(usable[i].choice.name for i in order))
         dec = Decision("similarity", _shape(runtime), self.dims, usable[best].choice.name, usable[best].label,
-                       "similarity", distances={hw.label: d for hw, d in zip(usable, dists)})
+                       "similarity", distances={hw.label: d for hw, d in zip(usable, dists)}, notes=notes)
         return dec, ranking
 
     def benchmark(self, runtime: GemmProblem, usable: list[HintWinner]) -> tuple[Decision, list[str]]:
@@ -432,7 +443,7 @@ def launcher_for(problem: GemmProblem, dyn: Dynamic):
             return launch
         dec, ranking = (fam.similarity if dyn.mode == "similarity" else fam.benchmark)(runtime, usable)
         dec.hint_winners = {hw.label: hw.choice.name for hw in fam.winners}
-        dec.notes = fam.notes + notes
+        dec.notes = fam.notes + notes + dec.notes
         by_name = {hw.choice.name: hw.choice for hw in usable}
         for name in ranking:
             launch, err = build_launch(runtime, by_name[name])

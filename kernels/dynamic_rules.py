@@ -164,3 +164,13 @@ def nearest(shape: tuple[int, int, int], candidates: list[tuple[int, int, int]])
     dists = [log2_distance(shape, c) for c in candidates]
     best = min(range(len(candidates)), key=lambda i: (round(dists[i], 9), -math.prod(candidates[i])))
     return best, dists
+
+
+def outside_hints(sizes: Mapping[str, int], hint_points: list[Mapping[str, int]]) -> bool:
+    """True when some dynamic dim of the runtime shape lies below the smallest or above the largest hint of that
+    dim: every hint winner is then extrapolated, not interpolated."""
+    for dim, size in sizes.items():
+        values = [p[dim] for p in hint_points if dim in p]
+        if values and not min(values) <= size <= max(values):
+            return True
+    return False

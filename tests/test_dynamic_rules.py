@@ -138,3 +138,37 @@ def test_substitute_keeps_layouts_and_padding():
     assert got.stride_a == (1, 64) and got.stride_b == (1, 32)
     strided = prob(m=8, k=32, sa=(64, 2))
     assert substitute(strided, {"m": 16}, ("m",)).stride_a == (64, 2)
+
+
+def test_outside_hints_is_below_the_smallest_or_above_the_largest():
+    from kernels.dynamic_rules import outside_hints
+
+    points = [{"m": 64}, {"m": 256}, {"m": 4096}]
+    assert outside_hints({"m": 1}, points) and outside_hints({"m": 8192}, points)
+    assert not any(outside_hints({"m": m}, points) for m in (64, 100, 4096))
+    grid = [{"m": m, "k": k} for m in (16, 64) for k in (1024, 4096)]
+    assert outside_hints({"m": 32, "k": 512}, grid) and not outside_hints({"m": 32, "k": 2048}, grid)
+
+
+def test_similarity_extrapolates_with_the_aten_winner():
+    """Below the smallest hint, a hint's fixed Triton tile is extrapolated; the aten winner of another hint is
+    not (cuBLAS picks per call), so it serves. Inside the hints, the nearest hint still serves."""
+    from kernels.choice import Choice
+    from kernels.dynamic import Dynamic, Family, HintWinner, resolve, substitute
+    from kernels.heuristics import GemmConfig
+    from kernels.selection import Selection
+    from tests.test_heuristics import problem
+
+    base = problem(m=64, n=4096, k=11008)
+    fam = Family(base, resolve(Dynamic("m", hints=(64, 256, 4096), mode="similarity")))
+    tile = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64, 128, 5, 4))
+    aten = Choice("aten", "aten_mm", "bf16")
+    winners = []
+    for m, choice in ((64, tile), (256, tile), (4096, aten)):
+        hp = substitute(base, {"m": m}, ("m",))
+        winners.append(HintWinner({"m": m}, hp, Selection(hp, choice.name, {choice.name: choice}, {choice.name: 0.1})))
+    fam.winners = winners
+    below, _ = fam.similarity(substitute(base, {"m": 4}, ("m",)), winners)
+    assert below.winner == "aten_mm" and below.hint == "m=4096" and "outside the hints" in below.notes[0]
+    inside, _ = fam.similarity(substitute(base, {"m": 100}, ("m",)), winners)
+    assert inside.winner == tile.name and inside.hint == "m=64" and not inside.notes
