@@ -151,5 +151,6 @@ def device_time_ms(call: Call, n_sets: int, reps: int = 20, replays: int = 10) -
         end.synchronize()
         return start.elapsed_time(end) / (replays * reps)
     except Exception:  # noqa: BLE001 - e.g. a launcher that synchronizes; capture is a refinement, not a requirement
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         return None
