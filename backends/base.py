@@ -49,7 +49,10 @@ class Backend(ABC):
         """For runners with isolated=True: verify and time each one in a child process (with the same
         kernels.verify / kernels.timing code) and return name -> kernels.timing.Timing, or name -> failure text.
         A fault in the child is a failure for that choice, never an exception here."""
-        raise NotImplementedError(f"backend {self.name} does not run isolated measurements")
+        from backends.isolated_child import run_isolated
+        from kernels.config import config
+
+        return run_isolated(self.name, problem, [r.choice for r in runners], budget_ms, config.child_timeout_s)
 
     def close(self) -> None:
         """Release worker processes and other resources."""

@@ -1,6 +1,6 @@
 """CUTLASS backend: render one .cu per config, build a batch with one `ninja -jN`, load the .so with ctypes and
-launch on torch's current stream. Runners are isolated: verification and timing run in a child process
-(backends/cutlass_child.py), so a faulting kernel cannot poison the caller's CUDA context.
+launch on torch's current stream. Runners are isolated (config.isolate, CUTLASS by default): verification and timing
+run in a child process (backends/isolated_child.py), so a faulting kernel cannot poison the caller's CUDA context.
 
 Artifacts: <cache_dir>/cutlass/sm<arch>/<key>/{kernel.cu, kernel.so, build.log, meta.json}; key = source hash +
 nvcc version + flags + arch + CUTLASS version. `meta.json` is written last and records the binary's size and hash:
@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -30,7 +29,7 @@ from kernels.fsutil import atomic_write_text, file_lock, read_json, write_if_dif
 from kernels.heuristics_cutlass import (SM80_TEMPLATES, SM90_TEMPLATES, CutlassConfig, kernel_operands, name_filter,
                                         ranked_configs, select)
 from kernels.problem import DTYPES_BY_NAME, GemmProblem
-from kernels.toolchain import REPO_ROOT, Toolchain, toolchain
+from kernels.toolchain import Toolchain, toolchain
 
 LOG_TAIL_CHARS = 1500
 
@@ -255,11 +254,6 @@ class CutlassBackend(Backend):
         An outcome with neither runner nor error is a binary that built (or was already in the artifact store)."""
         return [outcome for outcome, _, _ in self._build_binaries(problem, choices)]
 
-    def measure_isolated(self, problem, runners, budget_ms):
-        from backends.cutlass_child import run_isolated
-
-        return run_isolated(problem, [r.choice for r in runners], budget_ms, config.cutlass_child_timeout_s)
-
     # -- building ---------------------------------------------------------------------------------------------
     def _compile(self, todo: list[_Prepared]) -> None:
         tools = self.tools
@@ -325,16 +319,8 @@ class CutlassBackend(Backend):
         except Exception as e:  # noqa: BLE001
             return BuildOutcome(choice, None, f"load failed: {type(e).__name__}: {str(e)[:300]} (binary "
                                               f"{paths.binary})", compiled=compiled)
-        return BuildOutcome(choice, Runner(choice, launch, isolated=True), compiled=compiled,
+        return BuildOutcome(choice, Runner(choice, launch, isolated=self.name in config.isolate), compiled=compiled,
                             seconds=time.perf_counter() - start)
-
-
-def child_environment() -> dict:
-    """Environment for helper processes: the checkout importable, the parent's cache and device choice kept."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env["KERNELS_CACHE_DIR"] = str(config.cache_dir)
-    return env
 
 
 def create() -> CutlassBackend:

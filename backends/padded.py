@@ -98,8 +98,9 @@ class PaddedBackend(Backend):
                                                  compiled=res.compiled))
                     continue
                 launch = _padded_launch(problem, res.runner.launch)
-                outcomes.append(BuildOutcome(choice, Runner(choice, launch), compiled=res.compiled,
-                                             seconds=res.seconds))
+                # a padded Triton choice runs a Triton kernel: isolated when its inner runner is
+                outcomes.append(BuildOutcome(choice, Runner(choice, launch, isolated=res.runner.isolated),
+                                             compiled=res.compiled, seconds=res.seconds))
         order = {c.name: i for i, c in enumerate(choices)}
         return sorted(outcomes, key=lambda o: order[o.choice.name])
 

@@ -168,7 +168,7 @@ def _measure_isolated(problem, runners, timings, details) -> dict[str, Runner]:
             else:
                 counters.bump("benchmarks")
                 timings[runner.choice.name] = res.median_ms
-                details[runner.choice.name] = res.as_dict()
+                details[runner.choice.name] = {**res.as_dict(), "measured_in": "child"}
                 passed[runner.choice.name] = runner
     return passed
 

@@ -193,8 +193,11 @@ class Config:
     # CUTLASS: regexes on choice names; a choice must match allow (if set) and must not match deny (if set)
     cutlass_allow = _Setting("KERNELS_CUTLASS_ALLOW", lambda: "", _parse_regex)
     cutlass_deny = _Setting("KERNELS_CUTLASS_DENY", lambda: "", _parse_regex)
-    # CUTLASS: seconds the isolated verify-and-time child may run before it is killed
-    cutlass_child_timeout_s = _Setting("KERNELS_CUTLASS_CHILD_TIMEOUT", lambda: 300.0, float)
+    # backends whose candidates are verified and timed in a child process (backends/isolated_child.py) before any
+    # runs in the caller: a faulting kernel poisons the CUDA context it runs in. Costs a child start per tune.
+    isolate = _Setting("KERNELS_ISOLATE", lambda: ("cutlass",), _parse_backends)
+    # seconds an isolated verify-and-time child may run before it is killed
+    child_timeout_s = _Setting("KERNELS_CHILD_TIMEOUT", lambda: 300.0, float)
     # dynamic shapes (kernels.dynamic): dims treated as dynamic when mm's `dynamic=` is not given ("" = static),
     # size hints (one winner tuned per hint), runtime mode, and which sizes share a benchmark-mode decision
     dynamic_dims = _Setting("KERNELS_DYNAMIC", lambda: (), parse_dims)

@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 from backends.cutlass import ArtifactPaths, artifact_valid, publish_marker
-from backends.cutlass_child import TAG, _parse
+from backends.isolated_child import TAG, _parse
 from backends.cutlass_render import BuildJob, build_key, ninja_text, render, spec_for
 from kernels.choice import Choice
 from kernels.heuristics_cutlass import CutlassConfig
@@ -126,10 +126,10 @@ def test_isolated_child_that_cannot_start_fails_every_choice(monkeypatch):
         import pytest
 
         pytest.skip("needs a machine without CUDA")
-    from backends.cutlass_child import run_isolated
+    from backends.isolated_child import run_isolated
 
     cs = [choice("cutlass2x_sm80_mm", SM80_CFG), choice("cutlass3x_sm90_mm", SM90_CFG)]
-    res = run_isolated(problem(), cs, 10.0, 120.0)
+    res = run_isolated("cutlass", problem(), cs, 10.0, 120.0)
     assert set(res) == {c.name for c in cs}
     assert all(isinstance(v, str) and v.startswith("not measured: isolated child exited with status") for v in
                res.values())

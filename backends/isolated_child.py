@@ -1,19 +1,26 @@
-"""Verify and time CUTLASS candidates in a child process (`python -m backends.cutlass_child`).
+"""Verify and time candidates of any backend in a child process (`python -m backends.isolated_child`).
 
 A kernel that faults (illegal address) poisons its CUDA context for good, so it must not run in the caller.
+Backends listed in `config.isolate` (KERNELS_ISOLATE; CUTLASS by default) measure their runners here.
 The parent sends one JSON request on stdin; the child answers one tagged JSON line per event on stdout:
 {"start": name} before touching a candidate, then {"name", "timing"} or {"name", "error"}. When the child dies or
 times out, the candidate that started without an answer is the culprit; the rest run in a fresh child.
 The checks and timing are kernels.verify and kernels.timing, exactly as in-process tuning uses them.
+
+KERNELS_CHILD_FAULT=<choice name> makes the child kill itself (SIGSEGV) when it starts that candidate: fault
+injection, so the isolation itself can be tested on any machine.
 """
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 
-TAG = "@@kernels-cutlass "
+TAG = "@@kernels-child "
+FAULT_ENV = "KERNELS_CHILD_FAULT"
 STDERR_TAIL = 1500
 
 
@@ -43,11 +50,22 @@ def _parse(stdout: str) -> tuple[dict[str, dict], str | None]:
     return answers, in_flight
 
 
-def run_isolated(problem, choices, budget_ms: float, timeout_s: float) -> dict:
-    """name -> kernels.timing.Timing, or name -> failure text, for every choice. Never raises for a kernel's fault."""
+def child_environment() -> dict:
+    """Environment for helper processes: the checkout importable, the parent's cache and device choice kept."""
+    from kernels.config import config
+    from kernels.toolchain import REPO_ROOT
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["KERNELS_CACHE_DIR"] = str(config.cache_dir)
+    return env
+
+
+def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: float) -> dict:
+    """name -> kernels.timing.Timing, or name -> failure text, for every choice of `backend`. Never raises for a
+    kernel's fault."""
     import torch
 
-    from backends.cutlass import child_environment
     from kernels.config import config
     from kernels.timing import Timing
     from kernels.toolchain import REPO_ROOT
@@ -56,9 +74,11 @@ def run_isolated(problem, choices, budget_ms: float, timeout_s: float) -> dict:
     remaining = list(choices)
     seed = int(time.time_ns() % (1 << 31))
     while remaining:
-        request = {"problem": json.loads(problem.key()), "choices": [c.as_dict() for c in remaining], "budget_ms": budget_ms, "seed": seed,
-                   "device": torch.cuda.current_device() if torch.cuda.is_available() else 0, "cache_dir": str(config.cache_dir)}
-        proc = subprocess.Popen([sys.executable, "-m", "backends.cutlass_child"], stdin=subprocess.PIPE,
+        request = {"backend": backend, "problem": json.loads(problem.key()),
+                   "choices": [c.as_dict() for c in remaining], "budget_ms": budget_ms, "seed": seed,
+                   "device": torch.cuda.current_device() if torch.cuda.is_available() else 0,
+                   "cache_dir": str(config.cache_dir)}
+        proc = subprocess.Popen([sys.executable, "-m", "backends.isolated_child"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO_ROOT),
                                 env=child_environment())
         timed_out = False
@@ -85,9 +105,11 @@ def run_isolated(problem, choices, budget_ms: float, timeout_s: float) -> dict:
 
 
 # -- child side -----------------------------------------------------------------------------------------------------
-def _context_alive() -> bool:
+def _context_alive(device: str) -> bool:
     import torch
 
+    if device != "cuda":
+        return True
     try:
         torch.cuda.synchronize()
         (torch.ones(1, device="cuda") + 1).item()
@@ -99,7 +121,7 @@ def _context_alive() -> bool:
 def main() -> int:
     import torch
 
-    from backends.cutlass import CutlassBackend
+    from backends import get_backend
     from kernels.choice import Choice
     from kernels.config import config
     from kernels.problem import GemmProblem
@@ -108,28 +130,34 @@ def main() -> int:
 
     request = json.loads(sys.stdin.read())
     config.cache_dir = request["cache_dir"]
-    torch.cuda.set_device(request["device"])
     problem = GemmProblem.from_dict(request["problem"])
+    device = problem.device
+    if device == "cuda":
+        torch.cuda.set_device(request["device"])
     choices = [Choice.from_dict(c) for c in request["choices"]]
     budget_ms = float(request["budget_ms"])
-    outcomes = CutlassBackend().build(problem, choices)    # artifacts exist: this only loads
+    outcomes = get_backend(request["backend"]).build(problem, choices)    # artifacts exist: this only loads
+    fault = os.environ.get(FAULT_ENV)
 
-    a, b = make_inputs(problem, "cuda", seed=request["seed"])
+    a, b = make_inputs(problem, device, seed=request["seed"])
     ref = reference(problem, a, b)
-    n_sets = rotation_sets((problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes, "cuda")
-    sets = [(a, b)] + [make_inputs(problem, "cuda", seed=request["seed"] + s) for s in range(1, n_sets)]
+    n_sets = rotation_sets((problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes, device)
+    sets = [(a, b)] + [make_inputs(problem, device, seed=request["seed"] + s) for s in range(1, n_sets)]
 
     for outcome in outcomes:
         name = outcome.choice.name
         _emit({"start": name})
+        if name == fault:
+            os.kill(os.getpid(), signal.SIGSEGV)
         if outcome.runner is None:
             _emit({"name": name, "error": outcome.error or "build failed"})
             continue
         launch = outcome.runner.launch
         try:
-            out = poisoned_output(problem, "cuda")
+            out = poisoned_output(problem, device)
             launch(a, b, out)
-            torch.cuda.synchronize()
+            if device == "cuda":
+                torch.cuda.synchronize()
             result = check(problem, out, ref)
             if not result.ok:
                 _emit({"name": name, "error": f"wrong result: {result.message}"})
@@ -139,11 +167,11 @@ def main() -> int:
                 x, y = sets[i]
                 return launch(x, y, None)
 
-            timing = measure(call, n_sets, "cuda", budget_ms)
+            timing = measure(call, n_sets, device, budget_ms)
             _emit({"name": name, "timing": timing.as_dict()})
         except Exception as e:  # noqa: BLE001 - one candidate's failure is data
             _emit({"name": name, "error": f"crashed: {type(e).__name__}: {str(e)[:300]}"})
-            if not _context_alive():
+            if not _context_alive(device):
                 return 3      # the context is poisoned: the parent runs the rest in a fresh child
     return 0
 

@@ -1,0 +1,68 @@
+"""Isolated measurement (backends/isolated_child.py) end to end on CPU: Triton candidates verified and timed in a
+child process through the interpreter, and a candidate whose child dies (fault injection) loses without taking the
+caller down. On the GPU the same path guards against illegal-address faults (tests/test_cutlass_gpu.py)."""
+import re
+
+import pytest
+import torch
+
+import kernels
+from backends.isolated_child import FAULT_ENV
+from backends.triton import TritonBackend
+from kernels.config import interpret_mode
+from kernels.problem import GemmProblem
+from tests.test_triton_interpreter import assert_close, operand
+
+pytestmark = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
+
+
+def two_triton_choices(a, b) -> list[str]:
+    choices, _ = TritonBackend().choices(GemmProblem.from_tensors("mm", a, b))
+    names = [c.name for c in choices if c.template == "triton_mm"][:2]
+    assert len(names) == 2
+    return names
+
+
+@pytest.fixture
+def isolated_triton(isolated_cache):
+    kernels.config.backends = ("triton",)
+    kernels.config.isolate = ("triton",)
+    kernels.config.bench_budget_ms = 2.0
+
+
+def test_isolated_triton_candidates_are_measured_in_a_child(isolated_triton):
+    a, b = operand(17, 65, "row", torch.float16), operand(65, 33, "col", torch.float16)
+    names = two_triton_choices(a, b)
+    kernels.config.only = "|".join("^" + re.escape(n) + "$" for n in names)
+    assert_close(kernels.mm(a, b), a, b)
+    sel = kernels.explain(a, b)
+    assert sel.winner in names
+    for n in names:
+        assert isinstance(sel.timings[n], float), sel.timings[n]
+        assert sel.details[n]["measured_in"] == "child"
+
+
+def test_a_candidate_whose_child_dies_loses_and_the_caller_goes_on(isolated_triton, monkeypatch):
+    a, b = operand(20, 48, "row", torch.float16), operand(48, 24, "row", torch.float16)
+    names = two_triton_choices(a, b)
+    kernels.config.only = "|".join("^" + re.escape(n) + "$" for n in names)
+    monkeypatch.setenv(FAULT_ENV, names[0])          # the child SIGSEGVs when it starts this one
+    assert_close(kernels.mm(a, b), a, b)
+    sel = kernels.explain(a, b)
+    assert sel.winner == names[1]
+    assert sel.timings[names[0]].startswith("crashed: isolated child exited with status"), sel.timings[names[0]]
+    assert isinstance(sel.timings[names[1]], float)          # measured by a fresh child after the crash
+    assert_close(kernels.mm(a, b), a, b)                     # this process is unharmed
+
+
+def test_padded_triton_choices_inherit_isolation(isolated_triton):
+    kernels.config.backends = ("padded",)
+    a, b = operand(17, 65, "row", torch.float16), operand(65, 33, "row", torch.float16)     # misaligned rows
+    kernels.config.only = "^padded_aten_mm$|^padded_triton_mm_"
+    assert_close(kernels.mm(a, b), a, b)
+    sel = kernels.explain(a, b)
+    timed = {n for n, t in sel.timings.items() if isinstance(t, float)}
+    triton = {n for n in timed if n.startswith("padded_triton_mm_")}
+    assert triton and "padded_aten_mm" in timed
+    assert all(sel.details[n]["measured_in"] == "child" for n in triton)
+    assert sel.details["padded_aten_mm"].get("measured_in") != "child"
