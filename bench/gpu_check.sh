@@ -4,7 +4,9 @@
 # 1. the GPU tests of the Triton templates (incl. CUDA-graph capture of every launcher) and of the core slice;
 # 2. issue 3's suite with the host-bound final-round rule off and on (KERNELS_HOST_BOUND_TOLERANCE), to decide its
 #    default: it should keep every speedup and fix host-bound picks like 1024^3's;
-# 3. dynamic similarity mode on (11008, 4096), where the outside-the-hints rule should bring M < 64 to <= 1.2x.
+# 3. dynamic similarity mode on (11008, 4096), where the outside-the-hints rule should bring M < 64 to <= 1.2x;
+# 4. isolated measurement (backends/isolated_child.py) on the GPU: its tests, and what KERNELS_ISOLATE=triton costs a
+#    cold tune and a new shape with built binaries (to decide whether Triton can be isolated by default).
 set -u
 OUT=${OUT:-results/gpu_check}
 mkdir -p "$OUT"
@@ -18,3 +20,15 @@ for tol in 0 0.15; do
 done
 timeout 150 python3 -m bench.dynamic --shapes 11008x4096 --no-table --num-m 24 --time-limit-s 130 \
   --out "$OUT/dynamic_11008x4096.json" > "$OUT/dynamic.txt" 2>&1; grep -A4 "^| mode" "$OUT/dynamic_11008x4096.md"
+timeout 120 python3 -m pytest -q tests/test_isolation.py tests/test_cutlass_gpu.py -k "isolat or faulting" \
+  -p no:cacheprovider 2>&1 | tail -2
+for iso in cutlass cutlass,triton; do
+  KERNELS_ISOLATE=$iso KERNELS_CACHE_DIR=$(mktemp -d) timeout 120 python3 -c "
+import time, torch, kernels
+torch.mm(torch.ones(8, 8, device='cuda'), torch.ones(8, 8, device='cuda')); torch.cuda.synchronize()
+for m in (1024, 2048):   # the second M reuses the first one's binaries
+    a = torch.randn(m, 4096, device='cuda', dtype=torch.bfloat16); b = torch.randn(4096, 4096, device='cuda', dtype=torch.bfloat16)
+    t0 = time.perf_counter(); kernels.mm(a, b); torch.cuda.synchronize()
+    print('KERNELS_ISOLATE=$iso', m, 'first call s', round(time.perf_counter() - t0, 2), kernels.explain(a, b).winner)
+"
+done

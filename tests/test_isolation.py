@@ -13,7 +13,13 @@ from kernels.config import interpret_mode
 from kernels.problem import GemmProblem
 from tests.test_triton_interpreter import assert_close, operand
 
-pytestmark = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not interpret_mode(),
+                                reason="needs a GPU, or TRITON_INTERPRET=1 (set on machines without CUDA)")
+
+
+def operands(m, k, n, lb):
+    return operand(m, k, "row", torch.float16).to(DEVICE), operand(k, n, lb, torch.float16).to(DEVICE)
 
 
 def two_triton_choices(a, b) -> list[str]:
@@ -31,7 +37,7 @@ def isolated_triton(isolated_cache):
 
 
 def test_isolated_triton_candidates_are_measured_in_a_child(isolated_triton):
-    a, b = operand(17, 65, "row", torch.float16), operand(65, 33, "col", torch.float16)
+    a, b = operands(17, 65, 33, "col")
     names = two_triton_choices(a, b)
     kernels.config.only = "|".join("^" + re.escape(n) + "$" for n in names)
     assert_close(kernels.mm(a, b), a, b)
@@ -43,7 +49,7 @@ def test_isolated_triton_candidates_are_measured_in_a_child(isolated_triton):
 
 
 def test_a_candidate_whose_child_dies_loses_and_the_caller_goes_on(isolated_triton, monkeypatch):
-    a, b = operand(20, 48, "row", torch.float16), operand(48, 24, "row", torch.float16)
+    a, b = operands(20, 48, 24, "row")
     names = two_triton_choices(a, b)
     kernels.config.only = "|".join("^" + re.escape(n) + "$" for n in names)
     monkeypatch.setenv(FAULT_ENV, names[0])          # the child SIGSEGVs when it starts this one
@@ -57,7 +63,7 @@ def test_a_candidate_whose_child_dies_loses_and_the_caller_goes_on(isolated_trit
 
 def test_padded_triton_choices_inherit_isolation(isolated_triton):
     kernels.config.backends = ("padded",)
-    a, b = operand(17, 65, "row", torch.float16), operand(65, 33, "row", torch.float16)     # misaligned rows
+    a, b = operands(17, 65, 33, "row")     # misaligned rows
     kernels.config.only = "^padded_aten_mm$|^padded_triton_mm_"
     assert_close(kernels.mm(a, b), a, b)
     sel = kernels.explain(a, b)
