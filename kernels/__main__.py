@@ -146,7 +146,8 @@ def _report(rows, top_k: int, learned, title: str) -> None:
         print("  " + s.summary())
         if len(models) == 1 or model is learned:
             for p in s.problems:
-                print(f"    {p.label:<48} n={p.candidates:<5} rho={p.spearman:6.3f} regret={p.regret:.3f} "
+                tuned = "" if p.regret_tuned is None else f" with aten {p.regret_tuned:.3f}"
+                print(f"    {p.label:<48} n={p.candidates:<5} rho={p.spearman:6.3f} regret={p.regret:.3f}{tuned} "
                       f"picked {p.picked}")
 
 
