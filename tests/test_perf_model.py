@@ -10,7 +10,7 @@ from backends import get_backend
 from kernels import config, perf_learned
 from kernels.choice import Choice
 from kernels.heuristics import GemmConfig, candidate_configs
-from kernels.perf_data import append_rows, parse_shapes, read_dataset
+from kernels.perf_data import Row, append_rows, parse_shapes, read_dataset
 from kernels.perf_eval import score, spearman
 from kernels.perf_model import AnalyticModel, model_for
 from kernels.problem import GemmProblem
@@ -184,3 +184,19 @@ def test_collect_on_cpu_writes_rows_and_resumes(tmp_path):
     assert collect([(16, 16, 32)], ["int8"], out, max_configs=1, bench_ms=1.0, resume=True,
                    progress=lines.append) == 0
     assert get_backend("triton") is not None
+
+
+def test_regret_as_tuning_runs_it_counts_aten_on_both_sides():
+    """Tuning benchmarks aten beside the model's picks: a miss by the model costs only what aten does not cover."""
+    p = problem(m=1024, n=1024, k=1024)
+    cfgs = [GemmConfig(128, 128, 64, 3, 4), GemmConfig(64, 64, 32, 2, 4), GemmConfig(32, 32, 32, 2, 4)]
+    pred = AnalyticModel().predict(p, [Choice("triton", "triton_mm", "bf16", c) for c in cfgs])
+    order = sorted(range(3), key=lambda i: pred[i])
+    truth = {order[0]: 2.0, order[1]: 1.5, order[2]: 1.0}     # the model's favourite is measured slowest
+    rows = [Row(p, Choice("triton", "triton_mm", "bf16", c), truth[i], "ok", GPU, "", "") for i, c in enumerate(cfgs)]
+    alone = score(AnalyticModel(), rows, 1).problems[0]
+    assert alone.regret == pytest.approx(2.0) and alone.regret_tuned is None
+    with_aten = rows + [Row(p, Choice("aten", "aten_mm", "bf16"), 1.2, "ok", GPU, "", "")]
+    tuned = score(AnalyticModel(), with_aten, 1)
+    assert tuned.problems[0].regret_tuned == pytest.approx(1.2)       # min(2.0, aten 1.2) / min(1.0, 1.2)
+    assert tuned.geomean_regret_tuned == pytest.approx(1.2) and "as tuning does" in tuned.summary()
