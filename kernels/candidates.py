@@ -153,13 +153,12 @@ def _benchmark_space(problem, backend_name, choices: list[Choice], out: Narrowed
     k = _default_count(problem, backend_name, choices) if space == "default" else int(space)
     if len(choices) <= k:
         return choices
-    from kernels.perf_model import model_for
+    from kernels.perf_model import model_for, top_k
 
     model, why = model_for(problem)
-    predicted = model.predict(problem, choices)
-    order = sorted(range(len(choices)), key=lambda i: (predicted[i] is None, predicted[i] or 0.0, i))
-    kept = [choices[i] for i in sorted(order[:k])]
-    note = (f"{backend_name}: benchmarking {k} of {len(choices)} candidates, the {model.name} model's top {k} "
+    kept = [choices[i] for i in sorted(top_k(model, problem, choices, k))]
+    blend = " (a share of them the analytic model's)" if model.name != "analytic" else ""
+    note = (f"{backend_name}: benchmarking {k} of {len(choices)} candidates, the {model.name} model's top {k}{blend} "
             f"(benchmark space {space})")
     unseen = model.unseen(choices) if hasattr(model, "unseen") else 0
     if unseen:

@@ -119,8 +119,11 @@ def aten_by_problem(rows: list[Row]) -> dict[str, float]:
     return best
 
 
-def score(model, rows: list[Row], top_k: int) -> Score:
-    result = Score(model.name, top_k, [])
+def score(model, rows: list[Row], k: int) -> Score:
+    """Each problem's top k as tuning picks them (kernels.perf_model.top_k), scored against all measured."""
+    from kernels.perf_model import top_k
+
+    result = Score(model.name, k, [])
     aten = aten_by_problem(rows)
     for label, group in sorted(group_by_problem(rows).items()):
         if len(group) < 2:
@@ -132,7 +135,7 @@ def score(model, rows: list[Row], top_k: int) -> Score:
             continue
         measured = [r.ms for _, r in pairs]
         rho = spearman([p for p, _ in pairs], measured)
-        top = sorted(range(len(pairs)), key=lambda i: (pairs[i][0], i))[:top_k]
+        top = top_k(model, problem, [r.choice for _, r in pairs], k)
         picked = min(top, key=lambda i: measured[i])
         best = min(range(len(pairs)), key=lambda i: measured[i])
         base = aten.get(label)

@@ -200,3 +200,23 @@ def test_regret_as_tuning_runs_it_counts_aten_on_both_sides():
     tuned = score(AnalyticModel(), with_aten, 1)
     assert tuned.problems[0].regret_tuned == pytest.approx(1.2)       # min(2.0, aten 1.2) / min(1.0, 1.2)
     assert tuned.geomean_regret_tuned == pytest.approx(1.2) and "as tuning does" in tuned.summary()
+
+
+def test_top_k_with_a_learned_model_gives_analytic_favourites_a_share():
+    from kernels.perf_model import ANALYTIC_SHARE, top_k
+
+    class Reversed:          # a "learned" model that ranks exactly opposite to the analytic one
+        name = "learned"
+
+        def predict(self, p, choices):
+            return [-t for t in AnalyticModel().predict(p, choices)]
+
+    p = problem()
+    cands = [Choice("triton", "triton_mm", "bf16", c) for c in candidate_configs(p, "triton_mm", "exhaustive")][:40]
+    analytic_first = top_k(AnalyticModel(), p, cands, 5)
+    picked = top_k(Reversed(), p, cands, 5)
+    assert len(picked) == len(set(picked)) == 5
+    n_analytic = round(ANALYTIC_SHARE * 5)
+    assert set(analytic_first[:n_analytic]) <= set(picked)                         # the analytic share
+    assert set(top_k(AnalyticModel(), p, cands, 40)[-(5 - n_analytic):]) <= set(picked)   # the learned share
+    assert sorted(top_k(Reversed(), p, cands[:3], 5)) == [0, 1, 2]          # fewer choices than k: all of them
