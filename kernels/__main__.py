@@ -193,6 +193,39 @@ def _model_train(args) -> int:
     return 0
 
 
+def _model_cv(args) -> int:
+    """Leave-one-problem-out: fit on every other problem, score the left-out one; for several analytic shares."""
+    import math
+
+    from kernels import perf_learned
+    from kernels.perf_eval import score
+    from kernels.perf_model import AnalyticModel
+
+    rows, gpu = _load_rows(args.data, args.gpu)
+    key = lambda r: (r.problem.op, r.problem.dtype, r.problem.m, r.problem.n, r.problem.k)
+    problems = sorted({key(r) for r in rows})
+    shares = [float(x) for x in args.shares.split(",")]
+    regrets: dict[str, list[float]] = {}
+    for left_out in problems:
+        train = [(r.problem, r.choice, r.ms) for r in rows
+                 if key(r) != left_out and r.ms is not None and r.choice.backend != "aten"]
+        params = perf_learned.fit(train, perf_learned.default_meta(gpu, "cv", "-"), seed=args.seed, steps=args.steps,
+                                  hidden=args.hidden)
+        learned = perf_learned.LearnedModel(params, "cv")
+        held = [r for r in rows if key(r) == left_out]
+        scores = [score(AnalyticModel(), held, args.top_k)] + [score(learned, held, args.top_k, s) for s in shares]
+        for s in scores:
+            if s.problems:
+                regrets.setdefault(s.model, []).append(s.problems[0].regret)
+        print(f"{'x'.join(map(str, left_out[2:]))} " + " ".join(
+            f"{s.model}={s.problems[0].regret:.3f}" for s in scores if s.problems), flush=True)
+    print(f"leave-one-problem-out over {len(problems)} problems, top-{args.top_k} regret (geomean / worst):")
+    for name, vals in regrets.items():
+        gm = math.exp(sum(map(math.log, vals)) / len(vals))
+        print(f"  {name:>12}: {gm:.3f} / {max(vals):.3f}")
+    return 0
+
+
 def _model_eval(args) -> int:
     from kernels import perf_learned
 
@@ -234,19 +267,24 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--time-limit", type=float, default=None, help="start no new problem after this many seconds")
     col.add_argument("--resume", action="store_true", help="append to --out, skipping problems already there")
     col.add_argument("--out", required=True, help="dataset CSV to write")
-    for name, helptext in (("train", "fit the learned model"), ("eval", "score the models on a dataset")):
+    for name, helptext in (("train", "fit the learned model"), ("eval", "score the models on a dataset"),
+                           ("cv", "leave-one-problem-out cross-validation of the learned model and the top-k blend")):
         p = model.add_parser(name, help=helptext)
         p.add_argument("--data", nargs="+", required=True, help="dataset CSV file(s)")
         p.add_argument("--gpu", help="use only rows from this GPU (needed when the data mixes GPUs)")
         p.add_argument("--top-k", type=int, default=5, help="benchmark space scored (default 5)")
-        if name == "train":
+        if name in ("train", "cv"):
+            p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--steps", type=int, default=1500)
+            p.add_argument("--hidden", type=int, default=48)
+        if name == "cv":
+            p.add_argument("--shares", default="0,0.2,0.4,0.6",
+                           help="analytic shares of the top k to compare (default 0,0.2,0.4,0.6)")
+        elif name == "train":
             p.add_argument("--out", help="parameter file (default kernels/data/perf_model_<gpu>.json)")
             p.add_argument("--eval", nargs="+", help="held-out dataset CSV(s) to report on")
             p.add_argument("--holdout-frac", type=float, default=0.0,
                            help="hold out this fraction of the problems (by a stable hash) and report on them")
-            p.add_argument("--seed", type=int, default=0)
-            p.add_argument("--steps", type=int, default=1500)
-            p.add_argument("--hidden", type=int, default=48)
             p.add_argument("--note", help="free text stored in the model's meta")
         else:
             p.add_argument("--model", help="learned model parameters (.json); without it only the analytic model")
@@ -262,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         return _lut_export(args) if args.lut_command == "export" else _lut_check(args)
     if args.model_command == "collect":
         return _model_collect(args)
-    return _model_train(args) if args.model_command == "train" else _model_eval(args)
+    return {"train": _model_train, "eval": _model_eval, "cv": _model_cv}[args.model_command](args)
 
 
 if __name__ == "__main__":

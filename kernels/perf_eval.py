@@ -119,11 +119,13 @@ def aten_by_problem(rows: list[Row]) -> dict[str, float]:
     return best
 
 
-def score(model, rows: list[Row], k: int) -> Score:
+def score(model, rows: list[Row], k: int, analytic_share: float | None = None) -> Score:
     """Each problem's top k as tuning picks them (kernels.perf_model.top_k), scored against all measured."""
-    from kernels.perf_model import top_k
+    from kernels.perf_model import ANALYTIC_SHARE, top_k
 
-    result = Score(model.name, k, [])
+    share = ANALYTIC_SHARE if analytic_share is None else analytic_share
+    result = Score(model.name if model.name == "analytic" or share == ANALYTIC_SHARE else
+                   f"{model.name}+{share:.0%}a", k, [])
     aten = aten_by_problem(rows)
     for label, group in sorted(group_by_problem(rows).items()):
         if len(group) < 2:
@@ -135,7 +137,7 @@ def score(model, rows: list[Row], k: int) -> Score:
             continue
         measured = [r.ms for _, r in pairs]
         rho = spearman([p for p, _ in pairs], measured)
-        top = top_k(model, problem, [r.choice for _, r in pairs], k)
+        top = top_k(model, problem, [r.choice for _, r in pairs], k, share)
         picked = min(top, key=lambda i: measured[i])
         best = min(range(len(pairs)), key=lambda i: measured[i])
         base = aten.get(label)

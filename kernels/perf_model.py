@@ -215,21 +215,23 @@ class AnalyticModel:
 
 # -- which model -----------------------------------------------------------------------------------------------------
 # With a learned model, 2 of every 5 places go to the analytic model's favourites. Chosen by leave-one-problem-out
-# cross-validation on the H200 training set only (17 problems, bf16): top-5 regret (geomean / worst) 1.033 / 1.313
-# for 3 learned + 2 analytic, 1.169 / 6.089 for the learned model alone, 1.080 / 1.470 for the analytic one.
+# cross-validation on the H200 training set only (16 problems, bf16; `python -m kernels model cv --data
+# data/perf/h200_train_bf16.csv`): top-5 regret (geomean / worst) 1.033 / 1.313 for 3 learned + 2 analytic,
+# 1.169 / 6.089 for the learned model alone, 1.080 / 1.470 for the analytic one.
 ANALYTIC_SHARE = 0.4
 
 
-def top_k(model: PerfModel, problem: GemmProblem, choices: Sequence[Choice], k: int) -> list[int]:
+def top_k(model: PerfModel, problem: GemmProblem, choices: Sequence[Choice], k: int,
+          analytic_share: float = ANALYTIC_SHARE) -> list[int]:
     """Indices of the k choices to build and benchmark: the model's fastest predictions, and with a learned model
     a share of the places for the analytic model's (its errors are different ones)."""
     def order(pred):
         return sorted(range(len(choices)), key=lambda i: (pred[i] is None, pred[i] or 0.0, i))
 
     ranked = order(model.predict(problem, choices))
-    if model.name == "analytic" or k < 2:
+    if model.name == "analytic" or k < 2 or analytic_share <= 0:
         return ranked[:k]
-    picked = ranked[:k - max(1, round(ANALYTIC_SHARE * k))]
+    picked = ranked[:k - max(1, round(analytic_share * k))]
     for i in order(AnalyticModel().predict(problem, choices)) + ranked:
         if len(picked) >= min(k, len(choices)):
             break
