@@ -127,12 +127,25 @@ def rotation_sets(bytes_per_set: int, device: str, l2_bytes: int | None = None, 
     return int(max(1, min(want, max_sets, fit)))
 
 
+_side_streams: dict[int, "torch.cuda.Stream"] = {}
+
+
+def _side_stream() -> "torch.cuda.Stream":
+    """One warm-up stream per device, reused: launchers keep workspaces per stream, so a fresh stream per
+    measurement would leave a fresh workspace behind each time."""
+    index = torch.cuda.current_device()
+    stream = _side_streams.get(index)
+    if stream is None:
+        stream = _side_streams[index] = torch.cuda.Stream()
+    return stream
+
+
 def device_time_ms(call: Call, n_sets: int, reps: int = 20, replays: int = 10) -> float | None:
     """GPU time per call with the host taken out: `reps` calls (rotating input sets) captured in a CUDA graph and
     replayed. None when the call cannot be captured (that is data, not an error: the caller falls back to the
     host-inclusive time)."""
     try:
-        side = torch.cuda.Stream()
+        side = _side_stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):       # warm up off the default stream, as capture requires
             for i in range(3):
