@@ -135,6 +135,12 @@ def _load_rows(paths, gpu: str | None):
     return [r for r in rows if r.gpu == gpu], gpu
 
 
+def _problem_key(row) -> tuple:
+    """What makes two dataset rows the same problem, for holding problems out."""
+    p = row.problem
+    return (p.op, p.dtype, p.m, p.n, p.k)
+
+
 def _report(rows, top_k: int, learned, title: str) -> None:
     from kernels.perf_eval import score
     from kernels.perf_model import AnalyticModel
@@ -162,11 +168,9 @@ def _model_train(args) -> int:
     rows, gpu = _load_rows(args.data, args.gpu)
     held: set = set()
     if args.holdout_frac > 0:
-        keys = sorted({(r.problem.op, r.problem.dtype, r.problem.m, r.problem.n, r.problem.k) for r in rows},
-                      key=lambda t: hashlib.sha256(repr(t).encode()).hexdigest())
+        keys = sorted({_problem_key(r) for r in rows}, key=lambda t: hashlib.sha256(repr(t).encode()).hexdigest())
         held = set(keys[:max(1, int(len(keys) * args.holdout_frac))])
-    key = lambda r: (r.problem.op, r.problem.dtype, r.problem.m, r.problem.n, r.problem.k)
-    train = [r for r in rows if key(r) not in held]
+    train = [r for r in rows if _problem_key(r) not in held]
     timed = [(r.problem, r.choice, r.ms) for r in train if r.ms is not None and r.choice.backend != "aten"]
     digest = hashlib.sha256(b"".join(Path(p).read_bytes() for p in args.data)).hexdigest()[:16]
     meta = perf_learned.default_meta(gpu, ",".join(Path(p).name for p in args.data), digest,
@@ -186,7 +190,7 @@ def _model_train(args) -> int:
           f"(train RMSE of log time {params['meta']['train_rmse_log']:.3f}) -> {out}")
     model = perf_learned.LearnedModel(params, out)
     if held:
-        _report([r for r in rows if key(r) in held], args.top_k, model, f"held-out problems ({len(held)})")
+        _report([r for r in rows if _problem_key(r) in held], args.top_k, model, f"held-out problems ({len(held)})")
     if args.eval:
         eval_rows, _ = _load_rows(args.eval, gpu)
         _report(eval_rows, args.top_k, model, f"evaluation data {', '.join(args.eval)}")
@@ -195,24 +199,21 @@ def _model_train(args) -> int:
 
 def _model_cv(args) -> int:
     """Leave-one-problem-out: fit on every other problem, score the left-out one; for several analytic shares."""
-    import math
-
     from kernels import perf_learned
-    from kernels.perf_eval import score
+    from kernels.perf_eval import geomean, score
     from kernels.perf_model import AnalyticModel
 
     rows, gpu = _load_rows(args.data, args.gpu)
-    key = lambda r: (r.problem.op, r.problem.dtype, r.problem.m, r.problem.n, r.problem.k)
-    problems = sorted({key(r) for r in rows})
+    problems = sorted({_problem_key(r) for r in rows})
     shares = [float(x) for x in args.shares.split(",")]
     regrets: dict[str, list[float]] = {}
     for left_out in problems:
         train = [(r.problem, r.choice, r.ms) for r in rows
-                 if key(r) != left_out and r.ms is not None and r.choice.backend != "aten"]
+                 if _problem_key(r) != left_out and r.ms is not None and r.choice.backend != "aten"]
         params = perf_learned.fit(train, perf_learned.default_meta(gpu, "cv", "-"), seed=args.seed, steps=args.steps,
                                   hidden=args.hidden)
         learned = perf_learned.LearnedModel(params, "cv")
-        held = [r for r in rows if key(r) == left_out]
+        held = [r for r in rows if _problem_key(r) == left_out]
         scores = [score(AnalyticModel(), held, args.top_k)] + [score(learned, held, args.top_k, s) for s in shares]
         for s in scores:
             if s.problems:
@@ -221,8 +222,7 @@ def _model_cv(args) -> int:
             f"{s.model}={s.problems[0].regret:.3f}" for s in scores if s.problems), flush=True)
     print(f"leave-one-problem-out over {len(problems)} problems, top-{args.top_k} regret (geomean / worst):")
     for name, vals in regrets.items():
-        gm = math.exp(sum(map(math.log, vals)) / len(vals))
-        print(f"  {name:>12}: {gm:.3f} / {max(vals):.3f}")
+        print(f"  {name:>12}: {geomean(vals):.3f} / {max(vals):.3f}")
     return 0
 
 

@@ -225,7 +225,8 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
         final_ms = {n: t.median_ms for n, t in final.items()}
     else:
         final_ms = {top[0]: timings[top[0]]}
-    best = min(final_ms.values())
+    fastest = min(final_ms, key=final_ms.get)
+    best = final_ms[fastest]
     if device == "cuda" and len(final_ms) > 1 and best < HOST_BOUND_MAX_MS and config.host_bound_tolerance > 0:
         gpu_ms = {n: device_time_ms(_user_call(verified[n], sets), n_sets) for n in final_ms}
         for n, g in gpu_ms.items():
@@ -235,14 +236,14 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
             fastest_gpu = min(gpu_ms[n] for n in close)
             tied = [n for n in close if gpu_ms[n] <= fastest_gpu * (1 + config.tie_tolerance)]
             winner = min(tied, key=lambda n: (choices[n].complexity, gpu_ms[n]))
-            if winner != min(final_ms, key=final_ms.get):
-                notes.append(f"{winner} chosen over {min(final_ms, key=final_ms.get)}: host-bound calls within "
+            if winner != fastest:
+                notes.append(f"{winner} chosen over {fastest}: host-bound calls within "
                              f"{config.host_bound_tolerance:.0%} of each other, ranked by GPU time "
-                             f"({gpu_ms[winner] * 1e3:.1f} vs {gpu_ms[min(final_ms, key=final_ms.get)] * 1e3:.1f} us)")
+                             f"({gpu_ms[winner] * 1e3:.1f} vs {gpu_ms[fastest] * 1e3:.1f} us)")
             return winner
     tied = [n for n, t in final_ms.items() if t <= best * (1 + config.tie_tolerance)]
     winner = min(tied, key=lambda n: (choices[n].complexity, final_ms[n]))
-    if winner != min(final_ms, key=final_ms.get):
-        notes.append(f"{winner} chosen over faster-by-noise {min(final_ms, key=final_ms.get)} (tie tolerance "
+    if winner != fastest:
+        notes.append(f"{winner} chosen over faster-by-noise {fastest} (tie tolerance "
                      f"{config.tie_tolerance:.0%})")
     return winner

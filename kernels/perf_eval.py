@@ -11,6 +11,10 @@ from dataclasses import dataclass
 from kernels.perf_data import Row
 
 
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
 def _ranks(values: list[float]) -> list[float]:
     order = sorted(range(len(values)), key=values.__getitem__)
     ranks = [0.0] * len(values)
@@ -57,8 +61,7 @@ class Score:
 
     @property
     def geomean_regret(self) -> float:
-        vals = [p.regret for p in self.problems]
-        return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else float("nan")
+        return geomean([p.regret for p in self.problems])
 
     @property
     def worst_regret(self) -> float:
@@ -70,8 +73,7 @@ class Score:
 
     @property
     def geomean_regret_tuned(self) -> float:
-        vals = self.tuned
-        return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else float("nan")
+        return geomean(self.tuned)
 
     @property
     def worst_regret_tuned(self) -> float:
