@@ -7,6 +7,7 @@ from kernels.config import interpret_mode
 from kernels.problem import GemmProblem
 from tests.test_heuristics import problem
 from tests.test_triton_interpreter import assert_close, operand
+from tests.triton_util import check_launches
 
 interpreted = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
 
@@ -35,12 +36,7 @@ def test_every_padded_choice_matches_torch(dtype, m, n, k, la, lb):
     assert len(choices) >= (1 if dtype == torch.int8 else 2) and not skipped
     for outcome in backend.build(p, choices):
         assert outcome.runner is not None, outcome.error
-        c = outcome.runner.launch(a, b, None)
-        assert c.shape == (m, n) and c.is_contiguous()
-        assert_close(c, a, b)
-        out = torch.empty(m, n + 3, dtype=c.dtype)[:, :n]
-        assert outcome.runner.launch(a, b, out) is out
-        assert_close(out, a, b)
+        check_launches(outcome.runner, a, b)
 
 
 @interpreted
@@ -66,13 +62,7 @@ def test_two_launch_triton_padded_matches_torch(dtype, m, n, k, la, lb):
     a, b = operand(m, k, la, dtype), operand(k, n, lb, dtype)
     template = "triton_padded_int8_mm" if dtype == torch.int8 else "triton_padded_mm"
     for outcome in build_offered(template, a, b, limit=2):
-        for _ in range(2):                     # the padded buffers are reused: stale data must not leak
-            c = outcome.runner.launch(a, b, None)
-            assert c.shape == (m, n) and c.is_contiguous()
-            assert_close(c, a, b)
-        out = torch.empty(m, n + 3, dtype=c.dtype)[:, :n]
-        assert outcome.runner.launch(a, b, out) is out
-        assert_close(out, a, b)
+        check_launches(outcome.runner, a, b, calls=2)       # the padded buffers are reused between calls
 
 
 def test_two_launch_padded_not_offered_for_aligned_problems():

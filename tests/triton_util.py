@@ -1,4 +1,4 @@
-"""Build what a Triton template family offers for (a, b): the setup every template test shares."""
+"""What the template tests share: build what a Triton family offers for (a, b), and check a runner's launches."""
 import pytest
 import torch
 
@@ -24,3 +24,19 @@ def build_offered(template: str, a: torch.Tensor, b: torch.Tensor, limit: int, r
     for outcome in outcomes:
         assert outcome.runner is not None, outcome.error
     return outcomes
+
+
+def check_launches(runner, a: torch.Tensor, b: torch.Tensor, calls: int = 1, out_pad: int = 3) -> None:
+    """`calls` launches in a row each return torch's product in a fresh contiguous (M, N) tensor (buffers a runner
+    reuses between calls must not leak stale data), and a caller's `out` with rows `out_pad` longer than N is
+    written in place."""
+    from tests.test_triton_interpreter import assert_close
+
+    m, n = a.shape[0], b.shape[1]
+    for _ in range(calls):
+        c = runner.launch(a, b, None)
+        assert c.shape == (m, n) and c.is_contiguous()
+        assert_close(c, a, b)
+    out = torch.empty(m, n + out_pad, dtype=c.dtype, device=c.device)[:, :n]
+    assert runner.launch(a, b, out) is out
+    assert_close(out, a, b)
