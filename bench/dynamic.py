@@ -128,7 +128,8 @@ def markdown(report: dict) -> str:
     lines = [f"# Dynamic shapes: multi-kernel size hints ({report.get('device', '?')}, torch {report.get('torch', '?')}, "
              f"triton {report.get('triton', '?')})", "",
              f"dtype {report.get('dtype')}, hints {report.get('hints')}, backends {report.get('backends')}, "
-             f"bucket rule {report.get('buckets')}, run {report.get('seconds', 0):.0f} s"
+             f"bucket rule {report.get('buckets')}, benchmark pool {report.get('pool', 1)} per hint, "
+             f"run {report.get('seconds', 0):.0f} s"
              + (f", time limit {report['time_limit_s']:.0f} s" if report.get("time_limit_s") else ""), ""]
     for shape in report.get("shapes", []):
         k, n = shape["k"], shape["n"]
@@ -418,6 +419,7 @@ def main(argv=None) -> int:
     report = {"device": torch.cuda.get_device_name() if not args.cpu else "cpu (Triton interpreter)",
               "torch": torch.__version__, "triton": triton_version, "dtype": args.dtype, "hints": list(args.hints),
               "backends": list(kernels.config.backends), "buckets": args.buckets,
+              "pool": kernels.config.dynamic_pool,
               "cache_dir": os.environ["KERNELS_CACHE_DIR"], "time_limit_s": args.time_limit_s,
               "bench_budget_ms": kernels.config.bench_budget_ms, "targets": TARGETS, "shapes": []}
     json_path, md_path = out_paths(args.out)

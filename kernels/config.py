@@ -206,6 +206,9 @@ class Config:
     dynamic_buckets = _Setting("KERNELS_DYNAMIC_BUCKETS", lambda: "pow2", parse_buckets)
     # milliseconds of measurement per hint winner when a new bucket is benchmarked (benchmark mode)
     dynamic_bench_ms = _Setting("KERNELS_DYNAMIC_BENCH_MS", lambda: 10.0, float)
+    # benchmark mode: how many of each hint's fastest candidates (its winner first) a new bucket benchmarks. A
+    # runtime size between two hints is often best served by a hint's runner-up, not by either winner.
+    dynamic_pool = _Setting("KERNELS_DYNAMIC_POOL", lambda: 3, _positive_int)
 
     def __init__(self):
         self._overrides: dict[str, Any] = {}

@@ -8,12 +8,13 @@ dynamic) and each hint problem goes through the normal tune + selection store (`
 problems and the runtime problems carry `GemmProblem.dynamic`, so the backends build binaries that do not
 specialise on those dims: a winner tuned at M=64 is the same binary at M=300, loaded, never compiled.
 
-A runtime shape is served by one hint winner, chosen by
-- `benchmark` mode: the first shape seen in a bucket (powers of two by default, `BucketRule`) benchmarks the
-  distinct hint winners on that shape (verified first, timed with kernels.timing); the best serves the whole bucket.
-  Decisions are persisted next to the selections (`BucketStore`), so a new process does not benchmark again.
-- `similarity` mode: no runtime benchmark; the hint whose shapes are nearest by L1 distance in log2 space over
-  A, B and C (`dynamic_rules.log2_distance`).
+A runtime shape is served by a candidate the hint tunes timed, chosen by
+- `benchmark` mode: the first shape seen in a bucket (powers of two by default, `BucketRule`) benchmarks each
+  hint's winner and runners-up (`config.dynamic_pool` per hint) on that shape (verified first, timed with
+  kernels.timing); the best serves the whole bucket. A size between two hints is often served best by neither
+  winner. Decisions are persisted next to the selections (`BucketStore`), so a new process does not benchmark again.
+- `similarity` mode: no runtime benchmark; the winner of the hint whose shapes are nearest by L1 distance in log2
+  space over A, B and C (`dynamic_rules.log2_distance`), with two guards against extrapolating a fixed tile.
 The api then puts the exact shape's launcher in its warm dispatch table: steady state costs what a static call costs.
 """
 from __future__ import annotations
@@ -32,8 +33,18 @@ from backends import get_backend
 from kernels import counters
 from kernels.choice import Choice
 from kernels.config import config
-from kernels.dynamic_rules import (BucketRule, bucket_id, hints_for, nearest, outside_hints, parse_buckets,
-                                   parse_dims, parse_hints, parse_mode)
+from kernels.dynamic_rules import (
+    BucketRule,
+    bucket_id,
+    grid_grows,
+    hints_for,
+    nearest,
+    outside_hints,
+    parse_buckets,
+    parse_dims,
+    parse_hints,
+    parse_mode,
+)
 from kernels.errors import InputTypeError, InputValueError, KernelsError
 from kernels.fsutil import atomic_write_text, file_lock, read_json
 from kernels.heuristics import GemmConfig, supports
@@ -68,7 +79,7 @@ class Dynamic:
         if self.buckets is not None:
             object.__setattr__(self, "buckets", parse_buckets(self.buckets))
 
-    def resolved(self) -> "Dynamic":
+    def resolved(self) -> Dynamic:
         """Every field filled (config for the ones left None); hints as (dim, hints) pairs for exactly `dims`."""
         hints = hints_for(self.hints if self.hints is not None else config.dynamic_hints, self.dims)
         return Dynamic(self.dims, tuple(hints.items()), self.mode or config.dynamic_mode,
@@ -140,13 +151,25 @@ class HintWinner:
 
 
 @dataclass
+class PoolEntry:
+    """A tuned choice that may serve runtime shapes: a hint's winner (rank 1) or one of its runners-up."""
+    choice: Choice
+    hint: HintWinner            # the hint whose tune timed it
+    rank: int                   # its place in that tune, 1 = the winner
+
+    @property
+    def label(self) -> str:
+        return self.hint.label if self.rank == 1 else f"{self.hint.label} #{self.rank}"
+
+
+@dataclass
 class Decision:
     """Which hint winner serves one runtime shape, and why."""
     mode: str
     shape: tuple[int, int, int]
     dims: tuple[str, ...]
     winner: str                                   # choice name that serves the shape
-    hint: str                                     # the hint(s) whose winner it is, e.g. "m=256"
+    hint: str           # the hint(s) whose tune it comes from: "m=256" its winner, "m=256 #2" its runner-up
     source: str                 # similarity | benchmarked | stored | memory | only-candidate | own-tune
     bucket: str = ""
     measured_at: tuple[int, int, int] | None = None   # benchmark mode: the shape the bucket was timed on
@@ -159,7 +182,7 @@ class Decision:
     def why(self) -> str:
         shape = "x".join(map(str, self.shape))
         head = (f"dynamic {','.join(self.dims)}, {self.mode} mode: {shape} served by {self.winner} "
-                f"(winner of hint {self.hint})")
+                f"(hint {self.hint}{'' if '#' in self.hint else ' winner'})")
         if self.source == "own-tune":
             head = (f"dynamic {','.join(self.dims)}, {self.mode} mode: {shape} served by {self.winner}, tuned for "
                     f"this shape because no hint winner can run it")
@@ -170,7 +193,7 @@ class Decision:
         else:
             where = {"benchmarked": "benchmarked here", "stored": "decision read from the selection store",
                      "memory": "decided earlier in this process",
-                     "only-candidate": "every usable hint has this winner, nothing to benchmark"}[self.source]
+                     "only-candidate": "every usable hint candidate is this one, nothing to benchmark"}[self.source]
             at = f" at {'x'.join(map(str, self.measured_at))}" if self.measured_at else ""
             t = ", ".join(f"{n}: {v * 1e3:.1f} us" if isinstance(v, float) else f"{n}: {v}"
                           for n, v in self.timings.items())
@@ -251,37 +274,64 @@ class Family:
         return json.dumps({"hints": [hp.key() for hp in self.hint_problems], "buckets": self.rule.text,
                            "env": fingerprint(backends)}, sort_keys=True)
 
-    def usable(self, runtime: GemmProblem) -> tuple[list[HintWinner], list[str]]:
-        """Hint winners whose choice can run the runtime problem (config limits, e.g. 32-bit offsets)."""
-        ok, notes = [], []
-        for hw in self.winners:
-            c = hw.choice
-            fine, why = True, ""
-            if c.template in TEMPLATE_OPS and isinstance(c.config, GemmConfig):    # the templates supports() knows
-                fine, why = supports(runtime, c.template, c.config)
-            elif c.backend == "aten":               # aten's own limits, e.g. torch._int_mm needs M > 16 on CUDA
-                why = get_backend("aten").choices(runtime)[1].get(c.name, "")
-                fine = not why
-            if not fine:
-                notes.append(f"hint {hw.label} winner {c.name} cannot run this shape: {why}")
-                continue
-            ok.append(hw)
-        return ok, notes
+    def can_run(self, runtime: GemmProblem, c: Choice) -> str:
+        """Why a tuned choice cannot run the runtime problem (config limits, e.g. 32-bit offsets), or ''."""
+        if c.template in TEMPLATE_OPS and isinstance(c.config, GemmConfig):    # the templates supports() knows
+            return supports(runtime, c.template, c.config)[1]
+        if c.backend == "aten":               # aten's own limits, e.g. torch._int_mm needs M > 16 on CUDA
+            return get_backend("aten").choices(runtime)[1].get(c.name, "")
+        return ""
 
-    def hint_labels(self, name: str, among: list[HintWinner]) -> str:
-        return " / ".join(hw.label for hw in among if hw.choice.name == name)
+    def ranked_names(self, hw: HintWinner, per_hint: int) -> list[str]:
+        """A hint's winner, then its fastest other timed candidates: `per_hint` names in all."""
+        rest = [n for n, _ in hw.selection.ranked() if n != hw.choice.name]
+        return [hw.choice.name, *rest][:per_hint]
+
+    def pool(self, runtime: GemmProblem, per_hint: int) -> tuple[list[PoolEntry], list[str]]:
+        """What may serve the runtime problem: each hint's winner and (per_hint > 1) its runners-up, those that
+        can run it. A choice several hints rank appears once per hint."""
+        entries, notes = [], []
+        for hw in self.winners:
+            for rank, name in enumerate(self.ranked_names(hw, per_hint), 1):
+                c = hw.selection.choices[name]
+                why = self.can_run(runtime, c)
+                if why:
+                    if rank == 1:
+                        notes.append(f"hint {hw.label} winner {c.name} cannot run this shape: {why}")
+                    continue
+                entries.append(PoolEntry(c, hw, rank))
+        return entries, notes
+
+    def pool_names(self, per_hint: int) -> list[str]:
+        """Every name the benchmark pool can hold (whatever the runtime shape): the bucket store's staleness key."""
+        return list(dict.fromkeys(n for hw in self.winners for n in self.ranked_names(hw, per_hint)))
+
+    @staticmethod
+    def labels(name: str, entries: list[PoolEntry]) -> str:
+        return " / ".join(e.label for e in entries if e.choice.name == name)
 
     # -- the two modes -----------------------------------------------------------------------------------------
-    def similarity(self, runtime: GemmProblem, usable: list[HintWinner]) -> tuple[Decision, list[str]]:
+    def similarity(self, runtime: GemmProblem, entries: list[PoolEntry]) -> tuple[Decision, list[str]]:
+        usable = [e.hint for e in entries if e.rank == 1]
+        sizes = {d: getattr(runtime, d) for d in self.dims}
         best, dists = nearest(_shape(runtime), [_shape(hw.problem) for hw in usable])
         order = sorted(range(len(usable)), key=lambda i: (round(dists[i], 9), -_volume(usable[i].problem)))
+        notes = []
+        # A tile tuned at a smaller hint that needs more tiles here is extrapolated past a step (H100, K=11008,
+        # N=4096: the M=64 hint's 64-row tile ran M=74 and 110 at 1.5-1.6x a per-M tune): the nearest hint above
+        # serves instead.
+        grows = _grid_growth(usable[best].choice, sizes, usable[best].sizes)
+        above = [i for i in order if all(usable[i].sizes[d] >= sizes[d] for d in grows)]
+        if grows and above:
+            notes.append(f"{usable[best].choice.name} (hint {usable[best].label}) needs more tiles along "
+                         f"{','.join(grows)} here than at its hint: served by hint {usable[above[0]].label}")
+            best = above[0]
+            order = [best] + [i for i in order if i != best]
         # Outside the hints, a fixed tile is extrapolated; an aten winner is not (cuBLAS picks its kernel per call).
         # On the H200, (K, N) = (11008, 4096): M = 1..31 served by the M=64 hint's 64-row Triton tile ran up to
         # 2.4x a per-M tune, served by the aten winner of M=4096 at most 1.12x.
-        notes = []
         aten = [i for i in order if usable[i].choice.backend == "aten"]
-        if aten and usable[best].choice.backend != "aten" and \
-                outside_hints({d: getattr(runtime, d) for d in self.dims}, [hw.sizes for hw in usable]):
+        if aten and usable[best].choice.backend != "aten" and outside_hints(sizes, [hw.sizes for hw in usable]):
             notes.append(f"outside the hints: served by hint {usable[aten[0]].label}'s aten winner instead of the "
                          f"nearest hint {usable[best].label}'s {usable[best].choice.name} (cuBLAS picks per call)")
             best = aten[0]
@@ -291,11 +341,11 @@ class Family:
                        "similarity", distances={hw.label: d for hw, d in zip(usable, dists)}, notes=notes)
         return dec, ranking
 
-    def benchmark(self, runtime: GemmProblem, usable: list[HintWinner]) -> tuple[Decision, list[str]]:
+    def benchmark(self, runtime: GemmProblem, entries: list[PoolEntry]) -> tuple[Decision, list[str]]:
         bid = bucket_id(self.rule, {d: getattr(runtime, d) for d in self.dims})
-        names = list(dict.fromkeys(hw.choice.name for hw in usable))
-        by_name = {hw.choice.name: hw.choice for hw in usable}
-        winners = [hw.choice.name for hw in self.winners]
+        names = list(dict.fromkeys(e.choice.name for e in entries))
+        by_name = {e.choice.name: e.choice for e in entries}
+        pool = self.pool_names(config.dynamic_pool)
 
         def decided(entry: dict, source: str) -> tuple[Decision, list[str]] | None:
             if entry["winner"] not in by_name:
@@ -305,12 +355,12 @@ class Family:
                                                  key=lambda n: _ms(timings.get(n)))
             at = entry.get("measured_at")
             return Decision("benchmark", _shape(runtime), self.dims, entry["winner"],
-                            self.hint_labels(entry["winner"], usable), source, bucket=bid,
+                            self.labels(entry["winner"], entries), source, bucket=bid,
                             measured_at=tuple(at) if at else None, timings=dict(timings),
                             seconds=float(entry.get("seconds", 0.0)) if source == "benchmarked" else 0.0), ranking
 
         if len(names) == 1:
-            return Decision("benchmark", _shape(runtime), self.dims, names[0], self.hint_labels(names[0], usable),
+            return Decision("benchmark", _shape(runtime), self.dims, names[0], self.labels(names[0], entries),
                             "only-candidate", bucket=bid), names
         if bid in self.buckets:
             got = decided(self.buckets[bid], "memory")
@@ -319,7 +369,7 @@ class Family:
         backends = tuple(config.backends) or ("aten",)
         key = self.store_key(backends)
         with self.store.lock(key):
-            entry = self.store.load(key, winners).get(bid)
+            entry = self.store.load(key, pool).get(bid)
             got = decided(entry, "stored") if entry is not None else None
             if got is not None:
                 counters.bump("bucket_disk_hits")
@@ -329,14 +379,23 @@ class Family:
             timings = benchmark_choices(runtime, [by_name[n] for n in names])
             timed = {n: t for n, t in timings.items() if isinstance(t, float)}
             if not timed:
-                raise KernelsError(f"kernels.dynamic: no hint winner ran {runtime.short()}: {timings}")
+                raise KernelsError(f"kernels.dynamic: no hint candidate ran {runtime.short()}: {timings}")
             winner = pick(timed, by_name)
             entry = {"winner": winner, "timings": timings, "measured_at": list(_shape(runtime)),
                      "seconds": time.perf_counter() - start, "created": time.time()}
-            self.store.record(key, winners, bid, entry)
+            self.store.record(key, pool, bid, entry)
             self.buckets[bid] = entry
             counters.bump("bucket_benchmarks")
         return decided(entry, "benchmarked")
+
+
+def _grid_growth(choice: Choice, sizes: dict[str, int], hint: dict[str, int]) -> list[str]:
+    """The dynamic dims along which this choice's tile needs more tiles at `sizes` than at its hint."""
+    cfg = choice.config
+    if not isinstance(cfg, GemmConfig):
+        return []
+    blocks = {"m": cfg.block_m, "n": cfg.block_n}
+    return [d for d, size in sizes.items() if d in blocks and grid_grows(size, hint[d], blocks[d])]
 
 
 def _volume(p: GemmProblem) -> int:
@@ -432,25 +491,25 @@ def launcher_for(problem: GemmProblem, dyn: Dynamic):
             return launch
         fam = family_for(runtime, dyn)
         fam.ensure_winners(lambda hp: _select(api, hp))
-        usable, notes = fam.usable(runtime)
-        if not usable:          # no hint winner can run this shape: tune it on its own (still dynamic: no new spec)
-            launch = api._launcher_for(runtime)
+        entries, notes = fam.pool(runtime, config.dynamic_pool if dyn.mode == "benchmark" else 1)
+        if not any(e.rank == 1 for e in entries):   # no hint winner can run this shape: tune it on its own
+            launch = api._launcher_for(runtime)             # (still dynamic: no new spec)
             sel = api._selections[runtime]
             dec = Decision(dyn.mode, _shape(runtime), dyn.dims, sel.winner, "none", "own-tune",
                            hint_winners={hw.label: hw.choice.name for hw in fam.winners}, notes=fam.notes + notes)
             _decisions[memo] = dec
             _runtime[memo] = launch
             return launch
-        dec, ranking = (fam.similarity if dyn.mode == "similarity" else fam.benchmark)(runtime, usable)
+        dec, ranking = (fam.similarity if dyn.mode == "similarity" else fam.benchmark)(runtime, entries)
         dec.hint_winners = {hw.label: hw.choice.name for hw in fam.winners}
         dec.notes = fam.notes + notes + dec.notes
-        by_name = {hw.choice.name: hw.choice for hw in usable}
+        by_name = {e.choice.name: e.choice for e in entries}
         for name in ranking:
             launch, err = build_launch(runtime, by_name[name])
             if launch is not None:
                 if name != dec.winner:
                     dec.notes.append(f"served by {name} instead: {dec.winner} did not build for this shape")
-                    dec.winner, dec.hint = name, fam.hint_labels(name, usable)
+                    dec.winner, dec.hint = name, fam.labels(name, entries)
                 break
             dec.notes.append(f"{name} could not be built for this shape: {err}")
         else:
@@ -480,8 +539,8 @@ def explain(problem: GemmProblem, dyn: Dynamic) -> Selection:
     runtime = dataclasses.replace(problem, dynamic=dyn.dims)
     fam = family_for(runtime, dyn)
     base = api._selections[runtime] if dec.source == "own-tune" else \
-        next(hw.selection for hw in fam.winners if hw.choice.name == dec.winner)
-    sel = dataclasses.replace(base, source=f"dynamic-{dec.mode}", notes=[dec.why(), *base.notes])
+        next(hw.selection for hw in fam.winners if dec.winner in hw.selection.choices)
+    sel = dataclasses.replace(base, winner=dec.winner, source=f"dynamic-{dec.mode}", notes=[dec.why(), *base.notes])
     sel.decision = dec           # the structured form, for programs (bench/dynamic.py)
     return sel
 

@@ -174,3 +174,10 @@ def outside_hints(sizes: Mapping[str, int], hint_points: list[Mapping[str, int]]
         if values and not min(values) <= size <= max(values):
             return True
     return False
+
+
+def grid_grows(size: int, hint: int, block: int) -> bool:
+    """True when a tile of `block` along a dim needs more tiles at the runtime `size` than at the `hint` it was tuned
+    on: past that step a memory-bound kernel reads its other operand once more per extra tile row, so its time
+    jumps instead of growing with the size."""
+    return size > hint and -(-size // block) > -(-hint // block)

@@ -168,7 +168,93 @@ def test_similarity_extrapolates_with_the_aten_winner():
         hp = substitute(base, {"m": m}, ("m",))
         winners.append(HintWinner({"m": m}, hp, Selection(hp, choice.name, {choice.name: choice}, {choice.name: 0.1})))
     fam.winners = winners
-    below, _ = fam.similarity(substitute(base, {"m": 4}, ("m",)), winners)
+    def similarity(m):
+        runtime = substitute(base, {"m": m}, ("m",))
+        return fam.similarity(runtime, fam.pool(runtime, 1)[0])[0]
+
+    below = similarity(4)
     assert below.winner == "aten_mm" and below.hint == "m=4096" and "outside the hints" in below.notes[0]
-    inside, _ = fam.similarity(substitute(base, {"m": 100}, ("m",)), winners)
-    assert inside.winner == tile.name and inside.hint == "m=64" and not inside.notes
+    inside = similarity(200)
+    assert inside.winner == tile.name and inside.hint == "m=256" and not inside.notes
+
+
+def test_grid_grows_only_past_a_tile_step_above_the_hint():
+    from kernels.dynamic_rules import grid_grows
+
+    assert grid_grows(74, 64, 64) and grid_grows(65, 64, 64) and grid_grows(300, 256, 128)
+    assert not grid_grows(64, 64, 64) and not grid_grows(50, 64, 64)          # at or below the hint
+    assert not grid_grows(100, 64, 128) and not grid_grows(250, 200, 128)     # same tile count
+
+
+def _family(winners_by_m, runners_up=()):
+    """A similarity/benchmark Family over K=11008, N=4096 with the given hint winners (no tuning, no GPU)."""
+    from kernels.dynamic import Dynamic, Family, HintWinner, resolve, substitute
+    from kernels.selection import Selection
+    from tests.test_heuristics import problem
+
+    base = problem(m=64, n=4096, k=11008)
+    fam = Family(base, resolve(Dynamic("m", hints=tuple(winners_by_m), mode="similarity")))
+    winners = []
+    for m, choice in winners_by_m.items():
+        hp = substitute(base, {"m": m}, ("m",))
+        others = [c for hm, c in runners_up if hm == m]
+        everyone = [choice, *others]
+        timings = {c.name: 0.1 + 0.01 * i for i, c in enumerate(everyone)}
+        winners.append(HintWinner({"m": m}, hp, Selection(hp, choice.name, {c.name: c for c in everyone}, timings)))
+    fam.winners = winners
+    return fam, base
+
+
+def test_similarity_does_not_stretch_a_tile_past_its_step():
+    """The nearest hint below whose tile would need more tiles here gives way to the nearest hint above."""
+    from kernels.dynamic import substitute
+    from kernels.heuristics import GemmConfig
+
+    from kernels.choice import Choice
+
+    tile64 = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 32, 128, 5, 4))
+    aten = Choice("aten", "aten_mm", "bf16")
+    fam, base = _family({64: tile64, 256: aten, 4096: aten})
+    for m, hint in ((64, "m=64"), (50, "m=256"), (74, "m=256"), (110, "m=256"), (300, "m=256")):
+        entries, _ = fam.pool(substitute(base, {"m": m}, ("m",)), 1)
+        dec, ranking = fam.similarity(substitute(base, {"m": m}, ("m",)), entries)
+        assert dec.hint == hint, (m, dec)
+        assert ranking[0] == dec.winner
+    entries, _ = fam.pool(substitute(base, {"m": 74}, ("m",)), 1)
+    dec, _ = fam.similarity(substitute(base, {"m": 74}, ("m",)), entries)
+    assert "more tiles along m" in dec.notes[0] and dec.winner == "aten_mm"
+
+
+def test_benchmark_pool_holds_each_hints_runners_up(monkeypatch, tmp_path):
+    """Benchmark mode times each hint's winner and runners-up: a runner-up of hint 256 may serve M=357."""
+    from kernels import dynamic as dyn_mod
+    from kernels.config import config
+    from kernels.dynamic import BucketStore, substitute
+    from kernels.heuristics import GemmConfig
+
+    from kernels.choice import Choice
+
+    aten = Choice("aten", "aten_mm", "bf16")
+    t64 = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 32, 128, 5, 4))
+    t128 = Choice("triton", "triton_mm", "bf16", GemmConfig(128, 128, 64, 5, 8))
+    t256 = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 128, 128, 4, 4))
+    fam, base = _family({64: t64, 256: aten}, runners_up=[(256, t128), (256, t256), (64, aten)])
+    fam.store = BucketStore(tmp_path)
+    config.dynamic_pool = 2
+    assert fam.pool_names(2) == [t64.name, aten.name, t128.name]
+    runtime = substitute(base, {"m": 357}, ("m",))
+    entries, _ = fam.pool(runtime, 2)
+    assert [e.label for e in entries] == ["m=64", "m=64 #2", "m=256", "m=256 #2"]
+    timed = []
+    monkeypatch.setattr(dyn_mod, "benchmark_choices", lambda p, cs: timed.append([c.name for c in cs]) or
+                        {t64.name: 0.2, aten.name: 0.08, t128.name: 0.064})
+    dec, ranking = fam.benchmark(runtime, entries)
+    assert timed == [[t64.name, aten.name, t128.name]]
+    assert dec.winner == t128.name and dec.hint == "m=256 #2" and ranking == [t128.name, aten.name, t64.name]
+    assert "(hint m=256 #2)" in dec.why()
+    again, _ = fam.benchmark(substitute(base, {"m": 400}, ("m",)), entries)   # same bucket (256, 512]
+    assert again.source == "memory" and again.winner == t128.name and len(timed) == 1
+    config.dynamic_pool = 3                                     # a bigger pool: the stored decision is stale
+    fam.buckets.clear()
+    fam.benchmark(runtime, fam.pool(runtime, 3)[0])
+    assert len(timed) == 2
