@@ -54,5 +54,10 @@ class Backend(ABC):
 
         return run_isolated(self.name, problem, [r.choice for r in runners], budget_ms, config.child_timeout_s)
 
+    def prebuild(self, work: list[tuple[GemmProblem, list[Choice]]]) -> int:
+        """Compile ahead, in one batch, the binaries several problems' builds will need; returns how many were
+        compiled. Backends whose per-problem builds already use every core keep the default: nothing ahead."""
+        return 0
+
     def close(self) -> None:
         """Release worker processes and other resources."""

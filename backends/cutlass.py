@@ -264,33 +264,55 @@ class CutlassBackend(Backend):
         run_ninja(str(tools.nvcc), jobs, self.root / "batches", config.max_jobs)
         bump_stat("compiles", len(todo))
 
+    def prebuild(self, work: list[tuple[GemmProblem, list[Choice]]]) -> int:
+        """Every problem's missing binaries in one ninja batch: a problem has a handful of candidates, so
+        per-problem builds leave most cores idle (bench.compare builds a whole suite this way first)."""
+        pending = []
+        for problem, choices in work:
+            for choice in choices:
+                prepared, _ = self._prepare(len(pending), problem, choice)
+                if prepared is not None:
+                    pending.append(prepared)
+        unique = list({p.paths.binary: p for p in pending}.values())
+        return len(self._compile_pending(unique)) if unique else 0
+
+    def _prepare(self, index: int, problem, choice) -> tuple[_Prepared | None, tuple | None]:
+        """(what to compile, None), or (None, the result: an outcome and the binary's paths when it exists)."""
+        start = time.perf_counter()
+        try:
+            key, paths, source = self.artifact_paths(problem, choice)
+            spec = spec_for(problem, choice)
+        except Exception as e:  # noqa: BLE001 - a config that does not render is one failed candidate
+            return None, (BuildOutcome(choice, None, f"render failed: {type(e).__name__}: {e}"), None, start)
+        if artifact_valid(paths, key):
+            return None, (BuildOutcome(choice, None), paths, start)
+        write_if_different(paths.source, source)
+        return _Prepared(index, choice, spec, key, paths, start), None
+
+    def _compile_pending(self, pending: list[_Prepared]) -> dict[int, tuple]:
+        """Compile what is still missing under the build lock (another process may have built some while we
+        waited for it) and publish the good binaries; returns index -> result for what was compiled here."""
+        with file_lock(self.root / "build.lock", config.lock_timeout_s):
+            todo = [p for p in pending if not artifact_valid(p.paths, p.key)]
+            if todo:
+                self._compile(todo)
+            return {p.index: self._finish(p) for p in todo}
+
     def _build_binaries(self, problem, choices) -> list[tuple[BuildOutcome, ArtifactPaths | None, float]]:
         """Per choice: (an outcome without a runner, the binary's paths when it exists, when its build started).
         Renders every choice, then compiles what the artifact store lacks in one ninja batch under the build lock."""
         results: list = [None] * len(choices)
         pending: list[_Prepared] = []
         for i, choice in enumerate(choices):
-            start = time.perf_counter()
-            try:
-                key, paths, source = self.artifact_paths(problem, choice)
-                spec = spec_for(problem, choice)
-            except Exception as e:  # noqa: BLE001 - a config that does not render is one failed candidate
-                results[i] = (BuildOutcome(choice, None, f"render failed: {type(e).__name__}: {e}"), None, start)
-                continue
-            if artifact_valid(paths, key):
-                results[i] = (BuildOutcome(choice, None), paths, start)
-                continue
-            write_if_different(paths.source, source)
-            pending.append(_Prepared(i, choice, spec, key, paths, start))
+            prepared, result = self._prepare(i, problem, choice)
+            if prepared is None:
+                results[i] = result
+            else:
+                pending.append(prepared)
         if pending:
-            with file_lock(self.root / "build.lock", config.lock_timeout_s):
-                # another process may have built some while we waited for the lock
-                todo = [p for p in pending if not artifact_valid(p.paths, p.key)]
-                if todo:
-                    self._compile(todo)
-                for p in pending:
-                    results[p.index] = self._finish(p) if p in todo else (BuildOutcome(p.choice, None), p.paths,
-                                                                          p.start)
+            compiled = self._compile_pending(pending)
+            for p in pending:
+                results[p.index] = compiled.get(p.index, (BuildOutcome(p.choice, None), p.paths, p.start))
         return results
 
     def _finish(self, p: _Prepared) -> tuple[BuildOutcome, ArtifactPaths | None, float]:

@@ -85,7 +85,9 @@ def title(report: Report) -> str:
     unit = "TOPS" if report.args.get("dtype") == "int8" else "TFLOP/s"
     return (f"{d.name} | peak {_fmt(d.peak_tflops, '.0f')} {unit} ({d.peak_shape}) | copy "
             f"{_fmt(d.bandwidth_gbs, '.0f')} GB/s | torch {report.env.get('torch')} triton "
-            f"{report.env.get('triton')} | {report.env.get('date')}")
+            f"{report.env.get('triton')} | {report.env.get('date')}"
+            + (f" | CUTLASS prebuilt: {report.prebuild['compiled'].get('cutlass', 0)} kernels in "
+               f"{report.prebuild['seconds']:.0f} s" if report.prebuild.get("compiled") else ""))
 
 
 def headers(report: Report) -> tuple[str, ...]:

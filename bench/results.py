@@ -101,6 +101,7 @@ class Report:
     shapes: list[ShapeResult]
     mode: str = "gpu"                 # gpu | cpu-interpreter
     summary: Summary | None = None
+    prebuild: dict = field(default_factory=dict)   # the suite-wide build before the first shape: seconds, compiled
 
     def to_dict(self) -> dict:
         return asdict(self)

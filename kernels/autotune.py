@@ -247,3 +247,22 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
         notes.append(f"{winner} chosen over faster-by-noise {fastest} (tie tolerance "
                      f"{config.tie_tolerance:.0%})")
     return winner
+
+
+def prebuild(problems: list[GemmProblem], backends: tuple[str, ...]) -> dict[str, int]:
+    """Compile ahead what tune() will build for each of these problems (same choices, same narrowing), one batch
+    per backend that batches (`Backend.prebuild`); tune() then loads those binaries. Returns backend -> compiled.
+    Best effort: a backend that fails here fails again, with its reason, in tune()."""
+    compiled = {}
+    for name in backends:
+        try:
+            backend = get_backend(name)
+            work = []
+            for problem in problems:
+                if backend.available(problem)[0]:
+                    cands, _ = backend.choices(problem, config.search_space)
+                    work.append((problem, narrow(problem, name, cands).kept))
+            compiled[name] = backend.prebuild(work)
+        except Exception:  # noqa: BLE001 - tune() reports the same failure per problem
+            compiled[name] = 0
+    return compiled

@@ -33,18 +33,8 @@ from backends import get_backend
 from kernels import counters
 from kernels.choice import Choice
 from kernels.config import config
-from kernels.dynamic_rules import (
-    BucketRule,
-    bucket_id,
-    grid_grows,
-    hints_for,
-    nearest,
-    outside_hints,
-    parse_buckets,
-    parse_dims,
-    parse_hints,
-    parse_mode,
-)
+from kernels.dynamic_rules import (BucketRule, bucket_id, grid_grows, hints_for, nearest, outside_hints,
+                                   parse_buckets, parse_dims, parse_hints, parse_mode)
 from kernels.errors import InputTypeError, InputValueError, KernelsError
 from kernels.fsutil import atomic_write_text, file_lock, read_json
 from kernels.heuristics import GemmConfig, supports
