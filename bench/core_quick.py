@@ -69,7 +69,7 @@ def side_by_side(op: str, m: int, n: int, k: int, b_layout: str = "row") -> dict
             "triton_vs_aten": sel.timings.get("aten_int_mm" if op == "int_mm" else "aten_mm", float("nan")) / best_triton[1]
             if isinstance(sel.timings.get("aten_int_mm" if op == "int_mm" else "aten_mm"), float) else None,
             "tune_s": tune_s, "failures": len(sel.failures()), "stats": kernels.stats(),
-            "best_per_template_us": per_template, "graph_gpu_us": gpu,
+            "best_per_template_us": per_template, "graph_gpu_us": gpu, "notes": list(sel.notes),
             "floor_pct": 100 * max(2 * m * n * k / peak, problem.min_bytes / 4.27e12) * 1e3 / t["kernels"].median_ms}
 
 

@@ -177,10 +177,9 @@ class Config:
     retime_top = _Setting("KERNELS_RETIME_TOP", lambda: 3, _positive_int)
     # a candidate must beat a simpler one by more than this fraction to win over it
     tie_tolerance = _Setting("KERNELS_TIE_TOLERANCE", lambda: 0.01, float)
-    # finalists whose user-call times are within this fraction of the best, all bound by the host (their GPU time
-    # well below the call's), are ranked by GPU time instead: host cost that close is noise between runs.
-    # 0 turns the rule off (the default until it has been measured on a GPU: try 0.15)
-    host_bound_tolerance = _Setting("KERNELS_HOST_BOUND_TOLERANCE", lambda: 0.0, float)
+    # small problems (calls under 0.1 ms): finalists whose user-call times are within this fraction of the best are
+    # ranked by GPU time (from a CUDA graph) instead: host cost that close is noise between runs. 0 turns it off
+    host_bound_tolerance = _Setting("KERNELS_HOST_BOUND_TOLERANCE", lambda: 0.05, float)
     # milliseconds of measurement per candidate (spread over samples)
     bench_budget_ms = _Setting("KERNELS_BENCH_MS", lambda: 40.0, float)
     # a candidate already this many times slower than the best so far after a few samples stops being measured

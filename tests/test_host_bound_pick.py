@@ -1,27 +1,70 @@
-"""The host-bound rule of the final round: finalists whose call times are close and all set by the host are ranked
-by GPU time (the H200 run that motivated it: 1024^3 bf16 picked a Triton tile at 19.4 us per call over aten's 21.9,
-whose GPU time was 14.0 us against aten's 5.4, and side by side it then ran 0.84x torch.mm)."""
-from kernels.autotune import host_bound_contenders
+"""The final round's rule for small problems: finalists whose call times are within the host-bound tolerance of the
+fastest are ranked by GPU time. Motivated by 1024^3 bf16, where the tuner picked a Triton tile at 19.4 us per call
+over aten's 21.9 (H200) and 11.4 over 11.9 (H100), with a GPU time 2.6x aten's, and side by side it then ran
+0.84x (H200) and 0.87x (H100) torch.mm."""
+import pytest
+
+from kernels import autotune
+from kernels.autotune import gpu_ranked_contenders
+from kernels.choice import Choice
+from kernels.config import config
+from kernels.heuristics import GemmConfig
+from kernels.timing import Timing
 
 
-def test_close_host_bound_finalists_are_ranked_by_gpu_time():
-    call = {"triton_mm": 0.0194, "aten_mm": 0.0219}
+def test_close_finalists_are_ranked_by_gpu_time():
+    call = {"triton_mm": 0.0114, "aten_mm": 0.0119}
     gpu = {"triton_mm": 0.0140, "aten_mm": 0.0054}
-    close = host_bound_contenders(call, gpu, 0.15)
-    assert sorted(close) == ["aten_mm", "triton_mm"]
-    assert min(close, key=gpu.get) == "aten_mm"
+    close = gpu_ranked_contenders(call, gpu, 0.05)
+    assert sorted(close) == ["aten_mm", "triton_mm"] and min(close, key=gpu.get) == "aten_mm"
 
 
 def test_split_k_keeps_winning_when_it_is_also_faster_on_the_gpu():
-    call = {"split_k": 0.0233, "aten_mm": 0.0270}
+    call = {"split_k": 0.0233, "aten_mm": 0.0240}
     gpu = {"split_k": 0.0056, "aten_mm": 0.0065}
-    assert min(host_bound_contenders(call, gpu, 0.2), key=gpu.get) == "split_k"
+    assert min(gpu_ranked_contenders(call, gpu, 0.05), key=gpu.get) == "split_k"
 
 
-def test_rule_does_not_apply_to_device_bound_or_unmeasured_or_distant_finalists():
-    call = {"a": 0.020, "b": 0.021}
-    assert host_bound_contenders(call, {"a": 0.019, "b": 0.005}, 0.15) == []       # a is device-bound
-    assert host_bound_contenders(call, {"a": None, "b": 0.005}, 0.15) == []        # capture failed for a
-    assert host_bound_contenders({"a": 0.020, "b": 0.030}, {"a": 0.01, "b": 0.005}, 0.15) == []   # b not close
-    assert host_bound_contenders({"a": 0.020}, {"a": 0.01}, 0.15) == []
+def test_rule_does_not_apply_to_unmeasured_or_distant_finalists():
+    assert gpu_ranked_contenders({"a": 0.020, "b": 0.0205}, {"a": None, "b": 0.005}, 0.05) == []   # capture failed
+    assert gpu_ranked_contenders({"a": 0.020, "b": 0.023}, {"a": 0.01, "b": 0.005}, 0.05) == []    # b not close
+    assert gpu_ranked_contenders({"a": 0.020}, {"a": 0.01}, 0.05) == []
+    # a third finalist too slow to be close does not need a GPU time
+    assert sorted(gpu_ranked_contenders({"a": 0.020, "b": 0.0205, "c": 0.04}, {"a": 0.01, "b": 0.005}, 0.05)) == \
+        ["a", "b"]
 
+
+@pytest.fixture
+def final_round(monkeypatch):
+    """_pick_winner with the final round's call times and the GPU times given, as on a GPU (no GPU used)."""
+    aten = Choice("aten", "aten_mm", "bf16")
+    tile = Choice("triton", "triton_mm", "bf16", GemmConfig(128, 128, 64, 5, 8))
+    choices = {aten.name: aten, tile.name: tile}
+
+    def run(call_ms, gpu_ms):
+        names = {"aten": aten.name, "tile": tile.name}
+        monkeypatch.setattr(autotune, "measure_together", lambda fns, *a, **k: {
+            names[key]: Timing(t, t, t, 10, 1) for key, t in call_ms.items()})
+        monkeypatch.setattr(autotune, "_user_call", lambda runner, sets: runner)
+        monkeypatch.setattr(autotune, "device_time_ms", lambda runner, n_sets: gpu_ms[runner])
+        timings = {names[key]: t for key, t in call_ms.items()}
+        details = {n: {} for n in timings}
+        notes = []
+        verified = {n: key for key, n in names.items()}      # each "runner" is its key in gpu_ms
+        winner = autotune._pick_winner(None, timings, choices, verified, [], 1, "cuda", details, notes)
+        return ("aten" if winner == aten.name else "tile"), notes, details
+
+    return run
+
+
+def test_final_round_prefers_the_gpu_cheaper_of_close_small_calls(final_round):
+    winner, notes, details = final_round({"tile": 0.0114, "aten": 0.0119}, {"tile": 0.014, "aten": 0.0054})
+    assert winner == "aten" and "ranked by GPU time" in notes[0]
+    assert details["aten_mm"]["gpu_ms"] == 0.0054
+
+
+def test_final_round_keeps_a_clear_winner_and_big_problems_untouched(final_round):
+    assert final_round({"tile": 0.0100, "aten": 0.0119}, {"tile": 0.014, "aten": 0.0054})[0] == "tile"  # 19% apart
+    assert final_round({"tile": 0.95, "aten": 0.97}, {"tile": 0.9, "aten": 0.5})[0] == "tile"           # not small
+    config.host_bound_tolerance = 0
+    assert final_round({"tile": 0.0114, "aten": 0.0119}, {"tile": 0.014, "aten": 0.0054})[0] == "tile"  # rule off
