@@ -33,11 +33,11 @@ from backends import get_backend
 from kernels import counters
 from kernels.choice import Choice
 from kernels.config import config
-from kernels.dynamic_rules import (BucketRule, bucket_id, grid_grows, hints_for, nearest, outside_hints,
-                                   parse_buckets, parse_dims, parse_hints, parse_mode)
+from kernels.dynamic_rules import (BucketRule, bucket_id, hints_for, nearest, outside_hints, parse_buckets,
+                                   parse_dims, parse_hints, parse_mode, waves)
 from kernels.errors import InputTypeError, InputValueError, KernelsError
 from kernels.fsutil import atomic_write_text, file_lock, read_json
-from kernels.heuristics import GemmConfig, supports
+from kernels.heuristics import DEFAULT_NUM_SMS, GemmConfig, supports
 from kernels.problem import GemmProblem
 from kernels.selection import Selection
 from kernels.templates_info import TEMPLATE_OPS
@@ -307,14 +307,15 @@ class Family:
         best, dists = nearest(_shape(runtime), [_shape(hw.problem) for hw in usable])
         order = sorted(range(len(usable)), key=lambda i: (round(dists[i], 9), -_volume(usable[i].problem)))
         notes = []
-        # A tile tuned at a smaller hint that needs more tiles here is extrapolated past a step (H100, K=11008,
-        # N=4096: the M=64 hint's 64-row tile ran M=74 and 110 at 1.5-1.6x a per-M tune): the nearest hint above
-        # serves instead.
-        grows = _grid_growth(usable[best].choice, sizes, usable[best].sizes)
+        # A tile tuned at a smaller hint whose grid takes more rounds over the SMs here is past a step (H100,
+        # K=11008, N=4096: the M=64 hint's 64x32 tile, 128 programs at M=64, 256 at M=74, ran M=74 and 110 at
+        # 1.5-1.6x a per-M tune; a 64x64 tile, 64 programs at M=64 and 128 up to M=128, ran them at 1.00x): the
+        # nearest hint above serves instead.
+        grows = _grid_growth(usable[best].choice, runtime, usable[best].problem)
         above = [i for i in order if all(usable[i].sizes[d] >= sizes[d] for d in grows)]
         if grows and above:
-            notes.append(f"{usable[best].choice.name} (hint {usable[best].label}) needs more tiles along "
-                         f"{','.join(grows)} here than at its hint: served by hint {usable[above[0]].label}")
+            notes.append(f"{usable[best].choice.name} (hint {usable[best].label}) needs more rounds of programs "
+                         f"here than at its hint (growing {','.join(grows)}): served by hint {usable[above[0]].label}")
             best = above[0]
             order = [best] + [i for i in order if i != best]
         # Outside the hints, a fixed tile is extrapolated; an aten winner is not (cuBLAS picks its kernel per call).
@@ -379,13 +380,23 @@ class Family:
         return decided(entry, "benchmarked")
 
 
-def _grid_growth(choice: Choice, sizes: dict[str, int], hint: dict[str, int]) -> list[str]:
-    """The dynamic dims along which this choice's tile needs more tiles at `sizes` than at its hint."""
+def _grid_growth(choice: Choice, runtime: GemmProblem, hint: GemmProblem) -> list[str]:
+    """The dynamic dims (m, n) past which this choice's grid takes more rounds over the SMs at the runtime shape
+    than at the hint shape it was tuned on; [] for choices without a tile (aten) or that are not past a step."""
     cfg = choice.config
     if not isinstance(cfg, GemmConfig):
         return []
-    blocks = {"m": cfg.block_m, "n": cfg.block_n}
-    return [d for d, size in sizes.items() if d in blocks and grid_grows(size, hint[d], blocks[d])]
+    split = int(dict(choice.params).get("split", 1))
+    sms = _num_sms(runtime)
+    grown = waves(runtime.m, runtime.n, cfg.block_m, cfg.block_n, split, sms) > \
+        waves(hint.m, hint.n, cfg.block_m, cfg.block_n, split, sms)
+    return [d for d in runtime.dynamic if d in ("m", "n") and grown and getattr(runtime, d) > getattr(hint, d)]
+
+
+def _num_sms(problem: GemmProblem) -> int:
+    if problem.device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return DEFAULT_NUM_SMS
 
 
 def _volume(p: GemmProblem) -> int:

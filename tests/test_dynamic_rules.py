@@ -144,10 +144,11 @@ def test_outside_hints_is_below_the_smallest_or_above_the_largest():
     from kernels.dynamic_rules import outside_hints
 
     points = [{"m": 64}, {"m": 256}, {"m": 4096}]
-    assert outside_hints({"m": 1}, points) and outside_hints({"m": 8192}, points)
-    assert not any(outside_hints({"m": m}, points) for m in (64, 100, 4096))
+    assert outside_hints({"m": 1}, points) and outside_hints({"m": 31}, points) and outside_hints({"m": 8193}, points)
+    assert not any(outside_hints({"m": m}, points) for m in (32, 63, 64, 100, 4096, 8192))   # within 2x: not
+    assert outside_hints({"m": 63}, points, margin=1.0)
     grid = [{"m": m, "k": k} for m in (16, 64) for k in (1024, 4096)]
-    assert outside_hints({"m": 32, "k": 512}, grid) and not outside_hints({"m": 32, "k": 2048}, grid)
+    assert outside_hints({"m": 32, "k": 500}, grid) and not outside_hints({"m": 32, "k": 2048}, grid)
 
 
 def test_similarity_extrapolates_with_the_aten_winner():
@@ -178,12 +179,13 @@ def test_similarity_extrapolates_with_the_aten_winner():
     assert inside.winner == tile.name and inside.hint == "m=256" and not inside.notes
 
 
-def test_grid_grows_only_past_a_tile_step_above_the_hint():
-    from kernels.dynamic_rules import grid_grows
+def test_waves_count_rounds_of_programs_over_the_sms():
+    from kernels.dynamic_rules import waves
 
-    assert grid_grows(74, 64, 64) and grid_grows(65, 64, 64) and grid_grows(300, 256, 128)
-    assert not grid_grows(64, 64, 64) and not grid_grows(50, 64, 64)          # at or below the hint
-    assert not grid_grows(100, 64, 128) and not grid_grows(250, 200, 128)     # same tile count
+    assert waves(64, 4096, 64, 32, 1, 132) == 1 and waves(74, 4096, 64, 32, 1, 132) == 2     # 128 -> 256 programs
+    assert waves(64, 4096, 64, 64, 1, 132) == waves(128, 4096, 64, 64, 1, 132) == 1         # 64 -> 128 programs
+    assert waves(129, 4096, 64, 64, 1, 132) == 2 and waves(32, 32, 32, 32, 64, 132) == 1
+    assert waves(16, 4096, 16, 64, 4, 132) == 2                                              # 64 tiles x 4 splits
 
 
 def _family(winners_by_m, runners_up=()):
@@ -206,23 +208,25 @@ def _family(winners_by_m, runners_up=()):
 
 
 def test_similarity_does_not_stretch_a_tile_past_its_step():
-    """The nearest hint below whose tile would need more tiles here gives way to the nearest hint above."""
+    """The nearest hint below whose tile's grid would take another round over the SMs here gives way to the
+    nearest hint above; a tile whose grid still fits one round keeps serving (the two H100 sweeps at K=11008,
+    N=4096: a 64x32 tile from M=74 on, a 64x64 tile only from M=129 on)."""
+    from kernels.choice import Choice
     from kernels.dynamic import substitute
     from kernels.heuristics import GemmConfig
 
-    from kernels.choice import Choice
-
-    tile64 = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 32, 128, 5, 4))
     aten = Choice("aten", "aten_mm", "bf16")
-    fam, base = _family({64: tile64, 256: aten, 4096: aten})
-    for m, hint in ((64, "m=64"), (50, "m=256"), (74, "m=256"), (110, "m=256"), (300, "m=256")):
-        entries, _ = fam.pool(substitute(base, {"m": m}, ("m",)), 1)
-        dec, ranking = fam.similarity(substitute(base, {"m": m}, ("m",)), entries)
-        assert dec.hint == hint, (m, dec)
-        assert ranking[0] == dec.winner
-    entries, _ = fam.pool(substitute(base, {"m": 74}, ("m",)), 1)
-    dec, _ = fam.similarity(substitute(base, {"m": 74}, ("m",)), entries)
-    assert "more tiles along m" in dec.notes[0] and dec.winner == "aten_mm"
+    for tile, cases in ((GemmConfig(64, 32, 128, 5, 4), ((64, "m=64"), (50, "m=64"), (74, "m=256"), (110, "m=256"),
+                                                          (300, "m=256"), (20, "m=256"))),
+                        (GemmConfig(64, 64, 128, 5, 4), ((74, "m=64"), (112, "m=64"), (120, "m=64"), (129, "m=256")))):
+        fam, base = _family({64: Choice("triton", "triton_mm", "bf16", tile), 256: aten, 4096: aten})
+        for m, hint in cases:
+            runtime = substitute(base, {"m": m}, ("m",))
+            dec, ranking = fam.similarity(runtime, fam.pool(runtime, 1)[0])
+            assert dec.hint == hint, (tile, m, dec)
+            assert ranking[0] == dec.winner
+            if (tile.block_n, m) == (32, 74):
+                assert "more rounds of programs" in dec.notes[0] and dec.winner == "aten_mm"
 
 
 def test_benchmark_pool_holds_each_hints_runners_up(monkeypatch, tmp_path):
