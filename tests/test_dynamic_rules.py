@@ -258,6 +258,10 @@ def test_benchmark_pool_holds_each_hints_runners_up(monkeypatch, tmp_path):
     assert "(hint m=256 #2)" in dec.why()
     again, _ = fam.benchmark(substitute(base, {"m": 400}, ("m",)), entries)   # same bucket (256, 512]
     assert again.source == "memory" and again.winner == t128.name and len(timed) == 1
+    # within 5% the simpler choice wins the bucket, then a hint's winner over a runner-up
+    assert dyn_mod.pick({t128.name: 0.064, aten.name: 0.066}, {c.name: c for c in (t128, aten)}) == aten.name
+    assert dyn_mod.pick({t128.name: 0.064, t64.name: 0.066}, {c.name: c for c in (t128, t64)},
+                        frozenset({t64.name})) == t64.name
     config.dynamic_pool = 3                                     # a bigger pool: the stored decision is stale
     fam.buckets.clear()
     fam.benchmark(runtime, fam.pool(runtime, 3)[0])
