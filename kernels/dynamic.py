@@ -37,7 +37,8 @@ from kernels.dynamic_rules import (BucketRule, bucket_id, hints_for, nearest, ou
                                    parse_dims, parse_hints, parse_mode, waves)
 from kernels.errors import InputTypeError, InputValueError, KernelsError
 from kernels.fsutil import atomic_write_text, file_lock, read_json
-from kernels.heuristics import DEFAULT_NUM_SMS, GemmConfig, supports
+from kernels.heuristics import GemmConfig, supports
+from kernels.perf_model import gpu_spec
 from kernels.problem import GemmProblem
 from kernels.selection import Selection
 from kernels.templates_info import TEMPLATE_OPS
@@ -387,16 +388,10 @@ def _grid_growth(choice: Choice, runtime: GemmProblem, hint: GemmProblem) -> lis
     if not isinstance(cfg, GemmConfig):
         return []
     split = int(dict(choice.params).get("split", 1))
-    sms = _num_sms(runtime)
+    sms = gpu_spec(runtime.arch, runtime.device_name).sms
     grown = waves(runtime.m, runtime.n, cfg.block_m, cfg.block_n, split, sms) > \
         waves(hint.m, hint.n, cfg.block_m, cfg.block_n, split, sms)
     return [d for d in runtime.dynamic if d in ("m", "n") and grown and getattr(runtime, d) > getattr(hint, d)]
-
-
-def _num_sms(problem: GemmProblem) -> int:
-    if problem.device == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return DEFAULT_NUM_SMS
 
 
 def _volume(p: GemmProblem) -> int:

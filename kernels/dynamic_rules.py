@@ -1,11 +1,14 @@
 """Pure rules for dynamic shapes: parsing the knobs, shape buckets, and the log2 shape distance.
 
-No torch, no kernels state: kernels.config parses its settings with these, kernels.dynamic dispatches with them.
+No torch, no kernels state (kernels.heuristics' cdiv only): kernels.config parses its settings with these,
+kernels.dynamic dispatches with them.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+
+from kernels.heuristics import cdiv
 
 DIMS = ("m", "n", "k")
 MODES = ("benchmark", "similarity")
@@ -181,5 +184,4 @@ def outside_hints(sizes: Mapping[str, int], hint_points: list[Mapping[str, int]]
 def waves(m: int, n: int, block_m: int, block_n: int, split: int, num_sms: int) -> int:
     """How many rounds a tiled kernel's grid takes on `num_sms` SMs (one program per SM at a time). A tile tuned at
     a smaller size whose grid needs more rounds at the runtime size is past a step: its time jumps."""
-    tiles = -(-m // block_m) * -(-n // block_n) * split
-    return -(-tiles // num_sms)
+    return cdiv(cdiv(m, block_m) * cdiv(n, block_n) * split, num_sms)
