@@ -26,7 +26,8 @@ from kernels.verify import check, make_inputs, poisoned_output, reference
 from kernels.version import __version__
 
 if TYPE_CHECKING:
-    from backends.base import Runner
+    from backends.base import Backend, Runner
+    from kernels.choice import Choice
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,6 +68,15 @@ def _run_checked(runner: Runner, problem: GemmProblem, a, b, ref) -> str | None:
     return None if result.ok else f"wrong result: {result.message}"
 
 
+def candidates(backend: Backend, problem: GemmProblem) -> tuple[list[Choice], dict[str, str], list[str]]:
+    """What tune() builds for this backend: its supported choices narrowed by the lookup table, the name filters and
+    the benchmark space (kernels.candidates); also name -> why left out, and the narrowing's notes."""
+    cands, skipped = backend.choices(problem, config.search_space)
+    narrowed = narrow(problem, backend.name, cands)
+    skipped.update(narrowed.skipped)
+    return narrowed.kept, skipped, narrowed.notes
+
+
 def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, dict[str, Runner]]:
     """Tune one problem; returns the Selection and the runners that passed verification (for dispatch)."""
     start = time.perf_counter()
@@ -83,11 +93,8 @@ def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, di
             if not ok:
                 notes.append(f"{name} unavailable: {why}")
                 continue
-            cands, skipped = backend.choices(problem, config.search_space)
-            narrowed = narrow(problem, name, cands)      # lookup table, name filters, benchmark space
-            cands = narrowed.kept
-            skipped.update(narrowed.skipped)
-            notes.extend(narrowed.notes)
+            cands, skipped, narrow_notes = candidates(backend, problem)
+            notes.extend(narrow_notes)
             for cname, why in skipped.items():
                 timings[cname] = f"unsupported: {why}"
             for c in cands:
@@ -256,8 +263,7 @@ def prebuild(problems: list[GemmProblem], backends: tuple[str, ...]) -> dict[str
             work = []
             for problem in problems:
                 if backend.available(problem)[0]:
-                    cands, _ = backend.choices(problem, config.search_space)
-                    work.append((problem, narrow(problem, name, cands).kept))
+                    work.append((problem, candidates(backend, problem)[0]))
             compiled[name] = backend.prebuild(work)
         except Exception:  # noqa: BLE001 - tune() reports the same failure per problem
             compiled[name] = 0
