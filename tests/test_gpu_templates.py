@@ -4,9 +4,8 @@ import pytest
 import torch
 
 from backends.triton_templates import templates
-from kernels.problem import GemmProblem
 from tests.test_gpu_core import operand, rel_err
-from tests.triton_util import build_offered, op_of
+from tests.triton_util import build_offered, build_padded, op_of
 
 pytestmark = pytest.mark.gpu
 
@@ -57,19 +56,12 @@ def test_fp16_col_major_and_fp32(template):
                                          (300, 200, 100, "row", "col")])
 def test_padded_choices_equal_torch(dtype, m, n, k, la, lb):
     """Every padded choice returns what torch does: same shape, dtype, contiguity, and values (exact for int8)."""
-    from backends.padded import PaddedBackend
-
     a, b = operand(m, k, la, dtype), operand(k, n, lb, dtype)
-    op = "int_mm" if dtype == torch.int8 else "mm"
-    p = GemmProblem.from_tensors(op, a, b)
-    backend = PaddedBackend()
-    assert backend.available(p)[0]
     ref = (a.double() @ b.double())
-    for outcome in backend.build(p, backend.choices(p)[0]):
-        assert outcome.runner is not None, outcome.error
+    for outcome in build_padded(a, b, require_available=True)[0]:
         c = outcome.runner.launch(a, b, None)
         assert c.shape == (m, n) and c.is_contiguous()
-        if op == "int_mm":
+        if dtype == torch.int8:
             assert c.dtype == torch.int32 and torch.equal(c.double(), ref)
         else:
             assert c.dtype == dtype and rel_err(c, a, b) < 1e-2

@@ -7,7 +7,7 @@ from kernels.config import interpret_mode
 from kernels.problem import GemmProblem
 from tests.test_heuristics import problem
 from tests.test_triton_interpreter import assert_close, operand
-from tests.triton_util import check_launches
+from tests.triton_util import build_padded, check_launches
 
 interpreted = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
 
@@ -29,13 +29,9 @@ def test_offered_only_for_misaligned_problems():
                                          (33, 47, 200, "strided", "col")])
 def test_every_padded_choice_matches_torch(dtype, m, n, k, la, lb):
     a, b = operand(m, k, la, dtype), operand(k, n, lb, dtype)
-    op = "int_mm" if dtype == torch.int8 else "mm"
-    p = GemmProblem.from_tensors(op, a, b)
-    backend = PaddedBackend()
-    choices, skipped = backend.choices(p)
-    assert len(choices) >= (1 if dtype == torch.int8 else 2) and not skipped
-    for outcome in backend.build(p, choices):
-        assert outcome.runner is not None, outcome.error
+    outcomes, skipped = build_padded(a, b)
+    assert len(outcomes) >= (1 if dtype == torch.int8 else 2) and not skipped
+    for outcome in outcomes:
         check_launches(outcome.runner, a, b)
 
 
@@ -46,8 +42,7 @@ def test_misaligned_pointer_is_copied():
     b = torch.randn(24, 16).to(torch.float16)
     p = GemmProblem.from_tensors("mm", a, b)
     assert p.align_a == 2 and not is_aligned(p)
-    backend = PaddedBackend()
-    for outcome in backend.build(p, backend.choices(p)[0]):
+    for outcome in build_padded(a, b)[0]:
         assert_close(outcome.runner.launch(a, b, None), a, b)
 
 

@@ -1,4 +1,5 @@
-"""What the template tests share: build what a Triton family offers for (a, b), and check a runner's launches."""
+"""What the template tests share: build what a Triton family or the padded backend offers for (a, b), and check a
+runner's launches."""
 import pytest
 import torch
 
@@ -24,6 +25,22 @@ def build_offered(template: str, a: torch.Tensor, b: torch.Tensor, limit: int, r
     for outcome in outcomes:
         assert outcome.runner is not None, outcome.error
     return outcomes
+
+
+def build_padded(a: torch.Tensor, b: torch.Tensor, require_available: bool = False) -> tuple[list, dict[str, str]]:
+    """Every choice the padded backend offers for the problem of (a, b), built, each with a runner (asserted), and
+    the choices it left out (name -> why); with `require_available`, the backend must say it is available."""
+    from backends.padded import PaddedBackend
+
+    p = GemmProblem.from_tensors(op_of(a), a, b)
+    backend = PaddedBackend()
+    if require_available:
+        assert backend.available(p)[0]
+    choices, skipped = backend.choices(p)
+    outcomes = backend.build(p, choices)
+    for outcome in outcomes:
+        assert outcome.runner is not None, outcome.error
+    return outcomes, skipped
 
 
 def check_launches(runner, a: torch.Tensor, b: torch.Tensor, calls: int = 1, out_pad: int = 3) -> None:
