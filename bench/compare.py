@@ -103,6 +103,12 @@ def run(args: argparse.Namespace, no_gpu: bool, progress: Progress):
                     shapes=[], mode="cpu-interpreter" if no_gpu else "gpu")
     if "cutlass" in backends_all and not no_gpu:
         report.prebuild = _prebuild(shapes, args, device, progress)
+    if not args.no_kernels_mm and not no_gpu:
+        import kernels
+
+        # kernels.mm is timed in steady state: with the C++ warm-call table when it builds here (KERNELS_FASTPATH)
+        progress(f"kernels.mm warm-call table: {kernels.load_fastpath()}")
+        report.env["fastpath"] = kernels.fastpath_status()
     error = None
     for i, shape in enumerate(shapes, 1):
         where = f"[{i}/{len(shapes)}] {shape.label()} {args.dtype} {args.layout}"
@@ -180,8 +186,8 @@ def _measure_shape(args, columns, flt, backends_all, problem, facts, sr, no_gpu,
         timed = sum(isinstance(t, float) for t in out.timings.values())
         progress(f"{where}: {backend} done in {out.seconds:.1f} s ({timed} timed, "
                  f"{len(out.timings) - timed} failed/unsupported)")
-    # kernels.mm first: Inductor's compile leaves process state behind (dynamo, caches), and kernels.mm's warm path
-    # is Python, so it is measured before any torch.compile of this shape runs
+    # kernels.mm first: Inductor's compile leaves process state behind (dynamo, caches) that a host-bound call
+    # feels, so it is measured before any torch.compile of this shape runs
     sets = None
     if not args.no_kernels_mm:
         mm_backends = backends_all if "aten" in backends_all else ("aten",) + backends_all

@@ -95,17 +95,31 @@ def host_cost(n_calls: int = 3000) -> dict:
     a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
     kernels.mm(a, b)
+    from kernels import api
+
     res = {}
-    for name, fn in (("torch.mm", torch.mm), ("kernels.mm", kernels.mm)) * 2:
-        for _ in range(200):
-            fn(a, b)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n_calls):
-            fn(a, b)
-        host = (time.perf_counter() - t0) / n_calls * 1e6
-        torch.cuda.synchronize()
+    fast_call = api._fast_call
+
+    contenders = [("torch.mm", torch.mm), ("kernels.mm", kernels.mm)]
+    if fast_call is not None:
+        contenders.append(("kernels.mm python path", None))
+    for name, fn in contenders * 2:
+        if fn is None:
+            api._fast_call = None
+            fn = kernels.mm
+        try:
+            for _ in range(200):
+                fn(a, b)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n_calls):
+                fn(a, b)
+            host = (time.perf_counter() - t0) / n_calls * 1e6
+            torch.cuda.synchronize()
+        finally:
+            api._fast_call = fast_call
         res[name] = min(res.get(name, 1e9), host)
+    res["fastpath"] = kernels.fastpath_status()
     from kernels.api import _fast_key
 
     for name, fn in (("fast_key", lambda: _fast_key("mm", a, b)),
@@ -142,12 +156,17 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--backends", default="aten,triton")
     ap.add_argument("--suite", choices=sorted(SUITES), default="core")
+    ap.add_argument("--fastpath", choices=("build", "off"), default="build",
+                    help="the C++ warm-call table: built before measuring (default), or off (Python dispatch)")
     args = ap.parse_args()
     import kernels
 
     cache = tempfile.mkdtemp(prefix="kernels_core_")
     os.environ["KERNELS_CACHE_DIR"] = cache
+    os.environ["KERNELS_FASTPATH"] = args.fastpath      # the warm-start child process too
     kernels.config.backends = tuple(args.backends.split(","))
+    t0 = time.perf_counter()
+    print(f"fastpath: {kernels.load_fastpath()} ({time.perf_counter() - t0:.1f} s)", flush=True)
     rows = []
     bf16, int8 = SUITES[args.suite]
     for op, shapes in (("mm", bf16), ("int_mm", int8)):
@@ -166,7 +185,8 @@ def main() -> None:
     hc = host_cost()
     ws = warm_start(cache, args.backends)
     summary = {"rows": rows, "new_shape_with_built_binaries": rebuilt, "host_cost_us": hc, "warm_start": ws,
-               "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "fastpath": kernels.fastpath_status()}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

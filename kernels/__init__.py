@@ -6,9 +6,10 @@
     kernels.explain(a, b).winner
     c = kernels.mm(x, w, dynamic="m")   # M varies: one winner per size hint, each new M served by one of them
 """
-from kernels.api import clear_memory_cache, explain, int_mm, mm, stats
+from kernels.api import clear_memory_cache, explain, fastpath_status, int_mm, load_fastpath, mm, stats
 from kernels.config import config
 from kernels.dynamic import Dynamic
 from kernels.version import __version__
 
-__all__ = ["mm", "int_mm", "explain", "stats", "config", "clear_memory_cache", "Dynamic", "__version__"]
+__all__ = ["mm", "int_mm", "explain", "stats", "config", "clear_memory_cache", "Dynamic", "fastpath_status",
+           "load_fastpath", "__version__"]

@@ -1,6 +1,7 @@
 """`python -m kernels ...`:
 
     info                          what this machine offers the tuner, and why a backend would be left out
+    fastpath build [--force]      compile the C++ warm-call table for this torch/Python (retries a failed build)
     lut export [-o FILE]          a lookup table from the selection store (top-k per problem)
     lut check FILE                validate a lookup table and report what is used and what is skipped
     model collect                 (GPU) tune a shape list exhaustively and write a dataset CSV
@@ -30,6 +31,17 @@ def _probe_problem(arch: int, name: str):
                        stride_b=(1024, 1), align_a=16, align_b=16, device=device, arch=arch, device_name=name)
 
 
+def _fastpath_line(mode: str) -> str:
+    from kernels import fastpath
+
+    where = fastpath.paths()
+    if where.library.exists():
+        return f"built ({where.library}); KERNELS_FASTPATH={mode}"
+    if where.failed.exists():
+        return f"build failed (log: {where.log}); `python -m kernels fastpath build --force` retries"
+    return f"not built; KERNELS_FASTPATH={mode} ('auto' builds it in the background on the first tune)"
+
+
 def info_lines() -> list[str]:
     import torch
 
@@ -56,6 +68,7 @@ def info_lines() -> list[str]:
     for line in tools.tried:
         lines.append(f"           tried {line}")
     lines.append(f"cache dir: {config.cache_dir}")
+    lines.append(f"fastpath:  {_fastpath_line(config.fastpath)}")
     lines.append(f"backends:  configured {','.join(config.backends)}")
     problem = _probe_problem(arch, name)
     for backend_name in ALL_BACKENDS:
@@ -240,10 +253,29 @@ def _model_eval(args) -> int:
     return 0
 
 
+def _fastpath_build(args) -> int:
+    from kernels import fastpath
+
+    try:
+        library = fastpath.build(force=args.force)
+    except fastpath.FastpathBuildError as e:
+        print(f"fastpath build failed: {e}", file=sys.stderr)
+        if e.log:
+            print(e.log[-4000:], file=sys.stderr)
+        return 1
+    print(library)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kernels", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="print the toolchain and backends")
+
+    fp = sub.add_parser("fastpath", help="the C++ warm-call table").add_subparsers(dest="fastpath_command",
+                                                                                  required=True)
+    fpb = fp.add_parser("build", help="compile it now (normally built in the background on the first tune)")
+    fpb.add_argument("--force", action="store_true", help="retry even when an earlier build failed")
 
     lut = sub.add_parser("lut", help="lookup tables").add_subparsers(dest="lut_command", required=True)
     exp = lut.add_parser("export", help="write a lookup table from the selection store")
@@ -296,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "info":
         print("\n".join(info_lines()))
         return 0
+    if args.command == "fastpath":
+        return _fastpath_build(args)
     if args.command == "lut":
         return _lut_export(args) if args.lut_command == "export" else _lut_check(args)
     if args.model_command == "collect":

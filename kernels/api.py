@@ -11,6 +11,7 @@ import torch
 from backends import get_backend
 from kernels import counters as _stats
 from kernels import dynamic as _dynamic
+from kernels import fastpath as _fastpath
 from kernels.autotune import fingerprint, tune
 from kernels.cache import SelectionStore, store_key
 from kernels.choice import Choice
@@ -29,6 +30,11 @@ _launchers: dict[tuple[GemmProblem, int], object] = {}    # (problem, device ind
 _memory_hits = [0]
 _lock = threading.RLock()
 _store = SelectionStore()
+_fast = _fastpath.Fastpath()
+_fast_call = None       # the C++ table's call(op, a, b) once loaded: the product, or None when it does not serve it
+_FAST_OP = {"mm": 0, "int_mm": 1}
+_FAST_ATEN_KIND = {torch.mm: 0, torch._int_mm: 1}
+_FAST_PYTHON_KIND = 2
 
 
 _FP32 = torch.float32
@@ -48,6 +54,10 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dyn
     """a @ b for 2-D fp16 / bf16 / fp32 tensors, with the fastest verified kernel for this problem.
     `dynamic`: dims whose size varies between calls ('m', 'm,k', kernels.Dynamic(...); None = config.dynamic_dims):
     one winner per size hint, each new shape served by one of them (see kernels.dynamic)."""
+    if _fast_call is not None and out is None and dynamic is None:
+        result = _fast_call(0, a, b)
+        if result is not None:
+            return result
     try:
         entry = _dispatch.get(_fast_key("mm", a, b) if dynamic is None else (_fast_key("mm", a, b), dynamic))
     except (AttributeError, TypeError):
@@ -65,6 +75,10 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dyn
 def int_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dynamic=None) -> torch.Tensor:
     """a @ b for 2-D int8 tensors, exact, with an int32 result. `dynamic` as for mm."""
     # mirrors mm() line for line on purpose: a shared helper would add a Python call to every warm call
+    if _fast_call is not None and out is None and dynamic is None:
+        result = _fast_call(1, a, b)
+        if result is not None:
+            return result
     try:
         entry = _dispatch.get(_fast_key("int_mm", a, b) if dynamic is None else (_fast_key("int_mm", a, b), dynamic))
     except (AttributeError, TypeError):
@@ -173,6 +187,8 @@ def _cpu_fallback(a) -> bool:
 
 def _cold(op: str, a, b, out, dynamic=None):
     validate(op, a, b, out)
+    if _fast_call is None:
+        _fast.try_load(_fast_loaded)
     dyn = _dynamic.resolve(dynamic)
     if 0 in (a.shape[0], a.shape[1], b.shape[1]):
         return _trivial(op, a, b, out)
@@ -187,9 +203,28 @@ def _cold(op: str, a, b, out, dynamic=None):
         with _device_ctx(a):
             launch = _launcher_for(problem) if dyn is None else _dynamic.launcher_for(problem, dyn)
     with _lock:
-        _dispatch[key] = (_two_arg(launch), launch)
+        _dispatch[key] = entry = (_two_arg(launch), launch)
+        if dynamic is None and _fast.module is not None:
+            _fast_register(_fast.module, key, entry[0])
     with _device_ctx(a):
         return launch(a, b, out)
+
+
+def _fast_register(module, key: tuple, two_arg) -> None:
+    """Mirror one warm entry into the C++ table (it declines keys it does not serve: fp32, grad, ...)."""
+    kind = _FAST_ATEN_KIND.get(two_arg, _FAST_PYTHON_KIND)
+    module.add(key, kind, two_arg)
+
+
+def _fast_loaded(module) -> None:
+    """The C++ table just loaded (maybe from the background build): copy every warm entry into it, then route
+    warm calls through it."""
+    global _fast_call
+    with _lock:
+        for key, entry in list(_dispatch.items()):
+            if key and isinstance(key[0], str):          # static keys; dynamic-call keys are (key, dynamic)
+                _fast_register(module, key, entry[0])
+        _fast_call = module.call
 
 
 def _device_ctx(t):
@@ -269,14 +304,30 @@ def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None) -> S
 def stats() -> dict[str, int]:
     """Counters since process start: compiles, artifact loads, benchmarks, tunes, memory/disk hits, cpu fallbacks."""
     snap = _stats.snapshot()
-    snap["memory_hits"] = _memory_hits[0]
+    snap["memory_hits"] = _memory_hits[0] + (_fast.module.hits() if _fast.module is not None else 0)
     return snap
+
+
+def fastpath_status() -> str:
+    """'loaded' when warm calls go through the C++ table (kernels.fastpath), else why they do not."""
+    return "loaded" if _fast_call is not None else _fast.why_not
+
+
+def load_fastpath(wait: bool = True) -> str:
+    """Load the C++ warm-call table now rather than on the first tune (building it as config.fastpath says; 'auto'
+    builds in the background, `wait` joins that build). Returns fastpath_status()."""
+    _fast.try_load(_fast_loaded)
+    if wait:
+        _fast.wait()
+    return fastpath_status()
 
 
 def clear_memory_cache() -> None:
     """Forget in-process selections and launchers (the persistent store is untouched)."""
     with _lock:
         _dispatch.clear()
+        if _fast.module is not None:
+            _fast.module.clear()
         _selections.clear()
         _launchers.clear()
         _dynamic.clear()

@@ -73,6 +73,24 @@ def _parse_regex_list(value: str | tuple | list) -> tuple[str, ...]:
     return tuple(patterns)
 
 
+FASTPATH_MODES = ("auto", "build", "off")
+
+
+def _parse_probes(text: str) -> str:
+    text = str(text).strip().lower()
+    if text not in ("edges", "one"):
+        raise ValueError(f"bucket probes must be 'edges' or 'one', got {text!r}")
+    return text
+
+
+
+def _parse_fastpath(text: str) -> str:
+    text = str(text).strip().lower()
+    if text not in FASTPATH_MODES:
+        raise ValueError(f"fastpath must be one of {FASTPATH_MODES}, got {text!r}")
+    return text
+
+
 PRESETS = ("", "fast")
 PERF_MODELS = ("auto", "analytic", "learned")
 
@@ -208,6 +226,14 @@ class Config:
     # benchmark mode: how many of each hint's fastest candidates (its winner first) a new bucket benchmarks. A
     # runtime size between two hints is often best served by a hint's runner-up, not by either winner.
     dynamic_pool = _Setting("KERNELS_DYNAMIC_POOL", lambda: 3, _positive_int)
+    # benchmark mode: where a new bucket is timed: "edges" (the runtime size and the bucket's first and last size,
+    # ranked by the worst ratio to the fastest) or "one" (the runtime size only)
+    dynamic_bucket_probes = _Setting("KERNELS_DYNAMIC_BUCKET_PROBES", lambda: "edges", _parse_probes)
+    # the C++ warm-call table (kernels/fastpath.py): auto (load if built, else build in the background on the first
+    # tune), build (build in the caller, blocking), off (Python dispatch only)
+    fastpath = _Setting("KERNELS_FASTPATH", lambda: "auto", _parse_fastpath)
+    # where it is built (one library per torch/Python/source, so cache dirs can share one)
+    fastpath_dir = _Setting("KERNELS_FASTPATH_DIR", lambda: str(Path(config.cache_dir) / "fastpath"), str)
 
     def __init__(self):
         self._overrides: dict[str, Any] = {}
