@@ -34,6 +34,7 @@ from kernels import counters
 from kernels.choice import Choice
 from kernels.config import config
 from kernels.dynamic_rules import (BucketRule, bucket_id, hints_for, nearest, outside_hints, parse_buckets,
+                                   probe_sizes, worst_ratio,
                                    parse_dims, parse_hints, parse_mode, waves)
 from kernels.errors import InputTypeError, InputValueError, KernelsError
 from kernels.fsutil import atomic_write_text, file_lock, read_json
@@ -166,6 +167,8 @@ class Decision:
     measured_at: tuple[int, int, int] | None = None   # benchmark mode: the shape the bucket was timed on
     distances: dict[str, float] = field(default_factory=dict)   # similarity: hint -> log2 L1 distance
     timings: dict[str, float | str] = field(default_factory=dict)  # benchmark: choice -> ms, or failure
+    also_measured: list[str] = field(default_factory=list)         # benchmark: the bucket's edges, "MxNxK"
+    worst_ratio: dict[str, float] = field(default_factory=dict)    # benchmark: choice -> worst ratio over them
     hint_winners: dict[str, str] = field(default_factory=dict)  # hint -> its tuned winner
     seconds: float = 0.0                          # runtime benchmark cost (benchmark mode, when it ran here)
     notes: list[str] = field(default_factory=list)
@@ -188,6 +191,8 @@ class Decision:
             at = f" at {'x'.join(map(str, self.measured_at))}" if self.measured_at else ""
             t = ", ".join(f"{n}: {v * 1e3:.1f} us" if isinstance(v, float) else f"{n}: {v}"
                           for n, v in self.timings.items())
+            if self.also_measured:
+                at += f" and {', '.join(self.also_measured)} (ranked by the worst ratio to the fastest per size)"
             body = f"bucket {self.bucket}, {where}{at}" + (f"; {t}" if t else "")
         hints = "; ".join(f"{h} -> {w}" for h, w in self.hint_winners.items())
         return f"{head}; {body}; hint winners: {hints}" + "".join(f"; {n}" for n in self.notes)
@@ -349,6 +354,8 @@ class Family:
             return Decision("benchmark", _shape(runtime), self.dims, entry["winner"],
                             self.labels(entry["winner"], entries), source, bucket=bid,
                             measured_at=tuple(at) if at else None, timings=dict(timings),
+                            also_measured=list(entry.get("edge_timings", {})),
+                            worst_ratio=dict(entry.get("worst_ratio", {})),
                             seconds=float(entry.get("seconds", 0.0)) if source == "benchmarked" else 0.0), ranking
 
         if len(names) == 1:
@@ -372,8 +379,16 @@ class Family:
             timed = {n: t for n, t in timings.items() if isinstance(t, float)}
             if not timed:
                 raise KernelsError(f"kernels.dynamic: no hint candidate ran {runtime.short()}: {timings}")
-            winner = pick(timed, by_name, frozenset(e.choice.name for e in entries if e.rank == 1))
+            probes = probe_sizes(self.rule, {d: getattr(runtime, d) for d in self.dims})[1:] \
+                if config.dynamic_bucket_probes == "edges" else []
+            at_edges = {}
+            for sizes in probes:
+                edge = substitute(runtime, sizes, runtime.dynamic)
+                at_edges["x".join(map(str, _shape(edge)))] = benchmark_choices(edge, [by_name[n] for n in timed])
+            scores = worst_ratio([timed, *at_edges.values()])
+            winner = pick(scores or timed, by_name, frozenset(e.choice.name for e in entries if e.rank == 1))
             entry = {"winner": winner, "timings": timings, "measured_at": list(_shape(runtime)),
+                     "edge_timings": at_edges, "worst_ratio": scores,
                      "seconds": time.perf_counter() - start, "created": time.time()}
             self.store.record(key, pool, bid, entry)
             self.buckets[bid] = entry

@@ -145,6 +145,35 @@ def bucket_id(rule: BucketRule, sizes: Mapping[str, int]) -> str:
     return " ".join(rule.label(d, sizes[d]) for d in DIMS if d in sizes)
 
 
+def probe_sizes(rule: BucketRule, sizes: Mapping[str, int]) -> list[dict[str, int]]:
+    """The sizes a new bucket is benchmarked at: the runtime size, then the bucket's first and last size (each
+    dynamic dim at its edge; an unbounded bucket has no last). cuBLAS picks its kernel per shape, so aten's time can
+    jump inside a bucket (H100, K=11008, N=4096: 36 us at M=3 and M=5, 45 us at M=4), as a tile's does when its
+    grid takes another round over the SMs."""
+    probes = [dict(sizes)]
+    bounds = {d: rule.bounds(v) for d, v in sizes.items()}
+    first = {d: lo + 1 for d, (lo, _) in bounds.items()}
+    probes.append(first)
+    if all(hi is not None for _, hi in bounds.values()):
+        probes.append({d: hi for d, (_, hi) in bounds.items()})
+    unique = []
+    for p in probes:
+        if p not in unique:
+            unique.append(p)
+    return unique
+
+
+def worst_ratio(timings_per_probe: list[Mapping[str, float | str]]) -> dict[str, float]:
+    """Per choice: the largest ratio to the fastest choice over the probes; a choice that failed or was not timed
+    at any probe is left out (it cannot serve the whole bucket)."""
+    names = [n for n, t in timings_per_probe[0].items() if isinstance(t, float)]
+    names = [n for n in names if all(isinstance(t.get(n), float) for t in timings_per_probe)]
+    scores = {}
+    for n in names:
+        scores[n] = max(t[n] / min(t[x] for x in names) for t in timings_per_probe)
+    return scores
+
+
 def operand_shapes(m: int, n: int, k: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
     """The shapes the similarity distance compares: A (m, k), B (k, n), C (m, n)."""
     return (m, k), (k, n), (m, n)

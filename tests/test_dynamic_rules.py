@@ -245,6 +245,7 @@ def test_benchmark_pool_holds_each_hints_runners_up(monkeypatch, tmp_path):
     fam, base = _family({64: t64, 256: aten}, runners_up=[(256, t128), (256, t256), (64, aten)])
     fam.store = BucketStore(tmp_path)
     config.dynamic_pool = 2
+    config.dynamic_bucket_probes = "one"            # the bucket's edges: test_bucket_edges_are_benchmarked_too
     assert fam.pool_names(2) == [t64.name, aten.name, t128.name]
     runtime = substitute(base, {"m": 357}, ("m",))
     entries, _ = fam.pool(runtime, 2)
@@ -266,3 +267,63 @@ def test_benchmark_pool_holds_each_hints_runners_up(monkeypatch, tmp_path):
     fam.buckets.clear()
     fam.benchmark(runtime, fam.pool(runtime, 3)[0])
     assert len(timed) == 2
+
+
+def test_probe_sizes_are_the_runtime_size_and_the_bucket_edges():
+    from kernels.dynamic_rules import BucketRule, probe_sizes
+
+    pow2 = BucketRule("pow2")
+    assert probe_sizes(pow2, {"m": 3}) == [{"m": 3}, {"m": 4}]                  # (2, 4]: 3 is the first size
+    assert probe_sizes(pow2, {"m": 357}) == [{"m": 357}, {"m": 257}, {"m": 512}]
+    assert probe_sizes(pow2, {"m": 1}) == [{"m": 1}]
+    assert probe_sizes(BucketRule("exact"), {"m": 77}) == [{"m": 77}]
+    assert probe_sizes(BucketRule("16,64"), {"m": 100}) == [{"m": 100}, {"m": 65}]   # unbounded: no last size
+    assert probe_sizes(pow2, {"m": 100, "k": 3000}) == [{"m": 100, "k": 3000}, {"m": 65, "k": 2049},
+                                                        {"m": 128, "k": 4096}]
+
+
+def test_worst_ratio_over_probes():
+    from kernels.dynamic_rules import worst_ratio
+
+    at_3 = {"aten": 0.036, "split": 0.035, "tile": "crashed"}
+    at_4 = {"aten": 0.045, "split": 0.036}
+    scores = worst_ratio([at_3, at_4])
+    assert set(scores) == {"aten", "split"}
+    assert scores["split"] == 1.0 and abs(scores["aten"] - 0.045 / 0.036) < 1e-12
+    assert worst_ratio([{"a": 0.1, "b": 0.2}, {"a": "failed", "b": 0.2}]) == {"b": 1.0}
+
+
+def test_bucket_edges_are_benchmarked_too(monkeypatch, tmp_path):
+    """cuBLAS's kernel changes inside a bucket (H100, K=11008, N=4096: aten 36 us at M=3, 45 us at M=4): timed at
+    M=3 alone, aten wins the (2, 4] bucket on the simpler-choice tie and serves M=4 at 1.23x. With the edge timed
+    too, the choice that holds up over the whole bucket wins."""
+    from kernels import dynamic as dyn_mod
+    from kernels.config import config
+    from kernels.dynamic import BucketStore, substitute
+    from kernels.heuristics import GemmConfig
+
+    from kernels.choice import Choice
+
+    aten = Choice("aten", "aten_mm", "bf16")
+    split = Choice("triton", "split_k", "bf16", GemmConfig(16, 64, 64, 4, 4), (("split", 4),))
+    fam, base = _family({64: split, 256: aten})
+    fam.store = BucketStore(tmp_path)
+    config.dynamic_pool = 1
+    per_m = {3: {aten.name: 0.0361, split.name: 0.0354}, 4: {aten.name: 0.0455, split.name: 0.0369}}
+    seen = []
+
+    def fake(problem, choices):
+        seen.append(problem.m)
+        return {c.name: per_m[problem.m][c.name] for c in choices}
+
+    monkeypatch.setattr(dyn_mod, "benchmark_choices", fake)
+    runtime = substitute(base, {"m": 3}, ("m",))
+    entries, _ = fam.pool(runtime, 1)
+    dec, _ = fam.benchmark(runtime, entries)
+    assert seen == [3, 4] and dec.winner == split.name
+    assert dec.also_measured == ["4x4096x11008"] and "and 4x4096x11008" in dec.why()
+    config.dynamic_bucket_probes = "one"
+    fam.buckets.clear()
+    fam.store = BucketStore(tmp_path / "other")
+    dec, _ = fam.benchmark(runtime, entries)
+    assert seen == [3, 4, 3] and dec.winner == aten.name
