@@ -34,7 +34,7 @@ from kernels import counters
 from kernels.choice import Choice
 from kernels.config import config
 from kernels.dynamic_rules import (BucketRule, bucket_id, hints_for, nearest, outside_hints, parse_buckets,
-                                   probe_sizes, worst_ratio,
+                                   probe_sizes, round_inflation, worst_ratio,
                                    parse_dims, parse_hints, parse_mode, waves)
 from kernels.errors import InputTypeError, InputValueError, KernelsError
 from kernels.fsutil import atomic_write_text, file_lock, read_json
@@ -324,6 +324,20 @@ class Family:
                          f"here than at its hint (growing {','.join(grows)}): served by hint {usable[above[0]].label}")
             best = above[0]
             order = [best] + [i for i in order if i != best]
+        # A tile tuned on a compute-bound hint keeps its hint's speed per unit of work only while its last round over
+        # the SMs stays as full (H100, K=11008, N=4096: the M=4096 hint's 128x256 TMA tile, 512 programs in 4 full
+        # rounds, ran M=1106 (144 programs: 2 rounds, the second nearly empty) at 1.84x a per-M tune, M=2261 at
+        # 1.39x, M=3473 at 1.15x; the inflation below predicted 1.85, 1.36, 1.18): the nearest hint whose winner
+        # stays within ROUND_INFLATION_SLACK serves instead.
+        inflation = [_round_inflation(hw.choice, runtime, hw.problem) for hw in usable]
+        if inflation[best] > 1 + ROUND_INFLATION_SLACK:
+            fuller = [i for i in order if i != best and inflation[i] <= 1 + ROUND_INFLATION_SLACK]
+            if fuller:
+                notes.append(f"{usable[best].choice.name} (hint {usable[best].label}) would run its last round over "
+                             f"the SMs part-empty here ({inflation[best]:.2f}x the rounds per unit of work at its "
+                             f"hint): served by hint {usable[fuller[0]].label}")
+                best = fuller[0]
+                order = [best] + [i for i in order if i != best]
         # Outside the hints, a fixed tile is extrapolated; an aten winner is not (cuBLAS picks its kernel per call).
         # On the H200, (K, N) = (11008, 4096): M = 1..31 served by the M=64 hint's 64-row Triton tile ran up to
         # 2.4x a per-M tune, served by the aten winner of M=4096 at most 1.12x.
@@ -407,6 +421,27 @@ def _grid_growth(choice: Choice, runtime: GemmProblem, hint: GemmProblem) -> lis
     grown = waves(runtime.m, runtime.n, cfg.block_m, cfg.block_n, split, sms) > \
         waves(hint.m, hint.n, cfg.block_m, cfg.block_n, split, sms)
     return [d for d in runtime.dynamic if d in ("m", "n") and grown and getattr(runtime, d) > getattr(hint, d)]
+
+
+ROUND_INFLATION_SLACK = 0.10
+
+
+def _compute_bound(p: GemmProblem) -> bool:
+    """Past the roofline's ridge: the ideal tensor-core time exceeds the ideal memory time."""
+    spec = gpu_spec(p.arch, p.device_name)
+    peak = spec.tflops.get(p.dtype, spec.tflops["bf16"]) * 1e12
+    return 2 * p.m * p.n * p.k / peak >= p.min_bytes / (spec.hbm_tbs * 1e12)
+
+
+def _round_inflation(choice: Choice, runtime: GemmProblem, hint: GemmProblem) -> float:
+    """dynamic_rules.round_inflation for a tiled choice when both shapes are compute-bound; 1.0 otherwise (aten
+    picks its kernel per call; a memory-bound tile's time follows the bytes it reads, not its rounds)."""
+    cfg = choice.config
+    if not isinstance(cfg, GemmConfig) or not (_compute_bound(runtime) and _compute_bound(hint)):
+        return 1.0
+    split = int(dict(choice.params).get("split", 1))
+    return round_inflation((runtime.m, runtime.n), (hint.m, hint.n), cfg.block_m, cfg.block_n, split,
+                           gpu_spec(runtime.arch, runtime.device_name).sms)
 
 
 def _volume(p: GemmProblem) -> int:

@@ -210,6 +210,15 @@ def outside_hints(sizes: Mapping[str, int], hint_points: list[Mapping[str, int]]
     return False
 
 
+def round_inflation(runtime_mn: tuple[int, int], hint_mn: tuple[int, int], block_m: int, block_n: int, split: int,
+                    num_sms: int) -> float:
+    """Rounds over the SMs per output element at the runtime size, relative to the hint size: what a compute-bound
+    tile's time per unit of work grows by when its last round runs part-empty (1.0: as full as at its hint)."""
+    (m, n), (hm, hn) = runtime_mn, hint_mn
+    ratio = waves(m, n, block_m, block_n, split, num_sms) / waves(hm, hn, block_m, block_n, split, num_sms)
+    return ratio * (hm * hn) / (m * n)
+
+
 def waves(m: int, n: int, block_m: int, block_n: int, split: int, num_sms: int) -> int:
     """How many rounds a tiled kernel's grid takes on `num_sms` SMs (one program per SM at a time). A tile tuned at
     a smaller size whose grid needs more rounds at the runtime size is past a step: its time jumps."""

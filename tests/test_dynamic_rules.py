@@ -327,3 +327,31 @@ def test_bucket_edges_are_benchmarked_too(monkeypatch, tmp_path):
     fam.store = BucketStore(tmp_path / "other")
     dec, _ = fam.benchmark(runtime, entries)
     assert seen == [3, 4, 3] and dec.winner == aten.name
+
+
+def test_round_inflation_predicts_a_part_empty_last_round():
+    from kernels.dynamic_rules import round_inflation
+
+    tile = (128, 256, 1, 132)
+    assert round_inflation((4096, 4096), (4096, 4096), *tile) == 1.0
+    assert abs(round_inflation((1106, 4096), (4096, 4096), *tile) - 2 / 4 * 4096 / 1106) < 1e-12   # 144 programs
+    assert round_inflation((1960, 4096), (4096, 4096), *tile) < 1.05                                  # 256: 2 full
+
+
+def test_similarity_leaves_a_tile_whose_last_round_runs_part_empty():
+    """The M=4096 hint's 128x256 tile at M=1106 (2 rounds, the second nearly empty) gives way to the M=256 hint's
+    aten winner; at M=1960 (2 full rounds) it keeps serving; a memory-bound hint's tile is never judged by rounds."""
+    from kernels.choice import Choice
+    from kernels.dynamic import substitute
+    from kernels.heuristics import GemmConfig
+
+    aten = Choice("aten", "aten_mm", "bf16")
+    tma = Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8))
+    small = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64, 128, 5, 4))
+    fam, base = _family({64: small, 256: aten, 4096: tma})
+    for m, hint in ((1106, "m=256"), (2261, "m=256"), (1960, "m=4096"), (4096, "m=4096"), (36, "m=64")):
+        runtime = substitute(base, {"m": m}, ("m",))
+        dec, ranking = fam.similarity(runtime, fam.pool(runtime, 1)[0])
+        assert dec.hint == hint, (m, dec)
+        if m == 1106:
+            assert "part-empty" in dec.notes[0] and ranking[0] == aten.name
