@@ -195,7 +195,8 @@ def _model_train(args) -> int:
     if args.note:
         meta["note"] = args.note
     start = time.perf_counter()
-    params = perf_learned.fit(timed, meta, seed=args.seed, steps=args.steps, hidden=args.hidden)
+    params = perf_learned.fit(timed, meta, seed=args.seed, steps=args.steps, hidden=args.hidden,
+                              members=args.members)
     out = args.out or str(Path(__file__).parent / "data" /
                           f"perf_model_{re.sub(r'[^a-z0-9]+', '_', gpu.lower()).strip('_') or 'unknown'}.json")
     perf_learned.save(params, out)
@@ -224,7 +225,7 @@ def _model_cv(args) -> int:
         train = [(r.problem, r.choice, r.ms) for r in rows
                  if _problem_key(r) != left_out and r.ms is not None and r.choice.backend != "aten"]
         params = perf_learned.fit(train, perf_learned.default_meta(gpu, "cv", "-"), seed=args.seed, steps=args.steps,
-                                  hidden=args.hidden)
+                                  hidden=args.hidden, members=args.members)
         learned = perf_learned.LearnedModel(params, "cv")
         held = [r for r in rows if _problem_key(r) == left_out]
         scores = [score(AnalyticModel(), held, args.top_k)] + [score(learned, held, args.top_k, s) for s in shares]
@@ -309,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--seed", type=int, default=0)
             p.add_argument("--steps", type=int, default=1500)
             p.add_argument("--hidden", type=int, default=48)
+            p.add_argument("--members", type=int, default=5, help="MLPs averaged (seeds seed..seed+members-1)")
         if name == "cv":
             p.add_argument("--shares", default="0,0.2,0.4,0.6",
                            help="analytic shares of the top k to compare (default 0,0.2,0.4,0.6)")

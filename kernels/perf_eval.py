@@ -123,11 +123,10 @@ def aten_by_problem(rows: list[Row]) -> dict[str, float]:
 
 def score(model, rows: list[Row], k: int, analytic_share: float | None = None) -> Score:
     """Each problem's top k as tuning picks them (kernels.perf_model.top_k), scored against all measured."""
-    from kernels.perf_model import ANALYTIC_SHARE, top_k
+    from kernels.perf_model import top_k
 
-    share = ANALYTIC_SHARE if analytic_share is None else analytic_share
-    result = Score(model.name if model.name == "analytic" or share == ANALYTIC_SHARE else
-                   f"{model.name}+{share:.0%}a", k, [])
+    share = analytic_share
+    result = Score(model.name if model.name == "analytic" or share is None else f"{model.name}+{share:.0%}a", k, [])
     aten = aten_by_problem(rows)
     for label, group in sorted(group_by_problem(rows).items()):
         if len(group) < 2:

@@ -159,7 +159,7 @@ def test_dataset_csv_round_trip_and_cli_train_eval(tmp_path, capsys):
     assert "top-5 regret" in capsys.readouterr().out
     assert main(["model", "cv", "--data", str(path), "--steps", "30", "--shares", "0,0.4"]) == 0
     text = capsys.readouterr().out
-    assert "leave-one-problem-out over" in text and "learned+0%a:" in text and "learned:" in text and "analytic:" in text
+    assert "leave-one-problem-out over" in text and "learned+0%a:" in text and "learned+40%a:" in text and "analytic:" in text
 
 
 def test_parse_shapes(tmp_path):
