@@ -312,6 +312,11 @@ class Bench:
             row.update({f"{mode}_first_call_s": secs, f"{mode}_compiles": delta["compiles"],
                         f"{mode}_hint": d.hint, f"{mode}_winner": d.winner, f"{mode}_source": d.source,
                         f"{mode}_bucket": d.bucket, f"{mode}_bucket_s": d.seconds})
+            if mode == "benchmark" and d.timings:      # what the bucket decision saw: diagnoses a bad bucket
+                row.update(benchmark_measured_at=d.measured_at, benchmark_also_measured=d.also_measured,
+                           benchmark_timings_us={n: round(t * 1e3, 2) if isinstance(t, float) else t
+                                                 for n, t in d.timings.items()},
+                           benchmark_worst_ratio={n: round(r, 3) for n, r in d.worst_ratio.items()})
             calls[mode] = (lambda dd: (lambda x, y: self.kernels.mm(x, y, dynamic=dd)))(self.dyn[mode])
         times = self.measure(calls, problem)
         row["static_ms"] = times["static"]

@@ -1,0 +1,126 @@
+"""Issue 6 end to end on a GPU: tune problems with KERNELS_PRESET=fast (exhaustive search space, only the performance
+model's top 5 per backend built and timed, aten beside them) and compare each winner's time with the best of every
+candidate timed for the same problem in a dataset collected on this GPU (`python -m kernels model collect`). Then a
+new shape whose binaries are already built (same N, K; another M) is tuned and timed.
+
+    python -m bench.fast_preset --data data/perf/h100_heldout_bf16.csv data/perf/h100_heldout_int8.csv --json out.json
+
+The dataset's times come from another process, so ratios carry run-to-run noise of a few percent.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+import time
+
+import torch
+
+
+def _reference(paths: list[str]) -> dict[tuple, dict]:
+    """(op, dtype, m, n, k) -> {'best_ms', 'best', 'candidates'} over every timed row (aten included)."""
+    from kernels.perf_data import read_dataset
+
+    rows, _ = read_dataset(paths)
+    gpu = torch.cuda.get_device_name()
+    ref: dict[tuple, dict] = {}
+    for r in rows:
+        if r.ms is None or r.gpu != gpu:
+            continue
+        p = r.problem
+        key = (p.op, p.dtype, p.m, p.n, p.k)
+        entry = ref.setdefault(key, {"best_ms": math.inf, "best": "", "candidates": 0})
+        entry["candidates"] += 1
+        if r.ms < entry["best_ms"]:
+            entry["best_ms"], entry["best"] = r.ms, r.choice.name
+    return ref
+
+
+def _problem(op: str, dtype: str, m: int, n: int, k: int):
+    from kernels.problem import DTYPES_BY_NAME, GemmProblem
+
+    t = DTYPES_BY_NAME[dtype]
+    a = torch.empty(m, k, device="cuda", dtype=t)
+    b = torch.empty(k, n, device="cuda", dtype=t)
+    return GemmProblem.from_tensors(op, a, b)
+
+
+def _tuned(problem, backends) -> dict:
+    from kernels import counters
+    from kernels.autotune import tune
+
+    before = counters.snapshot()
+    t0 = time.perf_counter()
+    sel, _ = tune(problem, backends)
+    seconds = time.perf_counter() - t0
+    after = counters.snapshot()
+    return {"winner": sel.winner, "ms": sel.timings[sel.winner], "seconds": seconds,
+            "compiles": after["compiles"] - before["compiles"], "benchmarks": after["benchmarks"] - before["benchmarks"],
+            "notes": list(sel.notes)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", nargs="+", required=True, help="dataset CSV(s) collected on this GPU")
+    ap.add_argument("--backends", default="aten,triton")
+    ap.add_argument("--limit", type=int, default=0, help="only the first N problems per dtype")
+    ap.add_argument("--time-limit-s", type=float, default=400.0, help="start no new problem after this")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    import kernels
+    from kernels.perf_model import model_for
+
+    os.environ["KERNELS_CACHE_DIR"] = tempfile.mkdtemp(prefix="kernels_fast_")
+    kernels.config.preset = "fast"
+    backends = tuple(args.backends.split(","))
+    ref = _reference(args.data)
+    start = time.perf_counter()
+    rows, per_dtype = [], {}
+    for key in sorted(ref, key=lambda k: (k[2] * k[3] * k[4], k[1])):      # both dtypes progress together
+        op, dtype, m, n, k = key
+        if args.limit and per_dtype.get(dtype, 0) >= args.limit:
+            continue
+        if time.perf_counter() - start > args.time_limit_s:
+            break
+        per_dtype[dtype] = per_dtype.get(dtype, 0) + 1
+        problem = _problem(op, dtype, m, n, k)
+        model, why = model_for(problem)
+        try:
+            fast = _tuned(problem, backends)
+        except Exception as e:  # noqa: BLE001 - one failing problem is a row, not the end of the run
+            rows.append({"problem": list(key), "error": f"{type(e).__name__}: {e}"})
+            continue
+        row = {"problem": list(key), "model": model.name, "model_note": why, **{f"fast_{k2}": v for k2, v in
+               fast.items()}, "dataset_best_ms": ref[key]["best_ms"], "dataset_best": ref[key]["best"],
+               "dataset_candidates": ref[key]["candidates"], "ratio": fast["ms"] / ref[key]["best_ms"]}
+        # another M with the same N, K: its binaries are the ones just built (M is a runtime argument)
+        row["new_shape"] = _tuned(_problem(op, dtype, m + 16, n, k), backends)
+        rows.append(row)
+        print(f"{op} {dtype} {m}x{n}x{k}: fast {fast['winner']} {fast['ms'] * 1e3:.1f} us vs dataset best "
+              f"{ref[key]['best']} {ref[key]['best_ms'] * 1e3:.1f} us = {row['ratio']:.3f}x; {fast['compiles']} compiles,"
+              f" {fast['benchmarks']} timed of {ref[key]['candidates']}, {fast['seconds']:.1f} s; M+16 "
+              f"{row['new_shape']['seconds']:.2f} s ({row['new_shape']['compiles']} compiles)", flush=True)
+    summary = {}
+    for dtype in sorted({r["problem"][1] for r in rows if "ratio" in r}):
+        ok = [r for r in rows if "ratio" in r and r["problem"][1] == dtype]
+        ratios = [r["ratio"] for r in ok]
+        new = sorted(r["new_shape"]["seconds"] for r in ok)
+        summary[dtype] = {"problems": len(ok), "geomean": math.exp(sum(map(math.log, ratios)) / len(ratios)),
+                          "worst": max(ratios), "timed_fast": sum(r["fast_benchmarks"] for r in ok),
+                          "timed_dataset": sum(r["dataset_candidates"] for r in ok),
+                          "new_shape_median_s": new[len(new) // 2], "new_shape_max_s": new[-1]}
+        s = summary[dtype]
+        print(f"{dtype}: {s['problems']} problems, fast-preset winner vs dataset best geomean {s['geomean']:.3f}x "
+              f"worst {s['worst']:.3f}x; {s['timed_dataset'] / max(s['timed_fast'], 1):.1f}x fewer timed; new shape "
+              f"with built binaries median {s['new_shape_median_s']:.2f} s, max {s['new_shape_max_s']:.2f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
+                       "summary": summary}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
