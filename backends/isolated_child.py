@@ -125,8 +125,8 @@ def main() -> int:
     from kernels.choice import Choice
     from kernels.config import config
     from kernels.problem import GemmProblem
-    from kernels.timing import measure, rotation_sets
-    from kernels.verify import check, make_inputs, poisoned_output, reference
+    from kernels.timing import measure, rotation_sets, user_call
+    from kernels.verify import make_inputs, reference, verify_launch
 
     request = json.loads(sys.stdin.read())
     config.cache_dir = request["cache_dir"]
@@ -136,6 +136,10 @@ def main() -> int:
         torch.cuda.set_device(request["device"])
     choices = [Choice.from_dict(c) for c in request["choices"]]
     budget_ms = float(request["budget_ms"])
+    if device == "cuda":
+        from kernels import fastpath
+
+        fastpath.load_if_built()            # so native launches are verified and timed here like the caller's
     outcomes = get_backend(request["backend"]).build(problem, choices)    # artifacts exist: this only loads
     fault = os.environ.get(FAULT_ENV)
 
@@ -154,20 +158,13 @@ def main() -> int:
             continue
         launch = outcome.runner.launch
         try:
-            out = poisoned_output(problem, device)
-            launch(a, b, out)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            result = check(problem, out, ref)
-            if not result.ok:
-                _emit({"name": name, "error": f"wrong result: {result.message}"})
+            why = verify_launch(launch, problem, a, b, ref)
+            if why is not None:
+                _emit({"name": name, "error": why})
+                if not _context_alive(device):
+                    return 3
                 continue
-
-            def call(i: int, launch=launch):
-                x, y = sets[i]
-                return launch(x, y, None)
-
-            timing = measure(call, n_sets, device, budget_ms)
+            timing = measure(user_call(launch, sets), n_sets, device, budget_ms)
             _emit({"name": name, "timing": timing.as_dict()})
         except Exception as e:  # noqa: BLE001 - one candidate's failure is data
             _emit({"name": name, "error": f"crashed: {type(e).__name__}: {str(e)[:300]}"})

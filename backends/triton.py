@@ -185,7 +185,7 @@ class TritonBackend(Backend):
                 self._kernels[(key, device)] = kernel
                 if from_store:
                     counters.bump("artifact_loads")
-            return CompiledHandle(kernel, device)
+            return CompiledHandle(kernel, device, tuple(a.type for a in spec.args))
         except Exception as e:  # noqa: BLE001
             return f"load failed: {type(e).__name__}: {str(e)[:300]}"
 

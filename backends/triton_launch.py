@@ -3,10 +3,15 @@
 `handle.bind(grid)` returns `run(*kernel_args)` that launches on the current stream. The compiled path calls
 Triton's C launcher directly (about 1 us less per call than CompiledKernel.run) and hands it a scratch buffer kept
 per stream, so kernels that build TMA descriptors on the device need no allocation per call.
+
+`attach_native(launch, ...)`: the same launches described as data (KernelCall), handed to the C++ warm-call table
+(kernels/csrc/fastpath.cpp), which then runs the whole call (output allocation and every launch) without Python.
 """
 from __future__ import annotations
 
+import enum
 import inspect
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -31,12 +36,39 @@ class InterpretedHandle:
 
 
 class CompiledHandle:
-    """A loaded CompiledKernel on one device."""
+    """A loaded CompiledKernel on one device; `arg_types` are its signature's types ("*bf16", "i32", ...)."""
 
-    def __init__(self, kernel, device_index: int):
+    def __init__(self, kernel, device_index: int, arg_types: tuple[str, ...] = ()):
         self.kernel = kernel
         self.device_index = device_index
         self.device = torch.device("cuda", device_index)
+        self.arg_types = tuple(arg_types)
+
+    def native_layout(self) -> tuple[tuple[int, int, int, int], str]:
+        """((function, threads per block, dynamic shared bytes, global scratch bytes per program), '') when the C++
+        table can launch this kernel itself, else (None, why not). Only the launcher layout of triton 3.5-3.6 is known
+        (kernel parameters: the signature's arguments, then global and profile scratch pointers)."""
+        import triton
+
+        knobs = getattr(triton, "knobs", None)
+        if knobs is not None and (knobs.runtime.launch_enter_hook or knobs.runtime.launch_exit_hook):
+            return None, "a Triton launch hook is installed (a profiler must see every launch)"
+        direct = _direct_launch(self.kernel)
+        if direct is None:
+            return None, f"unknown launcher layout (triton {triton.__version__})"
+        _, cooperative, pdl, scratch = direct
+        if cooperative or pdl:
+            return None, "cooperative or PDL launch"
+        meta = self.kernel.metadata
+        num_warps, shared = int(meta.num_warps), int(meta.shared)
+        packed = getattr(self.kernel, "packed_metadata", None)
+        if isinstance(packed, tuple) and len(packed) >= 3 and (packed[0] != num_warps or packed[2] != shared):
+            return None, "kernel metadata and launcher metadata disagree"
+        if int(getattr(meta, "num_ctas", 1)) != 1:
+            return None, "clusters (num_ctas > 1)"
+        if not self.arg_types:
+            return None, "argument types unknown"
+        return (int(self.kernel.function), 32 * num_warps, shared, int(scratch)), ""
 
     def bind(self, grid: tuple[int, int, int]) -> Run:
         import triton
@@ -166,4 +198,98 @@ def output_launch(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
         run_into(a, b, out, out.stride(0))
         return out
 
+    return launch
+
+
+class Operand(enum.IntEnum):
+    """Kernel arguments that change from call to call: the operands' and the output's pointers."""
+    A = 0
+    B = 1
+    OUT = 2
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One launch of a choice as data: handle, grid, and the arguments in signature order, each an Operand, a tensor
+    the launcher owns (workspace or copy buffer, for the current stream), or an int."""
+    handle: object
+    grid: tuple[int, int, int]
+    args: tuple
+
+
+_I32 = (-(1 << 31), (1 << 31) - 1)
+
+
+def _encode(call: KernelCall, layout) -> tuple[tuple, list]:
+    """The C++ step tuple for one launch, and what it must keep alive (scratch)."""
+    function, threads, shared, scratch_per_program = layout
+    types = call.handle.arg_types
+    if len(types) != len(call.args):
+        raise ValueError(f"{len(call.args)} arguments for a kernel taking {len(types)}")
+    values, operands, owned = [], [], []
+    for i, (arg, ty) in enumerate(zip(call.args, types)):
+        pointer = ty.startswith("*")
+        if isinstance(arg, Operand) and pointer:
+            values.append(0)
+            operands.append((i, int(arg)))
+        elif isinstance(arg, torch.Tensor) and pointer:
+            values.append(arg.data_ptr())
+        elif isinstance(arg, int) and not isinstance(arg, bool) and ty in ("i32", "i64") and not pointer:
+            if ty == "i32" and not _I32[0] <= arg <= _I32[1]:
+                raise ValueError(f"argument {i} = {arg} does not fit i32")
+            values.append(arg)
+        else:
+            raise ValueError(f"argument {i} ({type(arg).__name__}) does not match its type {ty}")
+    scratch = 0
+    if scratch_per_program:
+        gx, gy, gz = call.grid
+        buf = torch.empty(gx * gy * gz * scratch_per_program, dtype=torch.uint8, device=call.handle.device)
+        owned.append(buf)
+        scratch = buf.data_ptr()
+    values += [scratch, 0]              # the hidden global- and profile-scratch parameters
+    return (function, *call.grid, threads, shared, values, operands), owned
+
+
+def native_launch(launch, shape: tuple[int, int], out_dtype: torch.dtype, calls: list[KernelCall]):
+    """A NativeLaunch running `calls` for the current stream (falling back to `launch` elsewhere), or (None, why not).
+    Needs the C++ table loaded (kernels.fastpath) and compiled handles whose launcher layout is known."""
+    from kernels import fastpath
+
+    module = fastpath.loaded_module()
+    if module is None:
+        return None, "the C++ warm-call table is not loaded"
+    if not calls or not all(isinstance(c.handle, CompiledHandle) for c in calls):
+        return None, "not a compiled kernel"
+    device = calls[0].handle.device_index
+    steps, owned = [], []
+    for call in calls:
+        layout, why = call.handle.native_layout()
+        if layout is None:
+            return None, why
+        try:
+            step, keep = _encode(call, layout)
+        except ValueError as e:
+            return None, f"arguments not expressible natively: {e}"
+        steps.append(step)
+        owned += keep
+    # the fixed tensors (workspaces) are kept alive by the native object, with the scratch made here
+    owned += [arg for call in calls for arg in call.args if isinstance(arg, torch.Tensor)]
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    m, n = shape
+    return module.native(device, stream, m, n, out_dtype, steps, launch, tuple(owned)), ""
+
+
+def attach_native(launch, shape: tuple[int, int], out_dtype: torch.dtype, calls: Callable[[], list[KernelCall]]):
+    """Give `launch` a NativeLaunch as `.native` and `.direct` when one can be made (the dispatch table and the
+    tuner's timing call `.direct(a, b)`; verification calls `.native(a, b, out)`); `.native_why` says why not. `calls()` describes the launches for the
+    current stream; it is only called when the table is loaded."""
+    from kernels import fastpath
+
+    if fastpath.loaded_module() is None:
+        launch.native_why = "the C++ warm-call table is not loaded"
+        return launch
+    native, why = native_launch(launch, shape, out_dtype, calls())
+    if native is not None:
+        launch.direct = launch.native = native
+    launch.native_why = why
     return launch

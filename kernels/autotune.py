@@ -21,8 +21,8 @@ from kernels.errors import NoCandidateError
 from kernels.problem import GemmProblem
 from kernels.selection import Selection
 from kernels.templates_info import template_tree_hash
-from kernels.timing import device_time_ms, measure, measure_together, rotation_sets
-from kernels.verify import check, make_inputs, poisoned_output, reference
+from kernels.timing import device_time_ms, measure, measure_together, rotation_sets, user_call
+from kernels.verify import make_inputs, reference, verify_launch
 from kernels.version import __version__
 
 if TYPE_CHECKING:
@@ -52,20 +52,6 @@ def _template_hash() -> str:
 
 def _device_of(problem: GemmProblem) -> str:
     return "cuda" if problem.device == "cuda" else "cpu"
-
-
-def _run_checked(runner: Runner, problem: GemmProblem, a, b, ref) -> str | None:
-    """None when the runner's result matches the reference, else why not."""
-    device = _device_of(problem)
-    out = poisoned_output(problem, device)
-    try:
-        runner.launch(a, b, out)
-        if device == "cuda":
-            torch.cuda.synchronize()
-    except Exception as e:  # noqa: BLE001
-        return f"crashed: {type(e).__name__}: {str(e)[:300]}"
-    result = check(problem, out, ref)
-    return None if result.ok else f"wrong result: {result.message}"
 
 
 def candidates(backend: Backend, problem: GemmProblem) -> tuple[list[Choice], dict[str, str], list[str]]:
@@ -116,7 +102,7 @@ def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, di
     for cname, runner in runners.items():
         if runner.isolated:
             continue
-        why = _run_checked(runner, problem, a, b, ref)
+        why = verify_launch(runner.launch, problem, a, b, ref)
         if why is None:
             verified[cname] = runner
         else:
@@ -181,13 +167,7 @@ def _measure_isolated(problem, runners, timings, details) -> dict[str, Runner]:
 
 
 def _user_call(runner: Runner, sets):
-    launch = runner.launch
-
-    def call(i: int):
-        a, b = sets[i]
-        return launch(a, b, None)
-
-    return call
+    return user_call(runner.launch, sets)
 
 
 # Calls slower than this are not host-bound on any GPU we know; below it, GPU time is worth measuring (each capture

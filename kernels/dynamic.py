@@ -43,8 +43,8 @@ from kernels.perf_model import gpu_spec
 from kernels.problem import GemmProblem
 from kernels.selection import Selection
 from kernels.templates_info import TEMPLATE_OPS
-from kernels.timing import measure_together, rotation_sets
-from kernels.verify import check, make_inputs, poisoned_output, reference
+from kernels.timing import measure_together, rotation_sets, user_call
+from kernels.verify import make_inputs, reference, verify_launch
 
 STORE_SCHEMA = 1
 
@@ -483,15 +483,7 @@ def benchmark_choices(problem: GemmProblem, choices: list[Choice]) -> dict[str, 
     a, b = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
     ref = reference(problem, a, b)
     for name, launch in list(launches.items()):
-        out = poisoned_output(problem, device)
-        try:
-            launch(a, b, out)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            res = check(problem, out, ref)
-            why = None if res.ok else f"wrong result: {res.message}"
-        except Exception as e:  # noqa: BLE001 - a hint winner that fails here is one failed candidate
-            why = f"crashed: {type(e).__name__}: {str(e)[:300]}"
+        why = verify_launch(launch, problem, a, b, ref)     # a hint winner that fails here is one failed candidate
         if why is not None:
             results[name] = why
             del launches[name]
@@ -499,11 +491,7 @@ def benchmark_choices(problem: GemmProblem, choices: list[Choice]) -> dict[str, 
     if launches:
         n_sets = rotation_sets((problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes, device)
         sets = [(a, b)] + [make_inputs(problem, device, seed=s) for s in range(1, n_sets)]
-
-        def user_call(launch):
-            return lambda i: launch(sets[i][0], sets[i][1], None)
-
-        timed = measure_together({n: user_call(fn) for n, fn in launches.items()}, n_sets, device,
+        timed = measure_together({n: user_call(fn, sets) for n, fn in launches.items()}, n_sets, device,
                                  config.dynamic_bench_ms * len(launches))
         counters.bump("benchmarks", len(timed))
         results.update({n: t.median_ms for n, t in timed.items()})

@@ -60,7 +60,7 @@ def _compile_command(output: Path) -> list[str]:
     return [os.environ.get("CXX", "c++"), "-O2", "-std=c++20", "-fPIC", "-shared", "-w",
             f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             *[f"-I{p}" for p in includes], str(SOURCE), "-o", str(output),
-            f"-L{torch_lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", f"-Wl,-rpath,{torch_lib}"]
+            f"-L{torch_lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", "-ldl", f"-Wl,-rpath,{torch_lib}"]
 
 
 def paths() -> BuildPaths:
@@ -127,6 +127,28 @@ def load_library(library: Path):
     return module
 
 
+_loaded: list = [None]      # the module once any Fastpath loaded it: launchers ask for it (loaded_module)
+
+
+def loaded_module():
+    """The loaded C++ module, or None (also with KERNELS_FASTPATH=off): Triton launchers attach native launches only
+    when it is here."""
+    return None if config.fastpath == "off" else _loaded[0]
+
+
+def load_if_built() -> None:
+    """Load the library when it is already built (never builds): helper processes, such as the isolated
+    verify-and-time child, then verify and time the same native launches the caller's warm path will use."""
+    if loaded_module() is not None or config.fastpath == "off":
+        return
+    where = paths()
+    if where.library.exists():
+        try:
+            _loaded[0] = load_library(where.library)
+        except (ImportError, OSError):
+            pass            # the caller's own load reports it
+
+
 class Fastpath:
     """Process state: the loaded module (or why not), and the background build when one runs."""
 
@@ -176,6 +198,7 @@ class Fastpath:
             self.why_not = f"load failed: {e}"
             return
         self.module, self.why_not = module, ""
+        _loaded[0] = module
         on_loaded(module)
 
     def wait(self, timeout_s: float | None = None) -> None:

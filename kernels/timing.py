@@ -29,6 +29,15 @@ class Timing:
         return asdict(self)
 
 
+def user_call(launch, sets: list[tuple[torch.Tensor, torch.Tensor]]) -> Call:
+    """call(i): the user's call on input set i, as the warm path makes it: through `launch.direct(a, b)` when the
+    launch has one (aten's torch function, a Triton choice's native launch), else launch(a, b, None)."""
+    direct = getattr(launch, "direct", None)
+    if direct is not None:
+        return lambda i: direct(*sets[i])
+    return lambda i: launch(*sets[i], None)
+
+
 def _quantile(sorted_values: list[float], q: float) -> float:
     idx = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
     return sorted_values[idx]

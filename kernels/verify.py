@@ -76,3 +76,26 @@ def check(problem: GemmProblem, out: torch.Tensor, ref: torch.Tensor) -> CheckRe
     else:
         ok = err <= tol
     return CheckResult(ok, err, "" if ok else f"relative error {err:.3g} > {tol:g}")
+
+
+def verify_launch(launch, problem: GemmProblem, a: torch.Tensor, b: torch.Tensor, ref: torch.Tensor) -> str | None:
+    """None when every way the warm path can call `launch` writes the reference result into a poisoned output:
+    launch(a, b, out), and its native launch (`launch.native(a, b, out)`, the C++ table's path) when it has one.
+    Else why not; a crash is a result here, never an exception."""
+    device = "cuda" if problem.device == "cuda" else "cpu"
+    paths = [("", launch)]
+    native = getattr(launch, "native", None)
+    if native is not None:
+        paths.append(("native launch: ", native))
+    for label, call in paths:
+        out = poisoned_output(problem, device)
+        try:
+            call(a, b, out)
+            if device == "cuda":
+                torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            return f"{label}crashed: {type(e).__name__}: {str(e)[:300]}"
+        result = check(problem, out, ref)
+        if not result.ok:
+            return f"{label}wrong result: {result.message}"
+    return None

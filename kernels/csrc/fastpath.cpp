@@ -8,6 +8,12 @@
 //  a.data_ptr() & 15, b.data_ptr() & 15, fp32 precision or None, grad flag).
 // Only keys with precision None (no fp32) and grad flag False are accepted; everything else stays in Python.
 // All access happens with the GIL held, which is what serialises the table.
+//
+// Native launches (type NativeLaunch): a compiled Triton choice as a list of kernel launches whose arguments are all
+// fixed for the problem except the three operand pointers, launched with cuLaunchKernel from here. The Python path
+// (launcher closure -> torch.empty -> Triton's C launcher parsing ~15 Python arguments) costs 10+ us of host time per
+// call on the lent machines' hosts, more than many of these kernels run on the GPU. The CUDA driver is reached
+// through dlopen, so this file builds against CPU-only torch too (where no NativeLaunch is ever made).
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
@@ -18,10 +24,14 @@
 #include <ATen/ops/_int_mm.h>
 #include <ATen/ops/mm.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <dlfcn.h>
 
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -40,11 +50,11 @@ struct KeyHash {
   }
 };
 
-enum Kind : int { kAtenMm = 0, kAtenIntMm = 1, kPython = 2 };
+enum Kind : int { kAtenMm = 0, kAtenIntMm = 1, kPython = 2, kNative = 3 };
 
 struct Entry {
   int kind;
-  PyObject* launch;  // owned; only for kPython
+  PyObject* launch;  // owned; for kPython and kNative
 };
 
 std::unordered_map<Key, Entry, KeyHash>& table() {
@@ -117,6 +127,328 @@ bool key_from_python(PyObject* t, Key& k) {
   return k[1] != static_cast<int64_t>(at::kFloat) && k[2] != static_cast<int64_t>(at::kFloat);
 }
 
+// ---- CUDA driver, resolved at first use ---------------------------------------------------------------------------
+using CUresult = int;
+constexpr CUresult kCudaSuccess = 0;
+using LaunchKernelFn = CUresult (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                                    void**, void**);
+using CtxGetCurrentFn = CUresult (*)(void**);
+using CtxSetCurrentFn = CUresult (*)(void*);
+using DeviceGetFn = CUresult (*)(int*, int);
+using PrimaryCtxRetainFn = CUresult (*)(void**, int);
+using GetErrorStringFn = CUresult (*)(CUresult, const char**);
+
+struct Driver {
+  LaunchKernelFn launch = nullptr;
+  CtxGetCurrentFn ctx_get = nullptr;
+  CtxSetCurrentFn ctx_set = nullptr;
+  DeviceGetFn device_get = nullptr;
+  PrimaryCtxRetainFn primary_ctx_retain = nullptr;
+  GetErrorStringFn error_string = nullptr;
+  std::string why_not;  // empty when every entry point resolved
+};
+
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver r;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);  // torch has loaded it when CUDA is in use
+    if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (lib == nullptr) {
+      r.why_not = "libcuda.so.1 not found";
+      return r;
+    }
+    auto sym = [&](const char* name) {
+      void* p = dlsym(lib, name);
+      if (p == nullptr && r.why_not.empty()) r.why_not = std::string("libcuda.so.1 lacks ") + name;
+      return p;
+    };
+    r.launch = reinterpret_cast<LaunchKernelFn>(sym("cuLaunchKernel"));
+    r.ctx_get = reinterpret_cast<CtxGetCurrentFn>(sym("cuCtxGetCurrent"));
+    r.ctx_set = reinterpret_cast<CtxSetCurrentFn>(sym("cuCtxSetCurrent"));
+    r.device_get = reinterpret_cast<DeviceGetFn>(sym("cuDeviceGet"));
+    r.primary_ctx_retain = reinterpret_cast<PrimaryCtxRetainFn>(sym("cuDevicePrimaryCtxRetain_v2"));
+    if (r.primary_ctx_retain == nullptr) {
+      r.why_not.clear();
+      r.primary_ctx_retain = reinterpret_cast<PrimaryCtxRetainFn>(sym("cuDevicePrimaryCtxRetain"));
+    }
+    r.error_string = reinterpret_cast<GetErrorStringFn>(sym("cuGetErrorString"));
+    return r;
+  }();
+  return d;
+}
+
+std::string cuda_error(const Driver& d, CUresult code) {
+  const char* text = nullptr;
+  if (d.error_string != nullptr) d.error_string(code, &text);
+  return "CUDA error " + std::to_string(code) + (text != nullptr ? std::string(" (") + text + ")" : std::string());
+}
+
+// A thread that never made a CUDA runtime call has no current context (cuLaunchKernel would fail); Triton's launcher
+// makes the device's primary context current in that case, and so do we. Returns the failure text, or "".
+std::string ensure_context(const Driver& d, int device) {
+  void* ctx = nullptr;
+  CUresult rc = d.ctx_get(&ctx);
+  if (rc == kCudaSuccess && ctx != nullptr) return "";
+  int dev = 0;
+  if ((rc = d.device_get(&dev, device)) != kCudaSuccess) return "cuDeviceGet: " + cuda_error(d, rc);
+  if ((rc = d.primary_ctx_retain(&ctx, dev)) != kCudaSuccess) return "cuDevicePrimaryCtxRetain: " + cuda_error(d, rc);
+  if ((rc = d.ctx_set(ctx)) != kCudaSuccess) return "cuCtxSetCurrent: " + cuda_error(d, rc);
+  return "";
+}
+
+// ---- NativeLaunch ----------------------------------------------------------------------------------------------------
+enum Operand : int { kA = 0, kB = 1, kOut = 2 };
+
+struct OperandSlot {
+  size_t param;  // index of the kernel parameter that takes this operand's pointer
+  int operand;
+};
+
+struct KernelStep {
+  void* function;
+  unsigned grid[3];
+  unsigned block;
+  unsigned shared;
+  std::vector<uint64_t> values;  // one 8-byte slot per kernel parameter; an i32 lives in the low half (x86-64)
+  std::vector<void*> params;     // &values[i]: what cuLaunchKernel reads
+  std::vector<OperandSlot> operands;
+};
+
+struct NativePlan {
+  int device;
+  void* stream;  // the stream whose workspaces the fixed arguments point at
+  int64_t m, n;
+  at::ScalarType out_dtype;
+  std::vector<KernelStep> steps;
+};
+
+struct NativeLaunch {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  NativePlan* plan;
+  PyObject* fallback;   // launch(a, b, out): the Python path, for other streams and outputs we do not write
+  PyObject* keepalive;  // owns what the fixed pointers point at (workspaces, scratch)
+};
+
+PyObject* call_fallback(NativeLaunch* self, PyObject* pa, PyObject* pb, PyObject* pout) {
+  return PyObject_CallFunctionObjArgs(self->fallback, pa, pb, pout != nullptr ? pout : Py_None, nullptr);
+}
+
+bool writable_output(const NativePlan& plan, const at::Tensor& out) {
+  return out.dim() == 2 && out.size(0) == plan.m && out.size(1) == plan.n && out.scalar_type() == plan.out_dtype &&
+         out.is_cuda() && out.device().index() == plan.device && (out.stride(0) == plan.n || plan.m <= 1) &&
+         (out.stride(1) == 1 || plan.n <= 1) && (reinterpret_cast<uintptr_t>(out.data_ptr()) & 15) == 0;
+}
+
+// The product, or nullptr with a Python error set. pout may be nullptr (allocate) or a tensor to write into.
+PyObject* run_native(NativeLaunch* self, const at::Tensor& a, const at::Tensor& b, PyObject* pa, PyObject* pb,
+                     PyObject* pout) {
+  const NativePlan& plan = *self->plan;
+  if (!a.is_cuda() || a.device().index() != plan.device || !b.is_cuda() || a.dim() != 2 || b.dim() != 2 ||
+      a.size(0) != plan.m || b.size(1) != plan.n) {
+    return call_fallback(self, pa, pb, pout);  // not the problem this plan was made for: the Python path decides
+  }
+  const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(plan.device));
+  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  void* stream = impl->getStream(device).native_handle();
+  if (stream != plan.stream) return call_fallback(self, pa, pb, pout);
+  at::Tensor out;
+  if (pout != nullptr && pout != Py_None) {
+    if (!THPVariable_Check(pout)) return call_fallback(self, pa, pb, pout);
+    out = THPVariable_Unpack(pout);
+    if (!writable_output(plan, out)) return call_fallback(self, pa, pb, pout);
+  }
+  const Driver& d = driver();
+  if (!d.why_not.empty()) {
+    PyErr_Format(PyExc_RuntimeError, "kernels native launch: %s", d.why_not.c_str());
+    return nullptr;
+  }
+  c10::DeviceGuard guard(device);
+  std::string why = ensure_context(d, plan.device);
+  if (!why.empty()) {
+    PyErr_Format(PyExc_RuntimeError, "kernels native launch: %s", why.c_str());
+    return nullptr;
+  }
+  if (!out.defined()) out = at::empty({plan.m, plan.n}, at::TensorOptions().dtype(plan.out_dtype).device(device));
+  const uint64_t pointers[3] = {reinterpret_cast<uint64_t>(a.data_ptr()), reinterpret_cast<uint64_t>(b.data_ptr()),
+                                reinterpret_cast<uint64_t>(out.data_ptr())};
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    auto& step = self->plan->steps[i];
+    if (step.grid[0] == 0 || step.grid[1] == 0 || step.grid[2] == 0) continue;
+    for (const auto& slot : step.operands) step.values[slot.param] = pointers[slot.operand];
+    CUresult rc = d.launch(step.function, step.grid[0], step.grid[1], step.grid[2], step.block, 1, 1, step.shared,
+                           stream, step.params.data(), nullptr);
+    if (rc != kCudaSuccess) {
+      PyErr_Format(PyExc_RuntimeError, "kernels native launch: cuLaunchKernel failed on launch %zu of %zu: %s", i + 1,
+                   plan.steps.size(), cuda_error(d, rc).c_str());
+      return nullptr;
+    }
+  }
+  if (pout != nullptr && pout != Py_None) {
+    Py_INCREF(pout);
+    return pout;
+  }
+  return THPVariable_Wrap(std::move(out));
+}
+
+// native(a, b, out=None)
+PyObject* native_vectorcall(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  HANDLE_TH_ERRORS
+  auto* self = reinterpret_cast<NativeLaunch*>(callable);
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  if (kwnames != nullptr || nargs < 2 || nargs > 3) {
+    PyErr_SetString(PyExc_TypeError, "NativeLaunch(a, b, out=None) takes 2 or 3 positional arguments");
+    return nullptr;
+  }
+  PyObject* pout = nargs == 3 ? args[2] : nullptr;
+  if (!THPVariable_Check(args[0]) || !THPVariable_Check(args[1])) return call_fallback(self, args[0], args[1], pout);
+  return run_native(self, THPVariable_Unpack(args[0]), THPVariable_Unpack(args[1]), args[0], args[1], pout);
+  END_HANDLE_TH_ERRORS
+}
+
+void native_dealloc(PyObject* obj) {
+  auto* self = reinterpret_cast<NativeLaunch*>(obj);
+  PyObject_GC_UnTrack(obj);
+  delete self->plan;
+  Py_CLEAR(self->fallback);
+  Py_CLEAR(self->keepalive);
+  Py_TYPE(obj)->tp_free(obj);
+}
+
+int native_traverse(PyObject* obj, visitproc visit, void* arg) {
+  auto* self = reinterpret_cast<NativeLaunch*>(obj);
+  Py_VISIT(self->fallback);
+  Py_VISIT(self->keepalive);
+  return 0;
+}
+
+int native_clear(PyObject* obj) {
+  auto* self = reinterpret_cast<NativeLaunch*>(obj);
+  Py_CLEAR(self->fallback);
+  Py_CLEAR(self->keepalive);
+  return 0;
+}
+
+PyObject* native_repr(PyObject* obj) {
+  const NativePlan& plan = *reinterpret_cast<NativeLaunch*>(obj)->plan;
+  return PyUnicode_FromFormat("<NativeLaunch %zd launch(es), %lldx%lld on cuda:%d>",
+                              static_cast<Py_ssize_t>(plan.steps.size()), static_cast<long long>(plan.m),
+                              static_cast<long long>(plan.n), plan.device);
+}
+
+PyTypeObject NativeLaunchType = [] {
+  PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
+  t.tp_name = "_kernels_fastpath.NativeLaunch";
+  t.tp_basicsize = sizeof(NativeLaunch);
+  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
+  t.tp_vectorcall_offset = offsetof(NativeLaunch, vectorcall);
+  t.tp_call = PyVectorcall_Call;
+  t.tp_dealloc = native_dealloc;
+  t.tp_traverse = native_traverse;
+  t.tp_clear = native_clear;
+  t.tp_repr = native_repr;
+  t.tp_doc = "A compiled Triton choice launched from C++: call(a, b, out=None) -> out";
+  return t;
+}();
+
+bool read_u64(PyObject* o, uint64_t& v) {
+  v = PyLong_AsUnsignedLongLongMask(o);  // negative ints wrap; their low 32 bits are what an i32 slot holds
+  return !PyErr_Occurred();
+}
+
+// One step: (function, gx, gy, gz, block_threads, shared_bytes, values, operands) with operands a sequence of
+// (parameter index, operand code 0=a 1=b 2=out).
+bool read_step(PyObject* item, KernelStep& step) {
+  if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 8) {
+    PyErr_SetString(PyExc_TypeError, "native: each step is (function, gx, gy, gz, block, shared, values, operands)");
+    return false;
+  }
+  uint64_t u[6];
+  for (int i = 0; i < 6; ++i) {
+    if (!read_u64(PyTuple_GET_ITEM(item, i), u[i])) return false;
+  }
+  step.function = reinterpret_cast<void*>(u[0]);
+  for (int i = 0; i < 3; ++i) step.grid[i] = static_cast<unsigned>(u[1 + i]);
+  step.block = static_cast<unsigned>(u[4]);
+  step.shared = static_cast<unsigned>(u[5]);
+  if (step.function == nullptr || step.block == 0 || step.block > 1024) {
+    PyErr_SetString(PyExc_ValueError, "native: a step needs a loaded function and 1..1024 threads per block");
+    return false;
+  }
+  PyObject* values = PySequence_Fast(PyTuple_GET_ITEM(item, 6), "native: values must be a sequence");
+  if (values == nullptr) return false;
+  Py_ssize_t nv = PySequence_Fast_GET_SIZE(values);
+  step.values.resize(static_cast<size_t>(nv));
+  for (Py_ssize_t i = 0; i < nv; ++i) {
+    if (!read_u64(PySequence_Fast_GET_ITEM(values, i), step.values[i])) {
+      Py_DECREF(values);
+      return false;
+    }
+  }
+  Py_DECREF(values);
+  PyObject* ops = PySequence_Fast(PyTuple_GET_ITEM(item, 7), "native: operands must be a sequence");
+  if (ops == nullptr) return false;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(ops); ++i) {
+    PyObject* pair = PySequence_Fast_GET_ITEM(ops, i);
+    int64_t param = 0, operand = 0;
+    if (!read_pair(pair, param, operand) || param < 0 || param >= nv || operand < kA || operand > kOut) {
+      Py_DECREF(ops);
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "native: an operand is (parameter index, 0|1|2)");
+      return false;
+    }
+    step.operands.push_back(OperandSlot{static_cast<size_t>(param), static_cast<int>(operand)});
+  }
+  Py_DECREF(ops);
+  step.params.resize(step.values.size());
+  for (size_t i = 0; i < step.values.size(); ++i) step.params[i] = &step.values[i];
+  return true;
+}
+
+// native(device, stream, m, n, out_dtype, steps, fallback, keepalive) -> NativeLaunch
+PyObject* make_native(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 8) {
+    PyErr_SetString(PyExc_TypeError, "native(device, stream, m, n, out_dtype, steps, fallback, keepalive)");
+    return nullptr;
+  }
+  if (!THPDtype_Check(args[4]) || !PyCallable_Check(args[6])) {
+    PyErr_SetString(PyExc_TypeError, "native: out_dtype must be a torch.dtype and fallback callable");
+    return nullptr;
+  }
+  auto plan = std::make_unique<NativePlan>();
+  uint64_t stream = 0;
+  plan->device = static_cast<int>(PyLong_AsLong(args[0]));
+  read_u64(args[1], stream);
+  plan->stream = reinterpret_cast<void*>(stream);
+  plan->m = PyLong_AsLongLong(args[2]);
+  plan->n = PyLong_AsLongLong(args[3]);
+  if (PyErr_Occurred()) return nullptr;
+  plan->out_dtype = reinterpret_cast<THPDtype*>(args[4])->scalar_type;
+  PyObject* steps = PySequence_Fast(args[5], "native: steps must be a sequence");
+  if (steps == nullptr) return nullptr;
+  plan->steps.resize(static_cast<size_t>(PySequence_Fast_GET_SIZE(steps)));
+  for (size_t i = 0; i < plan->steps.size(); ++i) {
+    if (!read_step(PySequence_Fast_GET_ITEM(steps, i), plan->steps[i])) {
+      Py_DECREF(steps);
+      return nullptr;
+    }
+  }
+  Py_DECREF(steps);
+  auto* self = PyObject_GC_New(NativeLaunch, &NativeLaunchType);
+  if (self == nullptr) return nullptr;
+  self->vectorcall = native_vectorcall;
+  self->plan = plan.release();
+  Py_INCREF(args[6]);
+  self->fallback = args[6];
+  Py_INCREF(args[7]);
+  self->keepalive = args[7];
+  PyObject_GC_Track(reinterpret_cast<PyObject*>(self));
+  return reinterpret_cast<PyObject*>(self);
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* driver_status(PyObject*, PyObject*) { return PyUnicode_FromString(driver().why_not.c_str()); }
+
 struct ReleaseGil {
   PyThreadState* state;
   ReleaseGil() : state(PyEval_SaveThread()) {}
@@ -143,6 +475,7 @@ PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (it == t.end()) Py_RETURN_NONE;
   ++g_hits;
   const Entry& e = it->second;
+  if (e.kind == kNative) return run_native(reinterpret_cast<NativeLaunch*>(e.launch), a, b, pa, pb, nullptr);
   if (e.kind == kPython) return PyObject_CallFunctionObjArgs(e.launch, pa, pb, nullptr);
   auto run = [&] { return e.kind == kAtenMm ? at::mm(a, b) : at::_int_mm(a, b); };
   at::Tensor result;
@@ -167,18 +500,19 @@ PyObject* add(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   long kind = PyLong_AsLong(args[1]);
   if (PyErr_Occurred()) return nullptr;
-  if (kind != kAtenMm && kind != kAtenIntMm && kind != kPython) {
+  if (kind == kPython && Py_TYPE(args[2]) == &NativeLaunchType) kind = kNative;
+  if (kind != kAtenMm && kind != kAtenIntMm && kind != kPython && kind != kNative) {
     PyErr_Format(PyExc_ValueError, "unknown entry kind %ld", kind);
     return nullptr;
   }
-  if (kind == kPython && !PyCallable_Check(args[2])) {
+  if ((kind == kPython || kind == kNative) && !PyCallable_Check(args[2])) {
     PyErr_SetString(PyExc_TypeError, "add: launch must be callable");
     return nullptr;
   }
   Key k;
   if (!key_from_python(args[0], k)) Py_RETURN_FALSE;
   PyObject* launch = nullptr;
-  if (kind == kPython) {
+  if (kind == kPython || kind == kNative) {
     Py_INCREF(args[2]);
     launch = args[2];
   }
@@ -205,6 +539,13 @@ PyObject* clear(PyObject*, PyObject*) {
 
 PyObject* hits(PyObject*, PyObject*) { return PyLong_FromLongLong(g_hits); }
 
+PyObject* kind_of(PyObject*, PyObject* key) {
+  Key k;
+  if (!key_from_python(key, k)) return PyLong_FromLong(-1);
+  auto it = table().find(k);
+  return PyLong_FromLong(it == table().end() ? -1 : it->second.kind);
+}
+
 PyObject* size(PyObject*, PyObject*) { return PyLong_FromSize_t(table().size()); }
 
 PyMethodDef methods[] = {
@@ -212,6 +553,10 @@ PyMethodDef methods[] = {
      "call(op, a, b): the product for a registered problem, else None (op 0 = mm, 1 = int_mm)"},
     {"add", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(add)), METH_FASTCALL,
      "add(key, kind, launch): register a warm entry under the Python dispatch key"},
+    {"native", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(make_native)), METH_FASTCALL,
+     "native(device, stream, m, n, out_dtype, steps, fallback, keepalive): a NativeLaunch"},
+    {"driver_status", driver_status, METH_NOARGS, "'' when the CUDA driver's entry points resolved, else why not"},
+    {"kind", kind_of, METH_O, "the table's entry kind for this key (-1: not registered)"},
     {"clear", clear, METH_NOARGS, "forget every entry"},
     {"hits", hits, METH_NOARGS, "calls served since load"},
     {"size", size, METH_NOARGS, "entries registered"},
@@ -221,4 +566,15 @@ PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_kernels_fastpath", "kernels w
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit__kernels_fastpath() { return PyModule_Create(&module_def); }
+PyMODINIT_FUNC PyInit__kernels_fastpath() {
+  if (PyType_Ready(&NativeLaunchType) < 0) return nullptr;
+  PyObject* module = PyModule_Create(&module_def);
+  if (module == nullptr) return nullptr;
+  Py_INCREF(&NativeLaunchType);
+  if (PyModule_AddObject(module, "NativeLaunch", reinterpret_cast<PyObject*>(&NativeLaunchType)) < 0) {
+    Py_DECREF(&NativeLaunchType);
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}
