@@ -1,24 +1,39 @@
 #!/usr/bin/env bash
-# What the next GPU session should re-check, in one call of the device tool (~9 minutes on the H100), results under
-# $OUT:   bash bench/gpu_check.sh      (CUTLASS_DIR set, or the nvidia-cutlass headers installed)
-# 1. the GPU tests, split so one slow file cannot starve the rest (on the H100's slow host the 66 core tests need
-#    more than 140 s; test_mm_matches_torch alone tunes ~50 problems);
-# 2. dynamic M on (11008, 4096) with longer bucket benchmarks (KERNELS_DYNAMIC_BENCH_MS=30 vs the default 10): the
-#    worst cases of the last sweeps were buckets decided on one noisy ~37 us timing;
-# 3. issue 3's suite with the defaults.
+# One device-tool call's worth of checks, results under $OUT (or results/gpu_check):
+#   bash bench/gpu_check.sh native     the C++ table's native launches: GPU tests, then issue 3's and the core suite
+#   bash bench/gpu_check.sh tests      the GPU test files, each under its own timeout
+#   bash bench/gpu_check.sh dynamic    issue 7's sweeps over 64 M for both (K, N)
+#   bash bench/gpu_check.sh fast       issue 6: KERNELS_PRESET=fast on the held-out problems
+# (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)
 set -u
 OUT=${OUT:-results/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-gpu_tests() { timeout 150 python3 -m pytest -q -m gpu --tb=short -p no:cacheprovider "$@" 2>&1 | tail -1; }
-gpu_tests tests/test_gpu_core.py -k "test_mm_matches_torch"
-gpu_tests tests/test_gpu_core.py -k "not test_mm_matches_torch"
-gpu_tests tests/test_dynamic_gpu.py tests/test_isolation.py
-gpu_tests tests/test_gpu_templates.py
-for ms in 10 30; do
-  KERNELS_DYNAMIC_BENCH_MS=$ms timeout 150 python3 -m bench.dynamic --shapes 11008x4096 --num-m 64 --no-table \
-    --time-limit-s 130 --out "$OUT/dynamic_11008x4096_bench$ms.json" > "$OUT/dynamic_$ms.txt" 2>&1
-  echo "bucket benchmark $ms ms:"; grep -A4 "^| mode" "$OUT/dynamic_11008x4096_bench$ms.md"
-done
-timeout 130 python3 -m bench.core_quick --suite issue3 --backends aten,triton,padded --json "$OUT/issue3.json" \
-  > "$OUT/issue3.txt" 2>&1; grep -E "^(mm|int_mm) " "$OUT/issue3.txt" | head -16
+gpu_tests() { local t=$1; shift; timeout "$t" python3 -m pytest -q -m gpu --tb=short -p no:cacheprovider "$@" 2>&1 | tail -25; }
+case "${1:-native}" in
+native)
+  python3 -m kernels fastpath build
+  gpu_tests 240 tests/test_fastpath.py | tee "$OUT/fastpath_tests.txt"
+  timeout 170 python3 -m bench.core_quick --suite issue3 --backends aten,triton,padded --json "$OUT/issue3.json" \
+    > "$OUT/issue3.txt" 2>&1; tail -28 "$OUT/issue3.txt"
+  timeout 150 python3 -m bench.core_quick --suite core --backends aten,triton,padded --json "$OUT/core.json" \
+    > "$OUT/core.txt" 2>&1; tail -22 "$OUT/core.txt"
+  ;;
+tests)
+  gpu_tests 150 tests/test_gpu_core.py -k "test_mm_matches_torch"
+  gpu_tests 150 tests/test_gpu_core.py -k "not test_mm_matches_torch"
+  gpu_tests 120 tests/test_dynamic_gpu.py tests/test_isolation.py
+  gpu_tests 170 tests/test_gpu_templates.py
+  ;;
+dynamic)
+  for kn in 11008x4096 4096x12288; do
+    timeout 280 python3 -m bench.dynamic --shapes "$kn" --num-m 64 --time-limit-s 250 \
+      --out "$OUT/dynamic_$kn.json" > "$OUT/dynamic_$kn.txt" 2>&1
+    grep -B2 -A6 "^| mode" "$OUT/dynamic_$kn.md" 2>/dev/null || tail -20 "$OUT/dynamic_$kn.txt"
+  done
+  ;;
+fast)
+  timeout 560 python3 -m bench.fast_preset --data data/perf/h100_heldout_bf16.csv data/perf/h100_heldout_int8.csv \
+    --time-limit-s 500 --json "$OUT/fast_preset.json" 2>&1 | tee "$OUT/fast_preset.txt" | tail -60
+  ;;
+esac
