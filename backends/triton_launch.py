@@ -50,8 +50,7 @@ class CompiledHandle:
         (kernel parameters: the signature's arguments, then global and profile scratch pointers)."""
         import triton
 
-        knobs = getattr(triton, "knobs", None)
-        if knobs is not None and (knobs.runtime.launch_enter_hook or knobs.runtime.launch_exit_hook):
+        if launch_hooks_installed():
             return None, "a Triton launch hook is installed (a profiler must see every launch)"
         direct = _direct_launch(self.kernel)
         if direct is None:
@@ -71,12 +70,9 @@ class CompiledHandle:
         return (int(self.kernel.function), 32 * num_warps, shared, int(scratch)), ""
 
     def bind(self, grid: tuple[int, int, int]) -> Run:
-        import triton
-
         kernel, dev = self.kernel, self.device_index
         gx, gy, gz = grid
-        knobs = getattr(triton, "knobs", None)
-        if knobs is not None and (knobs.runtime.launch_enter_hook or knobs.runtime.launch_exit_hook):
+        if launch_hooks_installed():
             # a profiler hook is installed: take Triton's own (slower) path so it sees the launch
             _ensure_allocator()
 
@@ -115,6 +111,20 @@ class CompiledHandle:
             c_launch(gx, gy, gz, stream, function, coop, pdl, buf, None, packed, None, None, None, *args)
 
         return run_scratch
+
+
+def launch_hooks_installed() -> bool:
+    """Whether a profiler or user put a launch hook in Triton's knobs. Since triton 3.5 the knobs hold a HookChain
+    object even when nothing is hooked (always truthy), so its `calls` are what count."""
+    import triton
+
+    knobs = getattr(triton, "knobs", None)
+    if knobs is None:
+        return False
+    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        if hook is not None and (len(hook.calls) > 0 if hasattr(hook, "calls") else True):
+            return True
+    return False
 
 
 def _direct_launch(kernel):

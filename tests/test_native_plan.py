@@ -142,3 +142,25 @@ def test_arguments_that_do_not_fit_their_types_are_refused(fake_table):
     native, why = native_launch(lambda a, b, out: None, (1, 1), torch.float16,
                                 [KernelCall(handle, (1, 1, 1), (3, 4))])
     assert native is None and "does not match its type *fp16" in why
+
+
+def test_launch_hooks_count_only_when_something_is_hooked(monkeypatch):
+    import triton
+
+    from backends.triton_launch import launch_hooks_installed
+
+    knobs = getattr(triton, "knobs", None)
+    if knobs is None:
+        pytest.skip("this triton has no knobs")
+    assert not launch_hooks_installed()               # an empty HookChain is truthy: it must not count
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "add"):
+        hook = lambda *args: None                      # noqa: E731
+        chain.add(hook)
+        try:
+            assert launch_hooks_installed()
+        finally:
+            chain.remove(hook)
+    else:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *args: None)
+        assert launch_hooks_installed()
