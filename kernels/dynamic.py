@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -362,15 +363,20 @@ class Family:
             if entry["winner"] not in by_name:
                 return None
             timings = entry.get("timings", {})
-            ranking = [entry["winner"]] + sorted((n for n in names if n != entry["winner"]),
-                                                 key=lambda n: _ms(timings.get(n)))
+            winner, notes = entry["winner"], []
+            probes = _bucket_probes(runtime, entry)
+            if probes:
+                winner, note = inflation_guard(winner, runtime, probes, by_name,
+                                               frozenset(e.choice.name for e in entries if e.rank == 1))
+                notes += [note] if note else []
+            ranking = [winner] + sorted((n for n in names if n != winner), key=lambda n: _ms(timings.get(n)))
             at = entry.get("measured_at")
-            return Decision("benchmark", _shape(runtime), self.dims, entry["winner"],
-                            self.labels(entry["winner"], entries), source, bucket=bid,
-                            measured_at=tuple(at) if at else None, timings=dict(timings),
+            return Decision("benchmark", _shape(runtime), self.dims, winner, self.labels(winner, entries), source,
+                            bucket=bid, measured_at=tuple(at) if at else None, timings=dict(timings),
                             also_measured=list(entry.get("edge_timings", {})),
                             worst_ratio=dict(entry.get("worst_ratio", {})),
-                            seconds=float(entry.get("seconds", 0.0)) if source == "benchmarked" else 0.0), ranking
+                            seconds=float(entry.get("seconds", 0.0)) if source == "benchmarked" else 0.0,
+                            notes=notes), ranking
 
         if len(names) == 1:
             return Decision("benchmark", _shape(runtime), self.dims, names[0], self.labels(names[0], entries),
@@ -446,6 +452,66 @@ def _round_inflation(choice: Choice, runtime: GemmProblem, hint: GemmProblem) ->
 
 def _volume(p: GemmProblem) -> int:
     return p.m * p.n * p.k
+
+
+def _bucket_probes(runtime: GemmProblem, entry: dict) -> list[tuple[GemmProblem, dict]]:
+    """The shapes a bucket decision was timed at (runtime size, then edges), as problems, with their timings."""
+    probes = []
+    shapes = [(entry.get("measured_at"), entry.get("timings", {}))]
+    shapes += [(text.split("x"), t) for text, t in entry.get("edge_timings", {}).items()]
+    for shape, timings in shapes:
+        if not shape or len(shape) != 3:
+            continue
+        m, n, k = (int(v) for v in shape)
+        probes.append((substitute(runtime, {"m": m, "n": n, "k": k}, runtime.dynamic), timings))
+    return probes
+
+
+def _rounds(choice: Choice, p: GemmProblem) -> int | None:
+    """Rounds of a tiled choice's grid over the SMs at this shape; None for choices without a tile (aten)."""
+    cfg = choice.config
+    if not isinstance(cfg, GemmConfig):
+        return None
+    split = int(dict(choice.params).get("split", 1))
+    return waves(p.m, p.n, cfg.block_m, cfg.block_n, split, gpu_spec(p.arch, p.device_name).sms)
+
+
+def predicted_ms(choice: Choice, runtime: GemmProblem, probes: list[tuple[GemmProblem, dict]]) -> float | None:
+    """The choice's time at a compute-bound runtime shape from a bucket's timings at its probe sizes: a tile's time
+    follows its rounds over the SMs, so it is read off the probe with the nearest round count (then the nearest
+    size) and scaled by rounds; aten's (cuBLAS picks its kernel per call) off the nearest size, scaled by work.
+    None when the choice was not timed at a compute-bound probe."""
+    timed = [(p, t[choice.name]) for p, t in probes if isinstance(t.get(choice.name), float) and _compute_bound(p)]
+    if not timed:
+        return None
+    rounds = _rounds(choice, runtime)
+
+    def distance(item):
+        p = item[0]
+        size = abs(math.log(_volume(p) / _volume(runtime)))
+        return (abs(_rounds(choice, p) - rounds), size) if rounds is not None else (0, size)
+
+    p, ms = min(timed, key=distance)
+    return ms * _volume(runtime) / _volume(p) * _round_inflation(choice, runtime, p)
+
+
+def inflation_guard(winner: str, runtime: GemmProblem, probes: list[tuple[GemmProblem, dict]],
+                    choices: dict[str, Choice], hint_winners: frozenset[str]) -> tuple[str, str]:
+    """(choice to serve this exact shape, note or ''). A bucket decision was timed at a few of its sizes; between
+    them a compute-bound tile's time steps with its rounds over the SMs (H100, K=4096, N=12288: the 128x256 TMA tile
+    won the (512, 1024] bucket timed at M=513 and 1024, 2 and 3 rounds, then ran M=720 at 1.34x and M=831 at 1.23x
+    a per-M tune: 3 rounds like M=1024 for 70-80% of its work). Every choice gets a predicted time here
+    (predicted_ms); when the winner's exceeds the best by more than ROUND_INFLATION_SLACK, the pick among the
+    predictions serves instead. Memory-bound shapes keep the bucket's winner (rounds do not set their time)."""
+    if not _compute_bound(runtime):
+        return winner, ""
+    predicted = {n: t for n, c in choices.items() if (t := predicted_ms(c, runtime, probes)) is not None}
+    if winner not in predicted or predicted[winner] <= min(predicted.values()) * (1 + ROUND_INFLATION_SLACK):
+        return winner, ""
+    instead = pick(predicted, choices, hint_winners)
+    return instead, (f"{winner} would run its last round over the SMs part-empty here (predicted "
+                     f"{predicted[winner] / predicted[instead]:.2f}x {instead} from the bucket's timings): "
+                     f"served by {instead}")
 
 
 def _ms(t) -> float:

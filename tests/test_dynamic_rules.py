@@ -5,7 +5,7 @@ import pytest
 
 import kernels
 from kernels.dynamic import Dynamic, resolve, substitute
-from kernels.dynamic_rules import (BucketRule, bucket_id, hints_for, log2_distance, nearest, parse_buckets,
+from kernels.dynamic_rules import (DEFAULT_HINTS, BucketRule, bucket_id, hints_for, log2_distance, nearest, parse_buckets,
                                    parse_dims, parse_hints, parse_mode)
 from kernels.errors import InputTypeError, InputValueError
 from kernels.problem import GemmProblem
@@ -86,7 +86,7 @@ def test_parse_dims_hints_mode():
         with pytest.raises(ValueError):
             parse_hints(bad)
     assert hints_for((16, 32), ("m", "k")) == {"m": (16, 32), "k": (16, 32)}
-    assert hints_for((("k", (8,)),), ("m", "k")) == {"m": (64, 256, 4096), "k": (8,)}
+    assert hints_for((("k", (8,)),), ("m", "k")) == {"m": DEFAULT_HINTS, "k": (8,)}
     assert parse_mode(" Similarity ") == "similarity"
     with pytest.raises(ValueError):
         parse_mode("guess")
@@ -94,7 +94,7 @@ def test_parse_dims_hints_mode():
 
 
 def test_config_knobs_from_environment(monkeypatch):
-    assert kernels.config.dynamic_dims == () and kernels.config.dynamic_hints == (64, 256, 4096)
+    assert kernels.config.dynamic_dims == () and kernels.config.dynamic_hints == DEFAULT_HINTS
     assert kernels.config.dynamic_mode == "benchmark" and kernels.config.dynamic_buckets == "pow2"
     monkeypatch.setenv("KERNELS_DYNAMIC", "m,k")
     monkeypatch.setenv("KERNELS_DYNAMIC_HINTS", "m=8,16;k=32")
@@ -109,7 +109,7 @@ def test_config_knobs_from_environment(monkeypatch):
 
 def test_resolve_declarations():
     assert resolve(None) is None and resolve(False) is None and resolve("") is None and resolve(()) is None
-    assert resolve("m") == Dynamic("m", (("m", (64, 256, 4096)),), "benchmark", "pow2")
+    assert resolve("m") == Dynamic("m", (("m", DEFAULT_HINTS),), "benchmark", "pow2")
     assert resolve(True) == resolve("m") == resolve(("m",))
     d = Dynamic("m", hints={"m": (32, 16)}, mode="similarity", buckets="exact")
     hash(d)                                    # part of the warm dispatch key
@@ -355,3 +355,29 @@ def test_similarity_leaves_a_tile_whose_last_round_runs_part_empty():
         assert dec.hint == hint, (m, dec)
         if m == 1106:
             assert "part-empty" in dec.notes[0] and ranking[0] == aten.name
+
+
+def test_benchmark_mode_leaves_a_bucket_winner_whose_rounds_step_up_between_timed_sizes():
+    """H100, K=4096, N=12288: the 128x256 TMA tile won the (512, 1024] bucket timed at M=513 and 1024 (2 and 3
+    rounds over 132 SMs), then ran M=720 (3 rounds for 70% of M=1024's work) at 1.34x a per-M tune. From the
+    bucket's own timings the guard predicts that and serves aten there; at M=1000 (3 rounds, nearly full) and at
+    the timed sizes the tile keeps serving; a memory-bound bucket is never judged by rounds."""
+    from kernels.choice import Choice
+    from kernels.dynamic import inflation_guard, substitute
+    from kernels.heuristics import GemmConfig
+    from tests.test_heuristics import problem
+
+    aten = Choice("aten", "aten_mm", "bf16")
+    tma = Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8))
+    choices = {aten.name: aten, tma.name: tma}
+    base = problem(m=1024, n=12288, k=4096)
+    probes = [(substitute(base, {"m": 1024}, ("m",)), {aten.name: 0.1460, tma.name: 0.1410}),
+              (substitute(base, {"m": 513}, ("m",)), {aten.name: 0.0800, tma.name: 0.0790})]
+    for m, served in ((720, aten.name), (831, aten.name), (1000, tma.name), (1024, tma.name), (513, tma.name)):
+        runtime = substitute(base, {"m": m}, ("m",))
+        winner, note = inflation_guard(tma.name, runtime, probes, choices, frozenset({aten.name}))
+        assert winner == served, (m, note)
+        assert ("part-empty" in note) == (served == aten.name)
+    skinny = problem(m=64, n=12288, k=4096)                       # memory-bound: rounds do not set its time
+    small = [(substitute(skinny, {"m": m}, ("m",)), {aten.name: 0.040, tma.name: 0.039}) for m in (33, 64)]
+    assert inflation_guard(tma.name, substitute(skinny, {"m": 40}, ("m",)), small, choices, frozenset())[0] == tma.name
