@@ -406,7 +406,8 @@ class Family:
                 edge = substitute(runtime, sizes, runtime.dynamic)
                 at_edges["x".join(map(str, _shape(edge)))] = benchmark_choices(edge, [by_name[n] for n in timed])
             scores = worst_ratio([timed, *at_edges.values()])
-            winner = pick(scores or timed, by_name, frozenset(e.choice.name for e in entries if e.rank == 1))
+            winner = pick(scores or timed, by_name, frozenset(e.choice.name for e in entries if e.rank == 1),
+                          BUCKET_TIE_TOLERANCE if _compute_bound(runtime) else config.tie_tolerance)
             entry = {"winner": winner, "timings": timings, "measured_at": list(_shape(runtime)),
                      "edge_timings": at_edges, "worst_ratio": scores,
                      "seconds": time.perf_counter() - start, "created": time.time()}
@@ -518,18 +519,21 @@ def _ms(t) -> float:
     return t if isinstance(t, float) else float("inf")
 
 
-# A bucket decision serves every size in the bucket, timed at one of them: a fixed tile's time steps inside the
-# bucket as its grid crosses rounds over the SMs, while aten picks its kernel per call. On the H100, K=11008,
-# N=4096: a TMA 128x256 tile that tied aten at M=3010 served M=2261 at 1.38x. So within this tolerance the
-# simpler choice wins, and a hint's winner before its runners-up.
+# A bucket decision serves every size in the bucket, timed at one of them: a compute-bound tile's time steps inside
+# the bucket as its grid crosses rounds over the SMs, while aten picks its kernel per call. On the H100, K=11008,
+# N=4096: a TMA 128x256 tile that tied aten at M=3010 served M=2261 at 1.38x. So in compute-bound buckets, within
+# this tolerance the simpler choice wins, then a hint's winner before its runners-up. Memory-bound buckets (small M)
+# take only the tuning tie tolerance: there a tile's time is smooth in M and cuBLAS's is not (aten won the (2, 4]
+# bucket on this rule at 1.04x split-K's worst ratio, then ran M=4 at 1.15x a per-M tune).
 BUCKET_TIE_TOLERANCE = 0.05
 
 
-def pick(timed: dict[str, float], choices: dict[str, Choice], winners: frozenset[str] = frozenset()) -> str:
-    """Fastest, except that within BUCKET_TIE_TOLERANCE (at least the tuning tie tolerance) the simpler choice
-    wins, then one of the hint `winners`."""
+def pick(timed: dict[str, float], choices: dict[str, Choice], winners: frozenset[str] = frozenset(),
+         tolerance: float = BUCKET_TIE_TOLERANCE) -> str:
+    """Fastest, except that within `tolerance` (at least the tuning tie tolerance) the simpler choice wins, then
+    one of the hint `winners`."""
     best = min(timed.values())
-    tolerance = max(BUCKET_TIE_TOLERANCE, config.tie_tolerance)
+    tolerance = max(tolerance, config.tie_tolerance)
     tied = [n for n, t in timed.items() if t <= best * (1 + tolerance)]
     return min(tied, key=lambda n: (choices[n].complexity, n not in winners, timed[n]))
 

@@ -295,8 +295,9 @@ def test_worst_ratio_over_probes():
 
 def test_bucket_edges_are_benchmarked_too(monkeypatch, tmp_path):
     """cuBLAS's kernel changes inside a bucket (H100, K=11008, N=4096: aten 36 us at M=3, 45 us at M=4): timed at
-    M=3 alone, aten wins the (2, 4] bucket on the simpler-choice tie and serves M=4 at 1.23x. With the edge timed
-    too, the choice that holds up over the whole bucket wins."""
+    M=3 alone, aten wins the (2, 4] bucket on the simpler-choice tie (within the tuning tolerance: the bucket is
+    memory-bound) and serves M=4 at 1.23x. With the edge timed too, the choice that holds up over the whole bucket
+    wins."""
     from kernels import dynamic as dyn_mod
     from kernels.config import config
     from kernels.dynamic import BucketStore, substitute
@@ -309,7 +310,7 @@ def test_bucket_edges_are_benchmarked_too(monkeypatch, tmp_path):
     fam, base = _family({64: split, 256: aten})
     fam.store = BucketStore(tmp_path)
     config.dynamic_pool = 1
-    per_m = {3: {aten.name: 0.0361, split.name: 0.0354}, 4: {aten.name: 0.0455, split.name: 0.0369}}
+    per_m = {3: {aten.name: 0.0356, split.name: 0.0354}, 4: {aten.name: 0.0455, split.name: 0.0369}}
     seen = []
 
     def fake(problem, choices):
@@ -381,3 +382,27 @@ def test_benchmark_mode_leaves_a_bucket_winner_whose_rounds_step_up_between_time
     skinny = problem(m=64, n=12288, k=4096)                       # memory-bound: rounds do not set its time
     small = [(substitute(skinny, {"m": m}, ("m",)), {aten.name: 0.040, tma.name: 0.039}) for m in (33, 64)]
     assert inflation_guard(tma.name, substitute(skinny, {"m": 40}, ("m",)), small, choices, frozenset())[0] == tma.name
+
+
+def test_memory_bound_buckets_do_not_hand_ties_to_aten(monkeypatch, tmp_path):
+    """H100, K=11008, N=4096, bucket (2, 4]: split-K's worst ratio over M=3, 4 was 1.0, aten's 1.041; under the 5%
+    simpler-choice rule aten won and ran M=4 at 1.15x a per-M tune. A memory-bound bucket takes the tuning tie
+    tolerance only; a compute-bound one keeps the 5% rule."""
+    from kernels import dynamic as dyn_mod
+    from kernels.choice import Choice
+    from kernels.config import config
+    from kernels.dynamic import BucketStore, substitute
+    from kernels.heuristics import GemmConfig
+
+    aten = Choice("aten", "aten_mm", "bf16")
+    split = Choice("triton", "split_k", "bf16", GemmConfig(16, 64, 64, 4, 4), (("split", 4),))
+    fam, base = _family({64: split, 256: aten})
+    fam.store = BucketStore(tmp_path)
+    config.dynamic_pool = 1
+    per_m = {3: {aten.name: 0.03587, split.name: 0.03454}, 4: {aten.name: 0.0360, split.name: 0.0350}}
+    monkeypatch.setattr(dyn_mod, "benchmark_choices",
+                        lambda problem, choices: {c.name: per_m[problem.m][c.name] for c in choices})
+    runtime = substitute(base, {"m": 3}, ("m",))
+    dec, _ = fam.benchmark(runtime, fam.pool(runtime, 1)[0])
+    assert not dyn_mod._compute_bound(runtime) and dec.winner == split.name
+    assert dyn_mod.pick(dec.worst_ratio, {aten.name: aten, split.name: split}) == aten.name   # the 5% rule
