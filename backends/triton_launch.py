@@ -303,3 +303,23 @@ def attach_native(launch, shape: tuple[int, int], out_dtype: torch.dtype, calls:
         launch.direct = launch.native = native
     launch.native_why = why
     return launch
+
+
+def kernel_sequence(handles: list, grids: list[tuple[int, int, int]], args, shape: tuple[int, int],
+                    out_dtype: torch.dtype, ldc_multiple: int, buffers: Callable[[], object] = lambda: None):
+    """launch(a, b, out=None) for a choice that launches its kernels in order, with a native launch attached.
+    `args(a, b, out, ldc, bufs)` gives one argument tuple per kernel; `buffers()` the current stream's workspaces
+    (per_stream), handed to `args` as `bufs`. The Python path and the native description both come from `args`, so
+    they cannot disagree."""
+    runs = [h.bind(g) for h, g in zip(handles, grids)]
+
+    def run_into(a, b, out, ldc):
+        for run, kernel_args in zip(runs, args(a, b, out, ldc, buffers())):
+            run(*kernel_args)
+
+    def calls():
+        described = args(Operand.A, Operand.B, Operand.OUT, shape[1], buffers())
+        return [KernelCall(h, g, x) for h, g, x in zip(handles, grids, described)]
+
+    launch = output_launch(shape, out_dtype, handles[0].device, ldc_multiple, run_into)
+    return attach_native(launch, shape, out_dtype, calls)

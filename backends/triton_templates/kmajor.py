@@ -9,7 +9,7 @@ import dataclasses
 
 import torch
 
-from backends.triton_launch import KernelCall, Operand, attach_native, output_launch, per_stream
+from backends.triton_launch import kernel_sequence, per_stream
 from backends.triton_render import (dot_vars, even_k, gemm_args, int_arg, layout_vars, ldc_multiple, make_spec,
                                     ptr)
 from backends.triton_templates import TritonFamily
@@ -70,8 +70,7 @@ class KMajorTritonFamily(TritonFamily):
         ld = kmajor_ld(problem)
         sa0, sa1 = problem.stride_a
         sb0, sb1 = problem.stride_b
-        grids = ((cdiv(k, TRANSPOSE_BLOCK[0]) * cdiv(n, TRANSPOSE_BLOCK[1]), 1, 1), (output_tiles(problem, cfg), 1, 1))
-        transpose, mm = handles[0].bind(grids[0]), handles[1].bind(grids[1])
+        grids = [(cdiv(k, TRANSPOSE_BLOCK[0]) * cdiv(n, TRANSPOSE_BLOCK[1]), 1, 1), (output_tiles(problem, cfg), 1, 1)]
         device = handles[0].device
         # every call rewrites the whole N x K region the mm reads, so one buffer per stream is reused
         scratch = per_stream(device, lambda: torch.empty(n * ld, dtype=torch.int8, device=device))
@@ -79,17 +78,7 @@ class KMajorTritonFamily(TritonFamily):
         def args(a, b, out, ldc, bt):
             return (b, bt, k, n, ld, sb0, sb1), (a, bt, out, m, n, k, sa0, sa1, 1, ld, ldc, 1)
 
-        def run_into(a, b, out, ldc):
-            t_args, mm_args = args(a, b, out, ldc, scratch())
-            transpose(*t_args)
-            mm(*mm_args)
-
-        def calls():
-            return [KernelCall(h, g, x) for h, g, x in zip(handles, grids, args(Operand.A, Operand.B, Operand.OUT, n,
-                                                                               scratch()))]
-
-        launch = output_launch((m, n), torch.int32, device, ldc_multiple(specs[1]), run_into)
-        return attach_native(launch, (m, n), torch.int32, calls)
+        return kernel_sequence(handles, grids, args, (m, n), torch.int32, ldc_multiple(specs[1]), scratch)
 
 
 FAMILY = KMajorTritonFamily()

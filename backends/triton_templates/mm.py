@@ -1,7 +1,7 @@
 """triton_mm / triton_int8_mm: one tiled kernel, one program per output tile (templates/triton/mm.py.jinja)."""
 from __future__ import annotations
 
-from backends.triton_launch import KernelCall, Operand, attach_native, output_launch
+from backends.triton_launch import kernel_sequence
 from backends.triton_render import (
     dot_vars,
     even_k,
@@ -34,19 +34,12 @@ class MatmulFamily(TritonFamily):
         m, n, k = problem.m, problem.n, problem.k
         sa0, sa1 = problem.stride_a
         sb0, sb1 = problem.stride_b
-        grid = (output_tiles(problem, cfg), 1, 1)
-        run = handles[0].bind(grid)
 
-        def args(a, b, out, ldc):
-            return a, b, out, m, n, k, sa0, sa1, sb0, sb1, ldc, 1
+        def args(a, b, out, ldc, bufs):
+            return ((a, b, out, m, n, k, sa0, sa1, sb0, sb1, ldc, 1),)
 
-        def run_into(a, b, out, ldc):
-            run(*args(a, b, out, ldc))
-
-        out_dtype = DTYPES_BY_NAME[problem.out_dtype]
-        launch = output_launch((m, n), out_dtype, handles[0].device, ldc_multiple(specs[0]), run_into)
-        return attach_native(launch, (m, n), out_dtype,
-                             lambda: [KernelCall(handles[0], grid, args(Operand.A, Operand.B, Operand.OUT, n))])
+        return kernel_sequence(handles, [(output_tiles(problem, cfg), 1, 1)], args, (m, n),
+                               DTYPES_BY_NAME[problem.out_dtype], ldc_multiple(specs[0]))
 
 
 FAMILY = MatmulFamily()

@@ -8,7 +8,7 @@ import dataclasses
 
 import torch
 
-from backends.triton_launch import KernelCall, Operand, attach_native, output_launch, per_stream
+from backends.triton_launch import kernel_sequence, per_stream
 from backends.triton_render import (Arg, dot_vars, even_k, gemm_args, int_arg, layout_vars, ldc_multiple, make_spec,
                                     ptr)
 from backends.triton_templates import TritonFamily
@@ -83,8 +83,7 @@ class PaddedTritonFamily(TritonFamily):
         block_r, block_c = pad_block(problem)
         a_programs = cdiv(m, block_r) * cdiv(kp, block_c)
         b_programs = cdiv(kp, block_r) * cdiv(np_, block_c)
-        grids = ((a_programs + b_programs, 1, 1), (cdiv(m, cfg.block_m) * cdiv(np_, cfg.block_n), 1, 1))
-        pad, mm = handles[0].bind(grids[0]), handles[1].bind(grids[1])
+        grids = [(a_programs + b_programs, 1, 1), (cdiv(m, cfg.block_m) * cdiv(np_, cfg.block_n), 1, 1)]
         device = handles[0].device
         dtype = DTYPES_BY_NAME[problem.dtype]
         # the padded copies are rewritten whole by every call (zeros included), so one pair per stream is reused
@@ -96,18 +95,8 @@ class PaddedTritonFamily(TritonFamily):
             return ((a, b, ap, bp, m, n, k, kp, np_, sa0, sa1, sb0, sb1, a_programs),
                     (ap, bp, out, m, np_, kp, kp, 1, sbp0, sbp1, ldc, 1, n))
 
-        def run_into(a, b, out, ldc):
-            pad_args, mm_args = args(a, b, out, ldc, buffers())
-            pad(*pad_args)
-            mm(*mm_args)
-
-        def calls():
-            return [KernelCall(h, g, x) for h, g, x in zip(handles, grids, args(Operand.A, Operand.B, Operand.OUT, n,
-                                                                               buffers()))]
-
-        out_dtype = DTYPES_BY_NAME[problem.out_dtype]
-        launch = output_launch((m, n), out_dtype, device, ldc_multiple(specs[1]), run_into)
-        return attach_native(launch, (m, n), out_dtype, calls)
+        return kernel_sequence(handles, grids, args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
+                               ldc_multiple(specs[1]), buffers)
 
 
 FAMILY = PaddedTritonFamily()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from backends.triton_launch import KernelCall, Operand, attach_native, output_launch, per_stream
+from backends.triton_launch import kernel_sequence, per_stream
 from backends.triton_render import (
     dot_vars,
     even_k,
@@ -60,8 +60,6 @@ class SplitKFamily(TritonFamily):
         sa0, sa1 = problem.stride_a
         sb0, sb1 = problem.stride_b
         n_tiles, kps = output_tiles(problem, cfg), k_per_split(k, split, cfg.block_k)
-        grid = (n_tiles, split, 1)
-        run = handles[0].bind(grid)
         device = handles[0].device
         acc_dtype = DTYPES_BY_NAME[_acc_dtype(problem)]
         # zeroed once; every launch leaves them zero again
@@ -69,15 +67,10 @@ class SplitKFamily(TritonFamily):
                                                 torch.zeros(n_tiles, dtype=torch.int32, device=device)))
 
         def args(a, b, out, ldc, ws):
-            return a, b, out, ws[0], ws[1], m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps
+            return ((a, b, out, ws[0], ws[1], m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps),)
 
-        def run_into(a, b, out, ldc):
-            run(*args(a, b, out, ldc, workspace()))
-
-        out_dtype = DTYPES_BY_NAME[problem.out_dtype]
-        launch = output_launch((m, n), out_dtype, device, ldc_multiple(specs[0]), run_into)
-        return attach_native(launch, (m, n), out_dtype, lambda: [
-            KernelCall(handles[0], grid, args(Operand.A, Operand.B, Operand.OUT, n, workspace()))])
+        return kernel_sequence(handles, [(n_tiles, split, 1)], args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
+                               ldc_multiple(specs[0]), workspace)
 
 
 class DecomposeKFamily(TritonFamily):
@@ -107,8 +100,7 @@ class DecomposeKFamily(TritonFamily):
         sa0, sa1 = problem.stride_a
         sb0, sb1 = problem.stride_b
         kps = k // split
-        grids = ((output_tiles(problem, cfg), split, 1), (cdiv(m * n, REDUCE_BLOCK), 1, 1))
-        partial, reduce = handles[0].bind(grids[0]), handles[1].bind(grids[1])
+        grids = [(output_tiles(problem, cfg), split, 1), (cdiv(m * n, REDUCE_BLOCK), 1, 1)]
         device = handles[0].device
         acc_dtype = DTYPES_BY_NAME[_acc_dtype(problem)]
         workspace = per_stream(device, lambda: torch.empty(split * m * n, dtype=acc_dtype, device=device))
@@ -116,18 +108,8 @@ class DecomposeKFamily(TritonFamily):
         def args(a, b, out, ldc, ws):
             return (a, b, out, ws, m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps), (ws, out, m * n, n, ldc)
 
-        def run_into(a, b, out, ldc):
-            partial_args, reduce_args = args(a, b, out, ldc, workspace())
-            partial(*partial_args)
-            reduce(*reduce_args)
-
-        def calls():
-            return [KernelCall(h, g, x) for h, g, x in zip(handles, grids, args(Operand.A, Operand.B, Operand.OUT, n,
-                                                                               workspace()))]
-
-        out_dtype = DTYPES_BY_NAME[problem.out_dtype]
-        launch = output_launch((m, n), out_dtype, device, ldc_multiple(specs[0]), run_into)
-        return attach_native(launch, (m, n), out_dtype, calls)
+        return kernel_sequence(handles, grids, args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
+                               ldc_multiple(specs[0]), workspace)
 
 
 SPLIT_K = SplitKFamily()

@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from backends.triton_launch import KernelCall, Operand, attach_native, output_launch
+from backends.triton_launch import kernel_sequence
 from backends.triton_render import dot_vars, int_arg, ldc_multiple, make_spec, ptr
 from backends.triton_templates import TritonFamily
 from kernels.choice import Choice
@@ -78,19 +78,12 @@ class TmaFamily(TritonFamily):
         lead_b = problem.stride_b[0] if problem.layout_b == "row" else problem.stride_b[1]
         device = handles[0].device
         programs = min(output_tiles(problem, cfg), _num_sms(device.index) if device.type == "cuda" else INTERPRETER_PROGRAMS)
-        grid = (programs, 1, 1)
-        run = handles[0].bind(grid)
 
-        def args(a, b, out, ldc):
-            return a, b, out, m, n, k, lead_a, lead_b, ldc
+        def args(a, b, out, ldc, bufs):
+            return ((a, b, out, m, n, k, lead_a, lead_b, ldc),)
 
-        def run_into(a, b, out, ldc):
-            run(*args(a, b, out, ldc))
-
-        out_dtype = DTYPES_BY_NAME[problem.out_dtype]
-        launch = output_launch((m, n), out_dtype, device, ldc_multiple(specs[0], 16, problem.out_bytes), run_into)
-        return attach_native(launch, (m, n), out_dtype,
-                             lambda: [KernelCall(handles[0], grid, args(Operand.A, Operand.B, Operand.OUT, n))])
+        return kernel_sequence(handles, [(programs, 1, 1)], args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
+                               ldc_multiple(specs[0], 16, problem.out_bytes))
 
 
 def _persistent(problem, template):
