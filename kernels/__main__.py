@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import multiprocessing
 import sys
 from importlib import metadata
 
@@ -212,32 +214,58 @@ def _model_train(args) -> int:
 
 
 def _model_cv(args) -> int:
-    """Leave-one-problem-out: fit on every other problem, score the left-out one; for several analytic shares."""
-    from kernels import perf_learned
-    from kernels.perf_eval import geomean, score
-    from kernels.perf_model import AnalyticModel
+    """Leave-one-problem-out: fit on every other problem, score the left-out one; for several analytic shares and
+    ensemble picks. Folds run in parallel processes (--jobs); each fit is the single-threaded, seeded one."""
+    from kernels.perf_eval import geomean
 
     rows, gpu = _load_rows(args.data, args.gpu)
-    problems = sorted({_problem_key(r) for r in rows})
+    dtypes = {d.strip() for d in args.dtypes.split(",")} if args.dtypes else None
+    problems = sorted({_problem_key(r) for r in rows if dtypes is None or r.problem.dtype in dtypes})
     shares = [float(x) for x in args.shares.split(",")]
+    ensembles = [e.strip() for e in args.ensembles.split(",")]
+    fit_args = dict(seed=args.seed, steps=args.steps, hidden=args.hidden, members=args.members)
     regrets: dict[str, list[float]] = {}
-    for left_out in problems:
-        train = [(r.problem, r.choice, r.ms) for r in rows
-                 if _problem_key(r) != left_out and r.ms is not None and r.choice.backend != "aten"]
-        params = perf_learned.fit(train, perf_learned.default_meta(gpu, "cv", "-"), seed=args.seed, steps=args.steps,
-                                  hidden=args.hidden, members=args.members)
-        learned = perf_learned.LearnedModel(params, "cv")
-        held = [r for r in rows if _problem_key(r) == left_out]
-        scores = [score(AnalyticModel(), held, args.top_k)] + [score(learned, held, args.top_k, s) for s in shares]
-        for s in scores:
-            if s.problems:
-                regrets.setdefault(s.model, []).append(s.problems[0].regret)
-        print(f"{'x'.join(map(str, left_out[2:]))} " + " ".join(
-            f"{s.model}={s.problems[0].regret:.3f}" for s in scores if s.problems), flush=True)
+    jobs = [(rows, gpu, left_out, fit_args, args.top_k, shares, ensembles) for left_out in problems]
+    with _parallel_map(args.jobs) as pmap:
+        for left_out, fold in zip(problems, pmap(_cv_fold, jobs)):
+            for name, regret in fold:
+                regrets.setdefault(name, []).append(regret)
+            print(f"{left_out[1]} {'x'.join(map(str, left_out[2:]))} " + " ".join(f"{n}={r:.3f}" for n, r in fold),
+                  flush=True)
     print(f"leave-one-problem-out over {len(problems)} problems, top-{args.top_k} regret (geomean / worst):")
     for name, vals in regrets.items():
-        print(f"  {name:>12}: {geomean(vals):.3f} / {max(vals):.3f}")
+        print(f"  {name:>20}: {geomean(vals):.3f} / {max(vals):.3f}")
     return 0
+
+
+@contextlib.contextmanager
+def _parallel_map(jobs: int):
+    """`map` over `jobs` spawned processes (a fork of a process whose torch thread pool is up can hang), or the
+    builtin map for one job."""
+    if jobs <= 1:
+        yield map
+        return
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool.map
+
+
+def _cv_fold(job) -> list[tuple[str, float]]:
+    """(scheme, regret) on one left-out problem for the analytic model and each share x ensemble pick."""
+    from kernels import perf_learned
+    from kernels.perf_eval import score
+    from kernels.perf_model import AnalyticModel
+
+    rows, gpu, left_out, fit_args, top_k, shares, ensembles = job
+    train = [(r.problem, r.choice, r.ms) for r in rows
+             if _problem_key(r) != left_out and r.ms is not None and r.choice.backend != "aten"]
+    params = perf_learned.fit(train, perf_learned.default_meta(gpu, "cv", "-"), **fit_args)
+    learned = perf_learned.LearnedModel(params, "cv")
+    held = [r for r in rows if _problem_key(r) == left_out]
+    scores = [score(AnalyticModel(), held, top_k)] + [score(learned, held, top_k, s, e)
+                                                       for s in shares for e in ensembles]
+    return [(s.model, s.problems[0].regret) for s in scores if s.problems]
 
 
 def _model_eval(args) -> int:
@@ -314,6 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "cv":
             p.add_argument("--shares", default="0,0.2,0.4,0.6",
                            help="analytic shares of the top k to compare (default 0,0.2,0.4,0.6)")
+            p.add_argument("--ensembles", default="mean,optimistic",
+                           help="how the ensemble ranks, to compare (default mean,optimistic)")
+            p.add_argument("--dtypes", help="leave out only problems of these dtypes (comma list; all still train)")
+            p.add_argument("--jobs", type=int, default=1, help="folds fitted in parallel processes (default 1)")
         elif name == "train":
             p.add_argument("--out", help="parameter file (default kernels/data/perf_model_<gpu>.json)")
             p.add_argument("--eval", nargs="+", help="held-out dataset CSV(s) to report on")

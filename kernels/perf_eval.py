@@ -121,12 +121,13 @@ def aten_by_problem(rows: list[Row]) -> dict[str, float]:
     return best
 
 
-def score(model, rows: list[Row], k: int, analytic_share: float | None = None) -> Score:
+def score(model, rows: list[Row], k: int, analytic_share: float | None = None, ensemble: str | None = None) -> Score:
     """Each problem's top k as tuning picks them (kernels.perf_model.top_k), scored against all measured."""
     from kernels.perf_model import top_k
 
     share = analytic_share
-    result = Score(model.name if model.name == "analytic" or share is None else f"{model.name}+{share:.0%}a", k, [])
+    name = model.name if model.name == "analytic" or share is None else f"{model.name}+{share:.0%}a"
+    result = Score(name + (f"/{ensemble}" if ensemble and model.name != "analytic" else ""), k, [])
     aten = aten_by_problem(rows)
     for label, group in sorted(group_by_problem(rows).items()):
         if len(group) < 2:
@@ -138,7 +139,7 @@ def score(model, rows: list[Row], k: int, analytic_share: float | None = None) -
             continue
         measured = [r.ms for _, r in pairs]
         rho = spearman([p for p, _ in pairs], measured)
-        top = top_k(model, problem, [r.choice for _, r in pairs], k, share)
+        top = top_k(model, problem, [r.choice for _, r in pairs], k, share, ensemble)
         picked = min(top, key=lambda i: measured[i])
         best = min(range(len(pairs)), key=lambda i: measured[i])
         base = aten.get(label)

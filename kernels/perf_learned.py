@@ -103,10 +103,33 @@ class LearnedModel:
         return base + [1.0 if choice.template == t else 0.0 for t in self.templates]
 
     def predict(self, problem: GemmProblem, choices: Sequence[Choice]) -> list[float | None]:
-        """Learned times for templates it was trained on; the analytic estimate for the others."""
-        import torch
-
+        """Learned times (the members' geometric mean) for templates it was trained on; the analytic estimate for
+        the others."""
         from kernels.perf_model import AnalyticModel
+
+        out = AnalyticModel().predict(problem, choices)
+        where, log_ms = self._learned_log_ms(problem, choices)
+        for i, v in zip(where, log_ms.mean(0).exp().tolist()):
+            out[i] = v
+        return out
+
+    def predict_members(self, problem: GemmProblem, choices: Sequence[Choice]) -> list[list[float | None]]:
+        """One list of times per member, as `predict` (top_k ranks by the fastest member)."""
+        from kernels.perf_model import AnalyticModel
+
+        analytic = AnalyticModel().predict(problem, choices)
+        where, log_ms = self._learned_log_ms(problem, choices)
+        outs = []
+        for member in log_ms.exp().tolist():
+            out = list(analytic)
+            for i, v in zip(where, member):
+                out[i] = v
+            outs.append(out)
+        return outs
+
+    def _learned_log_ms(self, problem: GemmProblem, choices: Sequence[Choice]):
+        """(indices of the choices this model predicts, their log milliseconds per member [members, len(indices)])."""
+        import torch
 
         rows, where = [], []
         for i, c in enumerate(choices):
@@ -114,16 +137,13 @@ class LearnedModel:
             if v is not None:
                 rows.append(v)
                 where.append(i)
-        out = AnalyticModel().predict(problem, choices)
-        if rows:
-            with torch.no_grad():
-                y = self.forward(torch.tensor(rows, dtype=torch.float64))
-            for i, v in zip(where, y.tolist()):
-                out[i] = math.exp(v)
-        return out
+        if not rows:
+            return [], torch.zeros(len(self._members), 0, dtype=torch.float64)
+        with torch.no_grad():
+            return where, self.forward_members(torch.tensor(rows, dtype=torch.float64))
 
-    def forward(self, x):
-        """Log milliseconds for a batch of feature rows."""
+    def forward_members(self, x):
+        """Log milliseconds for a batch of feature rows, one row of outputs per member: [members, rows]."""
         import torch
         xn = (x - self._mean) / self._std
         outs = []
@@ -133,8 +153,8 @@ class LearnedModel:
                 h = h @ w + b
                 if j < len(layers) - 1:
                     h = torch.nn.functional.silu(h)
-            outs.append(h[:, 0])
-        return torch.stack(outs).mean(0) * self._y[1] + self._y[0]
+            outs.append(h[:, 0] * self._y[1] + self._y[0])
+        return torch.stack(outs)
 
 
 # -- training ------------------------------------------------------------------------------------------------------

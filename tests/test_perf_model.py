@@ -157,9 +157,11 @@ def test_dataset_csv_round_trip_and_cli_train_eval(tmp_path, capsys):
     assert params["meta"]["note"] == "SYNTHETIC test data"
     assert main(["model", "eval", "--data", str(path), "--model", str(out)]) == 0
     assert "top-5 regret" in capsys.readouterr().out
-    assert main(["model", "cv", "--data", str(path), "--steps", "30", "--shares", "0,0.4"]) == 0
+    assert main(["model", "cv", "--data", str(path), "--steps", "30", "--shares", "0,0.4", "--members", "2",
+                 "--jobs", "2"]) == 0
     text = capsys.readouterr().out
-    assert "leave-one-problem-out over" in text and "learned+0%a:" in text and "learned+40%a:" in text and "analytic:" in text
+    assert "leave-one-problem-out over 4 problems" in text and "analytic:" in text
+    assert all(f"learned+{s}%a/{e}:" in text for s in (0, 40) for e in ("mean", "optimistic"))
 
 
 def test_parse_shapes(tmp_path):
@@ -223,3 +225,43 @@ def test_top_k_with_a_learned_model_gives_analytic_favourites_a_share():
     assert set(analytic_first[:n_analytic]) <= set(picked)                         # the analytic share
     assert set(top_k(AnalyticModel(), p, cands, 40)[-(5 - n_analytic):]) <= set(picked)   # the learned share
     assert sorted(top_k(Reversed(), p, cands[:3], 5)) == [0, 1, 2]          # fewer choices than k: all of them
+
+
+class TwoMembers:
+    """A learned ensemble whose members each expect a different choice to be fastest; their mean expects a third."""
+    name = "learned"
+    members = [[1.0, 5.0, 5.0, 5.0, 1.8, 5.0, 2.0],
+               [5.0, 5.0, 1.5, 5.0, 5.0, 3.0, 2.0]]
+
+    def predict_members(self, p, choices):
+        return [list(m) for m in self.members]
+
+    def predict(self, p, choices):
+        return [math.sqrt(a * b) for a, b in zip(*self.members)]
+
+
+def test_top_k_ranks_an_ensemble_by_its_fastest_member():
+    from kernels.perf_model import optimistic, top_k
+
+    assert optimistic([[3.0, 1.0, None], [2.0, 4.0, 1.0]]) == [2.0, 1.0, None]
+    p = problem()
+    cands = [Choice("triton", "triton_mm", "bf16", c) for c in candidate_configs(p, "triton_mm", "exhaustive")][:7]
+    assert top_k(TwoMembers(), p, cands, 3, analytic_share=0, ensemble="mean") == [6, 0, 2]
+    assert top_k(TwoMembers(), p, cands, 3, analytic_share=0, ensemble="optimistic") == [0, 2, 4]
+    # with an analytic share the ensemble fills the learned places only (3 of 5), then the analytic favourites
+    analytic = top_k(AnalyticModel(), p, cands, 7)
+    picked = top_k(TwoMembers(), p, cands, 5, analytic_share=0.4, ensemble="optimistic")
+    assert picked[:3] == [0, 2, 4] and picked[3:] == [i for i in analytic if i not in (0, 2, 4)][:2]
+
+
+def test_learned_member_predictions_average_to_the_prediction():
+    meta = {"gpu": "SYNTHETIC-GPU", "triton": perf_learned._triton_version()}
+    model = perf_learned.LearnedModel(perf_learned.fit(synthetic_rows(SYN_TRAIN[:3], 20), meta, steps=30, members=3))
+    p = problem(1024, 1024, 1024, gpu="SYNTHETIC-GPU")
+    cands = [Choice("aten", "aten_mm", "bf16")] + [Choice("triton", "triton_mm", "bf16", c)
+                                                     for c in candidate_configs(p, "triton_mm", "exhaustive")[:8]]
+    members, mean = model.predict_members(p, cands), model.predict(p, cands)
+    assert len(members) == 3 and all(m[0] == mean[0] for m in members)         # aten: the analytic estimate
+    for i in range(1, len(cands)):
+        assert math.exp(sum(math.log(m[i]) for m in members) / 3) == pytest.approx(mean[i])
+        assert len({m[i] for m in members}) == 3                              # members differ by their seed
