@@ -260,14 +260,9 @@ def _encode(call: KernelCall, layout) -> tuple[tuple, list]:
     return (function, *call.grid, threads, shared, values, operands), owned
 
 
-def native_launch(launch, shape: tuple[int, int], out_dtype: torch.dtype, calls: list[KernelCall]):
-    """A NativeLaunch running `calls` for the current stream (falling back to `launch` elsewhere), or (None, why not).
-    Needs the C++ table loaded (kernels.fastpath) and compiled handles whose launcher layout is known."""
-    from kernels import fastpath
-
-    module = fastpath.loaded_module()
-    if module is None:
-        return None, "the C++ warm-call table is not loaded"
+def native_launch(module, launch, shape: tuple[int, int], out_dtype: torch.dtype, calls: list[KernelCall]):
+    """A NativeLaunch of the loaded C++ table `module` running `calls` for the current stream (falling back to
+    `launch` elsewhere), or (None, why not): every handle must be compiled, with a launcher layout we know."""
     if not calls or not all(isinstance(c.handle, CompiledHandle) for c in calls):
         return None, "not a compiled kernel"
     device = calls[0].handle.device_index
@@ -291,14 +286,15 @@ def native_launch(launch, shape: tuple[int, int], out_dtype: torch.dtype, calls:
 
 def attach_native(launch, shape: tuple[int, int], out_dtype: torch.dtype, calls: Callable[[], list[KernelCall]]):
     """Give `launch` a NativeLaunch as `.native` and `.direct` when one can be made (the dispatch table and the
-    tuner's timing call `.direct(a, b)`; verification calls `.native(a, b, out)`); `.native_why` says why not. `calls()` describes the launches for the
-    current stream; it is only called when the table is loaded."""
+    tuner's timing call `.direct(a, b)`; verification calls `.native(a, b, out)`); `.native_why` says why not.
+    `calls()` describes the launches for the current stream; it is only called when the table is loaded."""
     from kernels import fastpath
 
-    if fastpath.loaded_module() is None:
+    module = fastpath.loaded_module()
+    if module is None:
         launch.native_why = "the C++ warm-call table is not loaded"
         return launch
-    native, why = native_launch(launch, shape, out_dtype, calls())
+    native, why = native_launch(module, launch, shape, out_dtype, calls())
     if native is not None:
         launch.direct = launch.native = native
     launch.native_why = why

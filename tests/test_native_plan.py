@@ -133,13 +133,13 @@ def test_no_native_launch_without_the_table_or_a_compiled_kernel(monkeypatch):
 
 def test_arguments_that_do_not_fit_their_types_are_refused(fake_table):
     handle = RecordingHandle(0, ("*fp16", "i32"))
-    native, why = native_launch(lambda a, b, out: None, (1, 1), torch.float16,
+    native, why = native_launch(FakeModule(), lambda a, b, out: None, (1, 1), torch.float16,
                                 [KernelCall(handle, (1, 1, 1), (Operand.A, 1 << 31))])
     assert native is None and "does not fit i32" in why
-    native, why = native_launch(lambda a, b, out: None, (1, 1), torch.float16,
+    native, why = native_launch(FakeModule(), lambda a, b, out: None, (1, 1), torch.float16,
                                 [KernelCall(handle, (1, 1, 1), (Operand.A,))])
     assert native is None and "1 arguments for a kernel taking 2" in why
-    native, why = native_launch(lambda a, b, out: None, (1, 1), torch.float16,
+    native, why = native_launch(FakeModule(), lambda a, b, out: None, (1, 1), torch.float16,
                                 [KernelCall(handle, (1, 1, 1), (3, 4))])
     assert native is None and "does not match its type *fp16" in why
 
