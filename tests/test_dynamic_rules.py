@@ -293,32 +293,42 @@ def test_worst_ratio_over_probes():
     assert worst_ratio([{"a": 0.1, "b": 0.2}, {"a": "failed", "b": 0.2}]) == {"b": 1.0}
 
 
-def test_bucket_edges_are_benchmarked_too(monkeypatch, tmp_path):
-    """cuBLAS's kernel changes inside a bucket (H100, K=11008, N=4096: aten 36 us at M=3, 45 us at M=4): timed at
-    M=3 alone, aten wins the (2, 4] bucket on the simpler-choice tie (within the tuning tolerance: the bucket is
-    memory-bound) and serves M=4 at 1.23x. With the edge timed too, the choice that holds up over the whole bucket
-    wins."""
+def _split_k_vs_aten_bucket(monkeypatch, tmp_path, per_m):
+    """The (2, 4] bucket at K=11008, N=4096 with two hint winners, split-K (M=64) and aten (M=256), one candidate
+    each, benchmark_choices faked from `per_m` (M -> name -> ms, keyed 'aten' / 'split'). Returns (aten, split, fam,
+    the M=3 runtime problem, the M values benchmarked so far)."""
     from kernels import dynamic as dyn_mod
+    from kernels.choice import Choice
     from kernels.config import config
     from kernels.dynamic import BucketStore, substitute
     from kernels.heuristics import GemmConfig
-
-    from kernels.choice import Choice
 
     aten = Choice("aten", "aten_mm", "bf16")
     split = Choice("triton", "split_k", "bf16", GemmConfig(16, 64, 64, 4, 4), (("split", 4),))
     fam, base = _family({64: split, 256: aten})
     fam.store = BucketStore(tmp_path)
     config.dynamic_pool = 1
-    per_m = {3: {aten.name: 0.0356, split.name: 0.0354}, 4: {aten.name: 0.0455, split.name: 0.0369}}
+    names = {aten.name: "aten", split.name: "split"}
     seen = []
 
     def fake(problem, choices):
         seen.append(problem.m)
-        return {c.name: per_m[problem.m][c.name] for c in choices}
+        return {c.name: per_m[problem.m][names[c.name]] for c in choices}
 
     monkeypatch.setattr(dyn_mod, "benchmark_choices", fake)
-    runtime = substitute(base, {"m": 3}, ("m",))
+    return aten, split, fam, substitute(base, {"m": 3}, ("m",)), seen
+
+
+def test_bucket_edges_are_benchmarked_too(monkeypatch, tmp_path):
+    """cuBLAS's kernel changes inside a bucket (H100, K=11008, N=4096: aten 36 us at M=3, 45 us at M=4): timed at
+    M=3 alone, aten wins the (2, 4] bucket on the simpler-choice tie (within the tuning tolerance: the bucket is
+    memory-bound) and serves M=4 at 1.23x. With the edge timed too, the choice that holds up over the whole bucket
+    wins."""
+    from kernels.config import config
+    from kernels.dynamic import BucketStore
+
+    per_m = {3: {"aten": 0.0356, "split": 0.0354}, 4: {"aten": 0.0455, "split": 0.0369}}
+    aten, split, fam, runtime, seen = _split_k_vs_aten_bucket(monkeypatch, tmp_path, per_m)
     entries, _ = fam.pool(runtime, 1)
     dec, _ = fam.benchmark(runtime, entries)
     assert seen == [3, 4] and dec.winner == split.name
@@ -389,20 +399,9 @@ def test_memory_bound_buckets_do_not_hand_ties_to_aten(monkeypatch, tmp_path):
     simpler-choice rule aten won and ran M=4 at 1.15x a per-M tune. A memory-bound bucket takes the tuning tie
     tolerance only; a compute-bound one keeps the 5% rule."""
     from kernels import dynamic as dyn_mod
-    from kernels.choice import Choice
-    from kernels.config import config
-    from kernels.dynamic import BucketStore, substitute
-    from kernels.heuristics import GemmConfig
 
-    aten = Choice("aten", "aten_mm", "bf16")
-    split = Choice("triton", "split_k", "bf16", GemmConfig(16, 64, 64, 4, 4), (("split", 4),))
-    fam, base = _family({64: split, 256: aten})
-    fam.store = BucketStore(tmp_path)
-    config.dynamic_pool = 1
-    per_m = {3: {aten.name: 0.03587, split.name: 0.03454}, 4: {aten.name: 0.0360, split.name: 0.0350}}
-    monkeypatch.setattr(dyn_mod, "benchmark_choices",
-                        lambda problem, choices: {c.name: per_m[problem.m][c.name] for c in choices})
-    runtime = substitute(base, {"m": 3}, ("m",))
+    per_m = {3: {"aten": 0.03587, "split": 0.03454}, 4: {"aten": 0.0360, "split": 0.0350}}
+    aten, split, fam, runtime, _ = _split_k_vs_aten_bucket(monkeypatch, tmp_path, per_m)
     dec, _ = fam.benchmark(runtime, fam.pool(runtime, 1)[0])
     assert not dyn_mod._compute_bound(runtime) and dec.winner == split.name
     assert dyn_mod.pick(dec.worst_ratio, {aten.name: aten, split.name: split}) == aten.name   # the 5% rule
