@@ -34,13 +34,13 @@ def _log2(x: float) -> float:
 
 def features(problem: GemmProblem, choice: Choice) -> list[float] | None:
     """BASE_FEATURES for one candidate; None when it has no tile (aten)."""
-    from kernels.perf_model import estimate, gpu_spec, tile_of
+    from kernels.perf_model import estimate_of, gpu_spec, tile_of
 
     tile = tile_of(problem, choice)
     if tile is None:
         return None
     spec = gpu_spec(problem.arch, problem.device_name)
-    est = estimate(problem, tile, spec)
+    est = estimate_of(problem, tile)
     m, n, k = problem.m, problem.n, problem.k
     return [_log2(m), _log2(n), _log2(k), _log2(tile.block_m), _log2(tile.block_n), _log2(tile.block_k),
             float(tile.stages), _log2(tile.warps), _log2(tile.group_m), _log2(tile.split_k), float(tile.wgmma),

@@ -94,6 +94,12 @@ class Tile:
 _SPLIT_PARAMS = ("split", "split_k", "splits", "k_splits", "decompose_k", "k_split")
 
 
+# Tuning ranks thousands of candidates per new shape (the exhaustive space), and the learned model, its analytic
+# fallback and the analytic share of the top k all need the same tiles and estimates: computed once per shape.
+_PER_SHAPE_CACHE = 1 << 14
+
+
+@functools.lru_cache(maxsize=_PER_SHAPE_CACHE)
 def tile_of(problem: GemmProblem, choice: Choice) -> Tile | None:
     """The candidate's tile, from its GemmConfig (Triton templates) or its CUTLASS tag; None for aten."""
     params = dict(choice.params)
@@ -129,6 +135,12 @@ class Estimate:
     k_iters: int
     smem_bytes: int
     mma_fraction: float        # of the SM's MMA peak a tile's inner loop reaches
+
+
+@functools.lru_cache(maxsize=_PER_SHAPE_CACHE)
+def estimate_of(problem: GemmProblem, tile: Tile) -> Estimate:
+    """`estimate` on the problem's own GPU spec, remembered per (problem, tile)."""
+    return estimate(problem, tile, gpu_spec(problem.arch, problem.device_name))
 
 
 def estimate(problem: GemmProblem, tile: Tile, spec: GpuSpec) -> Estimate:
@@ -209,7 +221,7 @@ class AnalyticModel:
                 out.append(library_ms(problem, spec))
                 continue
             tile = tile_of(problem, choice)
-            out.append(estimate(problem, tile, spec).ms if tile is not None else None)
+            out.append(estimate_of(problem, tile).ms if tile is not None else None)
         return out
 
 
