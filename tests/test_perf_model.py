@@ -227,6 +227,35 @@ def test_top_k_with_a_learned_model_gives_analytic_favourites_a_share():
     assert sorted(top_k(Reversed(), p, cands[:3], 5)) == [0, 1, 2]          # fewer choices than k: all of them
 
 
+class Fixed:
+    """A "learned" model whose predictions are given per choice index."""
+    name = "learned"
+
+    def __init__(self, times):
+        self.times = times
+
+    def predict(self, p, choices):
+        return list(self.times)
+
+
+def test_top_k_hedges_with_the_second_familys_best_when_it_is_close():
+    from kernels.perf_model import HEDGE_RATIO, family_heads, top_k
+
+    p = problem(1500, 1500, 1500, dtype="int8", op="int_mm")
+    cfgs = candidate_configs(p, "triton_int8_mm", "exhaustive")[:7]
+    cands = [Choice("triton", "triton_int8_mm", "int8", c) for c in cfgs[:6]]
+    cands.append(Choice("triton", "triton_padded_int8_mm", "int8", cfgs[6]))
+    close = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]          # the one padded choice predicted 1.6x the favourite
+    assert family_heads(cands, close, 2, HEDGE_RATIO) == [0, 6]
+    assert top_k(Fixed(close), p, cands, 5, analytic_share=0) == [0, 6, 1, 2, 3]
+    far = close[:6] + [HEDGE_RATIO * 1.01]                # predicted beyond the ratio: the model is trusted
+    assert top_k(Fixed(far), p, cands, 5, analytic_share=0) == [0, 1, 2, 3, 4]
+    # only the second family: a third family's best does not take a place
+    third = cands[:5] + [Choice("triton", "triton_kmajor_int8_mm", "int8", cfgs[5]), cands[6]]
+    assert family_heads(third, close, 2, HEDGE_RATIO) == [0, 5]
+    assert top_k(Fixed(close), p, third, 5, analytic_share=0) == [0, 5, 1, 2, 3]
+
+
 class TwoMembers:
     """A learned ensemble whose members each expect a different choice to be fastest; their mean expects a third."""
     name = "learned"
