@@ -54,6 +54,11 @@ class Backend(ABC):
 
         return run_isolated(self.name, problem, [r.choice for r in runners], budget_ms, config.child_timeout_s)
 
+    def built(self, problem: GemmProblem, choices: list[Choice]) -> set[str]:
+        """Names of the choices whose binaries this backend has stored, so building them compiles nothing. Backends
+        that cannot tell cheaply keep the default: none known."""
+        return set()
+
     def prebuild(self, work: list[tuple[GemmProblem, list[Choice]]]) -> int:
         """Compile ahead, in one batch, the binaries several problems' builds will need; returns how many were
         compiled. Backends whose per-problem builds already use every core keep the default: nothing ahead."""

@@ -115,6 +115,20 @@ class TritonBackend(Backend):
                                          compiled=compiled, seconds=time.perf_counter() - start))
         return outcomes
 
+    def built(self, problem, choices):
+        if interpret_mode():
+            return set()
+        names = set()
+        for choice in choices:
+            try:
+                specs = family(choice.template).specs(problem, choice)
+                keys = [build_key(render(spec), spec, f"cuda:{problem.arch}", triton_version()) for spec in specs]
+            except Exception:  # noqa: BLE001 - a choice that does not render is not built
+                continue
+            if keys and all(self._stored(key) for key in keys):
+                names.add(choice.name)
+        return names
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
@@ -144,8 +158,7 @@ class TritonBackend(Backend):
         compiled_now: set[str] = set()
         to_compile = []
         for key, (spec, path, _) in kernels.items():
-            meta = read_json(self.root / "artifacts" / f"{key}.json")
-            if meta is None or not self._in_triton_cache(meta.get("cache_group", "")):
+            if not self._stored(key):
                 job = self._job(problem, spec, path)
                 job["id"] = len(to_compile)
                 to_compile.append((key, job))
@@ -168,6 +181,11 @@ class TritonBackend(Backend):
             if key not in handles:
                 handles[key] = self._load(problem, spec, path, key, from_store=key not in compiled_now)
         return handles, compiled_now
+
+    def _stored(self, key: str) -> bool:
+        """The artifact store has the kernel with this build key, and its files are still in Triton's cache."""
+        meta = read_json(self.root / "artifacts" / f"{key}.json")
+        return meta is not None and self._in_triton_cache(meta.get("cache_group", ""))
 
     def _in_triton_cache(self, group: str) -> bool:
         """The compiled kernel's files are still in Triton's cache (its metadata JSON is written last)."""

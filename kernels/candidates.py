@@ -156,15 +156,54 @@ def _benchmark_space(problem, backend_name, choices: list[Choice], out: Narrowed
     from kernels.perf_model import model_for, top_k
 
     model, why = model_for(problem)
-    kept = [choices[i] for i in sorted(top_k(model, problem, choices, k))]
+    pred = model.predict(problem, choices)
+    picked = top_k(model, problem, choices, k, pred=pred)
+    picked, swapped = _prefer_built(problem, backend_name, choices, picked, pred)
+    kept = [choices[i] for i in sorted(picked)]
     blend = " (a share of them the analytic model's)" if model.name != "analytic" else ""
     note = (f"{backend_name}: benchmarking {k} of {len(choices)} candidates, the {model.name} model's top {k}{blend} "
             f"(benchmark space {space})")
+    if swapped:
+        note += (f"; {swapped} replaced by an already built choice of the same template predicted within "
+                 f"{WARM_TIE:.0%}")
     unseen = model.unseen(choices) if hasattr(model, "unseen") else 0
     if unseen:
         note += f"; {unseen} of templates the learned model was not trained on ranked by the analytic estimate"
     out.notes.append(note + (f"; {why}" if why else ""))
     return kept
+
+
+# A new M with the same N and K shifts the predictions a little and the top k with them (split counts and tiles follow
+# M), so tuning it compiled up to 10 kernels on the H100 (0.2-0.3 s each) where built ones predicted as fast were
+# at hand. Within this margin a prediction is a coin flip: the built choice takes the place.
+WARM_TIE = 0.03
+
+
+def _prefer_built(problem, backend_name, choices, picked: list[int], pred) -> tuple[list[int], int]:
+    """`picked` with each pick the backend has not built replaced by the best-predicted built choice of the same
+    template predicted within WARM_TIE of it (never one already picked); and how many were replaced."""
+    from backends import get_backend
+
+    near: dict[int, list[int]] = {}
+    for i in picked:
+        if pred[i] is None:
+            continue
+        near[i] = sorted((j for j, c in enumerate(choices) if j not in picked and pred[j] is not None
+                          and c.template == choices[i].template and abs(pred[j] / pred[i] - 1.0) <= WARM_TIE),
+                         key=lambda j: pred[j])
+    if not any(near.values()):
+        return picked, 0
+    asked = sorted({i for i in near if near[i]} | {j for js in near.values() for j in js})
+    built = get_backend(backend_name).built(problem, [choices[i] for i in asked])
+    out, swapped = list(picked), 0
+    for pos, i in enumerate(picked):
+        if choices[i].name in built:
+            continue
+        alt = next((j for j in near.get(i, ()) if choices[j].name in built and j not in out), None)
+        if alt is not None:
+            out[pos] = alt
+            swapped += 1
+    return out, swapped
 
 
 def _default_count(problem, backend_name, choices) -> int:

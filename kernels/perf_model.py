@@ -258,15 +258,17 @@ def analytic_share_for(problem: GemmProblem) -> float:
 
 
 def top_k(model: PerfModel, problem: GemmProblem, choices: Sequence[Choice], k: int,
-          analytic_share: float | None = None, ensemble: str | None = None) -> list[int]:
+          analytic_share: float | None = None, ensemble: str | None = None,
+          pred: Sequence[float | None] | None = None) -> list[int]:
     """Indices of the k choices to build and benchmark: the model's fastest predictions, a place for the second
     family's best where it is close (family_heads, HEDGE_*), and with a learned model a share of the places for the
     analytic model's (its errors are different ones; default per dtype, analytic_share_for). `ensemble` says how a
     learned ensemble ranks: "optimistic" (by its fastest member's prediction) or "mean" (by the members' mean);
-    default ENSEMBLE_PICKS."""
+    default ENSEMBLE_PICKS. `pred`: the model's predictions for `choices`, where the caller has them."""
     if analytic_share is None:
         analytic_share = analytic_share_for(problem)
-    pred = model.predict(problem, choices)
+    if pred is None:
+        pred = model.predict(problem, choices)
     ranked = _fastest_first(pred)
     if model.name == "analytic" or k < 2:
         return _merge(family_heads(choices, pred, HEDGE_FAMILIES, HEDGE_RATIO) if k > 1 else [], ranked, k)

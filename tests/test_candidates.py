@@ -117,6 +117,31 @@ def test_top_k_keeps_the_models_best_in_original_order():
     assert not out.skipped                           # summarized in a note, not one line per candidate
 
 
+def test_top_k_takes_an_already_built_choice_predicted_within_the_warm_tie(monkeypatch):
+    from kernels.candidates import WARM_TIE
+
+    p = problem()
+    config.search_space = "exhaustive"
+    config.benchmark_space = 5
+    cands = triton_choices(p, "exhaustive")
+    pred = dict(zip((c.name for c in cands), AnalyticModel().predict(p, cands)))
+    cold = narrow(p, "triton", cands).kept
+    # a pick with a not-picked twin of its template predicted within the tie, and one predicted just beyond it
+    pairs = [(c, o) for c in cold for o in cands if o not in cold and o.template == c.template and o.name != c.name
+             and abs(pred[o.name] / pred[c.name] - 1) <= WARM_TIE]
+    assert pairs, "no twin within the tie in the exhaustive space"
+    victim, twin = pairs[0]
+    backend_type = type(get_backend("triton"))
+    monkeypatch.setattr(backend_type, "built", lambda self, prob, chs: {twin.name})
+    warm = narrow(p, "triton", cands)
+    assert twin in warm.kept and victim not in warm.kept and len(warm.kept) == 5
+    assert any("1 replaced by an already built choice" in n for n in warm.notes)
+    # built picks stay; choices predicted beyond the tie never come in, built or not
+    far = [o for o in cands if o not in cold and abs(pred[o.name] / pred[victim.name] - 1) > 2 * WARM_TIE]
+    monkeypatch.setattr(backend_type, "built", lambda self, prob, chs: {c.name for c in cold} | {o.name for o in far})
+    assert narrow(p, "triton", cands).kept == cold
+
+
 def test_default_benchmark_space_and_sample_are_deterministic():
     p = problem()
     config.search_space = "exhaustive"

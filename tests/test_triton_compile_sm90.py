@@ -93,3 +93,22 @@ def test_compile_failure_is_reported_not_raised(tmp_path):
     finally:
         backend.close()
     assert not res["ok"] and "undefined_name" in res["error"]
+
+
+def test_built_names_what_the_artifact_store_holds(tmp_path, monkeypatch):
+    """After a build compiles a choice for sm90 (its load fails here: no GPU), `built` names it and not a sibling."""
+    import backends.triton as triton_backend
+    from kernels import config
+
+    config.cache_dir = str(tmp_path)
+    monkeypatch.setattr(triton_backend, "interpret_mode", lambda: False)
+    backend = TritonBackend()
+    p = problem(m=256, n=256, k=256, dtype="bf16")
+    done, other = (Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64, 32, s, 4)) for s in (2, 3))
+    try:
+        assert backend.built(p, [done, other]) == set()
+        (outcome,) = backend.build(p, [done])
+    finally:
+        backend.close()
+    assert outcome.compiled and "load failed" in (outcome.error or "")
+    assert backend.built(p, [done, other]) == {done.name}
