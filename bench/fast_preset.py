@@ -61,6 +61,16 @@ def _tuned(problem, backends) -> dict:
             "notes": list(sel.notes)}
 
 
+def _ranking() -> dict:
+    """How the top k were ranked in this run (the settings a later reader cannot see in the rows)."""
+    from kernels import candidates, perf_model
+
+    return {"ensemble": perf_model.ENSEMBLE_PICKS, "analytic_share": perf_model.ANALYTIC_SHARE,
+            "analytic_share_by_dtype": perf_model.ANALYTIC_SHARE_BY_DTYPE,
+            "hedge_families": perf_model.HEDGE_FAMILIES, "hedge_ratio": perf_model.HEDGE_RATIO,
+            "warm_tie": candidates.WARM_TIE}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", nargs="+", required=True, help="dataset CSV(s) collected on this GPU")
@@ -117,8 +127,8 @@ def main(argv=None) -> int:
               f"with built binaries median {s['new_shape_median_s']:.2f} s, max {s['new_shape_max_s']:.2f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
-                       "summary": summary}, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ranking": _ranking(),
+                       "rows": rows, "summary": summary}, f, indent=1)
     return 0
 
 
