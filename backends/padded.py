@@ -11,10 +11,14 @@ import torch.nn.functional as F
 
 from backends.base import Backend, BuildOutcome, Runner
 from kernels.choice import Choice
-from kernels.heuristics import DEFAULT_NUM_SMS, candidate_configs, output_tiles, round_up
+from kernels.heuristics import DEFAULT_NUM_SMS, candidate_configs, config_list, output_tiles, round_up, supports
 from kernels.problem import GemmProblem
 
 INNER_TRITON_CONFIGS = 4      # aligned Triton configs tried behind the padding (aten is always tried)
+# Hopper's largest wgmma tiles (128x256 and 256x128, from Inductor's persistent list; the mm lists have none) join
+# where their tiles cover this share of the SMs: behind the padding of 2047^3 (2048^3 inside) 128 tiles on 132 SMs,
+# where the 128x128 tiles that won on the H100 take two waves of 256 and ran the product at 390 TFLOP/s (44 us).
+FULL_WAVE = 0.95
 # int_mm has no aten inner choice: cuBLASLt's int8 path refuses the row-major padded B (CUBLAS_STATUS_NOT_SUPPORTED
 # on the H200) and Triton's int8 kernel is twice as fast as torch._int_mm anyway
 INNER_TEMPLATES = {"mm": ("aten_mm", "triton_mm"), "int_mm": (None, "triton_int8_mm")}
@@ -48,12 +52,17 @@ def _inner_choice(choice: Choice) -> Choice:
 
 def inner_triton_configs(inner: GemmProblem, template: str, space: str) -> list:
     """The few aligned Triton configs tried behind padding (here and in the Triton padded family): a full wave of
-    tiles first, then the largest tiles."""
+    tiles first, then the largest tiles; on Hopper also its largest wgmma tiles where they fill a wave."""
     def score(cfg) -> tuple:
         return (output_tiles(inner, cfg) >= DEFAULT_NUM_SMS, cfg.block_m * cfg.block_n, cfg.num_stages,
                 cfg.num_warps)
 
-    return sorted(candidate_configs(inner, template, space), key=score, reverse=True)[:INNER_TRITON_CONFIGS]
+    configs = sorted(candidate_configs(inner, template, space), key=score, reverse=True)[:INNER_TRITON_CONFIGS]
+    if inner.arch >= 90:
+        configs += [c for c in config_list("persistent_mm_configs") if c.block_m * c.block_n >= 128 * 256
+                    and c not in configs and output_tiles(inner, c) >= FULL_WAVE * DEFAULT_NUM_SMS
+                    and supports(inner, template, c)[0]]
+    return configs
 
 
 class PaddedBackend(Backend):

@@ -23,6 +23,22 @@ def test_offered_only_for_misaligned_problems():
     assert inner_problem(problem(m=40, n=33, k=65, dtype="int8", op="int_mm")).n == 48
 
 
+def test_hoppers_largest_tiles_join_the_inner_configs_where_they_fill_a_wave():
+    import dataclasses
+
+    from backends.padded import INNER_TRITON_CONFIGS, inner_triton_configs
+
+    def tags(p, template="triton_mm"):
+        return [c.tag() for c in inner_triton_configs(inner_problem(p), template, "default")]
+
+    odd = problem(m=2047, n=2047, k=2047)                 # 2048^3 inside: 128 tiles of 128x256 on 132 SMs
+    assert tags(odd)[INNER_TRITON_CONFIGS:] == ["128x256x64_s3_w8_g8", "256x128x64_s4_w8_g8"]
+    assert len(tags(dataclasses.replace(odd, arch=80))) == INNER_TRITON_CONFIGS       # no wgmma before Hopper
+    assert len(tags(problem(m=1500, n=1500, k=1500))) == INNER_TRITON_CONFIGS          # 72 tiles: not a wave
+    int8 = tags(problem(m=2047, n=2047, k=2047, dtype="int8", op="int_mm"), "triton_int8_mm")
+    assert len(int8) == len(set(int8)) and "256x128x64_s4_w8_g8" in int8
+
+
 @interpreted
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int8])
 @pytest.mark.parametrize("m,n,k,la,lb", [(17, 33, 65, "row", "row"), (40, 9, 31, "col", "sliced"),

@@ -57,6 +57,8 @@ def test_templates_compile_for_sm90_with_wgmma():
               Choice("triton", "triton_tma_int8_mm", "int8", GemmConfig(128, 128, 128, 3, 8))),
              (problem(m=2047, n=2047, k=2047, dtype="bf16"),
               Choice("triton", "triton_padded_mm", "bf16", GemmConfig(128, 128, 64, 3, 8))),
+             (problem(m=2047, n=2047, k=2047, dtype="bf16"),
+              Choice("triton", "triton_padded_mm", "bf16", GemmConfig(128, 256, 64, 3, 8))),
              (problem(m=2047, n=2047, k=2047, dtype="int8", op="int_mm"),
               Choice("triton", "triton_padded_int8_mm", "int8", GemmConfig(128, 256, 128, 3, 8))),
              (problem(dtype="int8", op="int_mm"),
