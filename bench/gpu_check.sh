@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device-tool call's worth of checks, results under $OUT (or results/gpu_check):
 #   bash bench/gpu_check.sh native     the C++ table's native launches: GPU tests, then issue 3's and the core suite
+#   bash bench/gpu_check.sh issue3     the padded choices' GPU tests, then issue 3's suite
 #   bash bench/gpu_check.sh tests      the GPU test files, each under its own timeout
 #   bash bench/gpu_check.sh dynamic    issue 7's sweeps over 64 M for both (K, N)
 #   bash bench/gpu_check.sh fast       issue 6: KERNELS_PRESET=fast on the held-out problems
@@ -18,6 +19,12 @@ native)
     > "$OUT/issue3.txt" 2>&1; tail -28 "$OUT/issue3.txt"
   timeout 150 python3 -m bench.core_quick --suite core --backends aten,triton,padded --json "$OUT/core.json" \
     > "$OUT/core.txt" 2>&1; tail -22 "$OUT/core.txt"
+  ;;
+issue3)
+  python3 -m kernels fastpath build
+  gpu_tests 200 tests/test_gpu_templates.py -k "padded"
+  timeout 200 python3 -m bench.core_quick --suite issue3 --backends aten,triton,padded --json "$OUT/issue3.json" \
+    > "$OUT/issue3.txt" 2>&1; tail -28 "$OUT/issue3.txt"
   ;;
 tests)
   gpu_tests 150 tests/test_gpu_core.py -k "test_mm_matches_torch"
