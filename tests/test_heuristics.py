@@ -62,8 +62,21 @@ def test_candidates_are_scaled_deduped_and_supported():
 def test_exhaustive_space_is_pruned_on_smaller_shared_memory():
     hopper = candidate_configs(problem(), "triton_mm", "exhaustive")
     ampere_consumer = candidate_configs(problem(arch=86), "triton_mm", "exhaustive")
-    assert len(ampere_consumer) < len(hopper) < 1875
+    pipelined = [c for c in ampere_consumer if c.num_stages >= 2]
+    assert len(pipelined) < len(hopper) < 1875
     assert all(shared_memory_bytes(c, problem()) <= 101_376 for c in ampere_consumer)
+
+
+def test_hoppers_exhaustive_space_leaves_out_unpipelined_configs():
+    from kernels.heuristics import MIN_EXHAUSTIVE_STAGES_SM90
+
+    hopper = candidate_configs(problem(), "triton_mm", "exhaustive")
+    ampere = candidate_configs(problem(arch=80), "triton_mm", "exhaustive")
+    default = candidate_configs(problem(), "triton_mm", "default")
+    assert MIN_EXHAUSTIVE_STAGES_SM90 == 2 and any(c.num_stages == 1 for c in default)
+    assert {c for c in hopper if c.num_stages == 1} == {c for c in default if c.num_stages == 1}
+    assert set(default) <= set(hopper)                                  # exhaustive still covers default
+    assert sum(c.num_stages == 1 for c in ampere) > 10 * sum(c.num_stages == 1 for c in hopper)
 
 
 @pytest.mark.parametrize("shape,stride,layout", [((4, 8), (8, 1), "row"), ((4, 8), (1, 4), "col"),
