@@ -67,13 +67,14 @@ def test_padded_choices_equal_torch(dtype, m, n, k, la, lb):
             assert c.dtype == dtype and rel_err(c, a, b) < 1e-2
 
 
-@pytest.mark.parametrize("template", ["triton_mm", "split_k", "decompose_k", "triton_tma_mm", "triton_padded_mm"])
+@pytest.mark.parametrize("template", ["triton_mm", "split_k", "decompose_k", "triton_tma_mm", "triton_padded_mm",
+                                      "triton_padded_tma_mm"])
 def test_device_time_capture_leaves_launchers_correct(template):
     """Tuning times host-bound finalists in a CUDA graph: every template must capture, and run right afterwards
     (split_k's workspace is allocated per stream and must stay clean)."""
     from kernels.timing import device_time_ms
 
-    m, n, k = (2047, 2047, 2047) if template == "triton_padded_mm" else (32, 32, 8192)
+    m, n, k = (2047, 2047, 2047) if template.startswith("triton_padded") else (32, 32, 8192)
     a, b = operand(m, k, "row", torch.bfloat16), operand(k, n, "row", torch.bfloat16)
     for outcome in build_offered(template, a, b, 2):
         ms = device_time_ms(lambda i, r=outcome.runner: r.launch(a, b, None), 1)

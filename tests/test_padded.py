@@ -66,14 +66,30 @@ def test_misaligned_pointer_is_copied():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int8])
 @pytest.mark.parametrize("m,n,k,la,lb", [(17, 33, 65, "row", "row"), (40, 9, 31, "col", "sliced"),
                                          (33, 47, 200, "strided", "col")])
-def test_two_launch_triton_padded_matches_torch(dtype, m, n, k, la, lb):
-    """triton_padded_*: one copy kernel for both operands, then the mm writing the N-wide output directly."""
+@pytest.mark.parametrize("inner", ["", "tma_"])
+def test_two_launch_triton_padded_matches_torch(dtype, m, n, k, la, lb, inner):
+    """triton_padded_* and triton_padded_tma_*: one copy kernel for both operands, then the mm (tiled, or persistent
+    over descriptors with a pointer epilogue) writing the N-wide output directly."""
     from tests.triton_util import build_offered
 
     a, b = operand(m, k, la, dtype), operand(k, n, lb, dtype)
-    template = "triton_padded_int8_mm" if dtype == torch.int8 else "triton_padded_mm"
+    template = f"triton_padded_{inner}int8_mm" if dtype == torch.int8 else f"triton_padded_{inner}mm"
     for outcome in build_offered(template, a, b, limit=2):
         check_launches(outcome.runner, a, b, calls=2)       # the padded buffers are reused between calls
+
+
+def test_padded_tma_offered_on_hopper_only_and_as_the_mm_inner_is():
+    from backends.triton_templates import family
+
+    fam = family("triton_padded_tma_mm")
+    odd = problem(m=2047, n=2047, k=2047)
+    names = [c.name for c in fam.choices(odd, "triton_padded_tma_mm", "default")[0]]
+    assert names and len(names) <= 4 and names[0] == "triton_padded_tma_mm_bf16_128x256x64_s3_w8_g8"
+    assert len(fam.choices(odd, "triton_padded_tma_mm", "exhaustive")[0]) > len(names)
+    import dataclasses
+    assert "sm90" in fam.choices(dataclasses.replace(odd, arch=80), "triton_padded_tma_mm", "default")[1][
+        "triton_padded_tma_mm"]
+    assert "aligned" in fam.choices(problem(), "triton_padded_tma_mm", "default")[1]["triton_padded_tma_mm"]
 
 
 def test_two_launch_padded_not_offered_for_aligned_problems():

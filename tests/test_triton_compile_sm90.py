@@ -59,6 +59,10 @@ def test_templates_compile_for_sm90_with_wgmma():
               Choice("triton", "triton_padded_mm", "bf16", GemmConfig(128, 128, 64, 3, 8))),
              (problem(m=2047, n=2047, k=2047, dtype="bf16"),
               Choice("triton", "triton_padded_mm", "bf16", GemmConfig(128, 256, 64, 3, 8))),
+             (problem(m=2047, n=2047, k=2047, dtype="bf16"),
+              Choice("triton", "triton_padded_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8))),
+             (problem(m=2047, n=2047, k=2047, dtype="int8", op="int_mm"),
+              Choice("triton", "triton_padded_tma_int8_mm", "int8", GemmConfig(128, 256, 128, 3, 8))),
              (problem(m=2047, n=2047, k=2047, dtype="int8", op="int_mm"),
               Choice("triton", "triton_padded_int8_mm", "int8", GemmConfig(128, 256, 128, 3, 8))),
              (problem(dtype="int8", op="int_mm"),
@@ -79,7 +83,7 @@ def test_templates_compile_for_sm90_with_wgmma():
         if tool:
             sass = subprocess.run([tool, "--dump-sass", str(cubins[0])], capture_output=True, text=True).stdout
             assert "HGMMA" in sass or "IGMMA" in sass, "expected Hopper wgmma instructions in the SASS"
-            if r["kernel"].startswith(("triton_kmajor_int8_mm", "triton_padded_int8_mm")):
+            if r["kernel"].startswith(("triton_kmajor_int8_mm", "triton_padded_int8_mm", "triton_padded_tma_int8_mm")):
                 # their B copies are K-major so that no tile is transposed in registers (byte permutes)
                 assert "PRMT" not in sass, r["kernel"]
 

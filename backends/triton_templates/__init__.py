@@ -19,6 +19,8 @@ _MODULES = {
     "triton_tma_int8_mm": "backends.triton_templates.tma",
     "triton_padded_mm": "backends.triton_templates.padded",
     "triton_padded_int8_mm": "backends.triton_templates.padded",
+    "triton_padded_tma_mm": ("backends.triton_templates.padded", "TMA_FAMILY"),
+    "triton_padded_tma_int8_mm": ("backends.triton_templates.padded", "TMA_FAMILY"),
     "triton_kmajor_int8_mm": "backends.triton_templates.kmajor",
     "split_k": ("backends.triton_templates.split_k", "SPLIT_K"),
     "decompose_k": ("backends.triton_templates.split_k", "DECOMPOSE_K"),

@@ -44,17 +44,8 @@ class TmaFamily(TritonFamily):
         why = tma_unsupported(problem)
         if why:
             return [], {template: why}
-        result = []
-        limit = shared_memory_limit(problem.arch)
-        base = "persistent_mm_configs" if space == "default" else "exhaustive"
-        configs = candidate_configs(problem, template, space) if base == "exhaustive" else _persistent(problem, template)
-        for cfg in configs:
-            if cfg.num_warps < 4:
-                continue                  # never num_warps 2 with TMA
-            pipeline = DTYPE_BYTES[problem.dtype] * (cfg.block_m + cfg.block_n) * cfg.block_k * cfg.num_stages
-            for subtile in ((False, True) if cfg.block_m * cfg.block_n >= SUBTILE_MIN_TILE else (False,)):
-                if pipeline + epilogue_bytes(problem, cfg, subtile) <= limit:
-                    result.append(Choice("triton", template, problem.dtype, cfg, (("sub", 1),) if subtile else ()))
+        result = [Choice("triton", template, problem.dtype, cfg, (("sub", 1),) if subtile else ())
+                  for cfg, subtile in tma_configs(problem, template, space)]
         return result, ({} if result else {template: "no persistent config fits shared memory"})
 
     def specs(self, problem, choice):
@@ -69,7 +60,7 @@ class TmaFamily(TritonFamily):
         return [make_spec("tma_persistent.py.jinja", choice.name, args, cfg.num_warps, cfg.num_stages,
                           block_m=cfg.block_m, block_n=cfg.block_n, block_k=cfg.block_k, group_m=cfg.group_m,
                           subtile=bool(dict(choice.params).get("sub")), a_layout=problem.layout_a,
-                          b_layout=problem.layout_b, flatten=False, ws_arg="", **dv)]
+                          b_layout=problem.layout_b, flatten=False, ws_arg="", c_store="tma", **dv)]
 
     def launcher(self, problem, choice, specs, handles):
         cfg = choice.config
@@ -77,13 +68,35 @@ class TmaFamily(TritonFamily):
         lead_a = problem.stride_a[0] if problem.layout_a == "row" else problem.stride_a[1]
         lead_b = problem.stride_b[0] if problem.layout_b == "row" else problem.stride_b[1]
         device = handles[0].device
-        programs = min(output_tiles(problem, cfg), _num_sms(device.index) if device.type == "cuda" else INTERPRETER_PROGRAMS)
+        programs = persistent_programs(problem, cfg, device)
 
         def args(a, b, out, ldc, bufs):
             return ((a, b, out, m, n, k, lead_a, lead_b, ldc),)
 
         return kernel_sequence(handles, [(programs, 1, 1)], args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
                                ldc_multiple(specs[0], 16, problem.out_bytes))
+
+
+def tma_configs(problem: GemmProblem, template: str, space: str) -> list[tuple]:
+    """(config, epilogue subtiled) pairs of the persistent kernel that fit shared memory, from the persistent list
+    (default space) or the exhaustive grid; never num_warps 2 with TMA."""
+    limit = shared_memory_limit(problem.arch)
+    configs = candidate_configs(problem, template, space) if space != "default" else _persistent(problem, template)
+    pairs = []
+    for cfg in configs:
+        if cfg.num_warps < 4:
+            continue
+        pipeline = DTYPE_BYTES[problem.dtype] * (cfg.block_m + cfg.block_n) * cfg.block_k * cfg.num_stages
+        for subtile in ((False, True) if cfg.block_m * cfg.block_n >= SUBTILE_MIN_TILE else (False,)):
+            if pipeline + epilogue_bytes(problem, cfg, subtile) <= limit:
+                pairs.append((cfg, subtile))
+    return pairs
+
+
+def persistent_programs(problem: GemmProblem, cfg, device: torch.device) -> int:
+    """One program per SM (a few in the interpreter, so the persistent loop runs more than once), at most one per
+    output tile."""
+    return min(output_tiles(problem, cfg), _num_sms(device.index) if device.type == "cuda" else INTERPRETER_PROGRAMS)
 
 
 def _persistent(problem, template):
