@@ -227,6 +227,23 @@ def test_top_k_with_a_learned_model_gives_analytic_favourites_a_share():
     assert sorted(top_k(Reversed(), p, cands[:3], 5)) == [0, 1, 2]          # fewer choices than k: all of them
 
 
+def test_analytic_model_charges_padding_its_copies_and_misaligned_loads_their_width():
+    from kernels.perf_model import MISALIGNED_OPERAND_FACTOR
+
+    cfg = GemmConfig(128, 128, 64, 4, 8)
+    odd = problem(2047, 2047, 2047, dtype="int8", op="int_mm")
+    plain, padded = (ms(odd, cfg, t) for t in ("triton_int8_mm", "triton_padded_int8_mm"))
+    assert padded < plain                                     # two narrow operands cost more than two copies
+    assert plain == pytest.approx(ms(odd, cfg, "triton_kmajor_int8_mm"))
+    aligned = problem(2048, 2048, 2048, dtype="int8", op="int_mm")
+    assert ms(aligned, cfg, "triton_int8_mm") * MISALIGNED_OPERAND_FACTOR ** 2 == pytest.approx(plain, rel=0.02)
+    one_side = problem(1000, 3000, 2000, dtype="int8", op="int_mm")      # B's rows 3000 bytes: off 16
+    import dataclasses
+    col_b = dataclasses.replace(one_side, stride_b=(1, 2000))             # B's columns 2000 bytes: aligned
+    assert ms(one_side, cfg, "triton_int8_mm") == pytest.approx(MISALIGNED_OPERAND_FACTOR *
+                                                                 ms(col_b, cfg, "triton_int8_mm"))
+
+
 class Fixed:
     """A "learned" model whose predictions are given per choice index."""
     name = "learned"
