@@ -5,7 +5,8 @@ new shape whose binaries are already built (same N, K; another M) is tuned and t
 
     python -m bench.fast_preset --data data/perf/h100_heldout_bf16.csv data/perf/h100_heldout_int8.csv --json out.json
 
-The dataset's times come from another process, so ratios carry run-to-run noise of a few percent.
+The dataset's times come from another process (and an older launch path), so each winner is also timed side by
+side with the dataset's best choice, built now, in this run ("same_run"): that ratio is the one to judge by.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import torch
 
 
 def _reference(paths: list[str]) -> dict[tuple, dict]:
-    """(op, dtype, m, n, k) -> {'best_ms', 'best', 'candidates'} over every timed row (aten included)."""
+    """(op, dtype, m, n, k) -> {'best_ms', 'best', 'best_choice', 'candidates'} over every timed row (aten
+    included)."""
     from kernels.perf_data import read_dataset
 
     rows, _ = read_dataset(paths)
@@ -31,11 +33,42 @@ def _reference(paths: list[str]) -> dict[tuple, dict]:
             continue
         p = r.problem
         key = (p.op, p.dtype, p.m, p.n, p.k)
-        entry = ref.setdefault(key, {"best_ms": math.inf, "best": "", "candidates": 0})
+        entry = ref.setdefault(key, {"best_ms": math.inf, "best": "", "best_choice": None, "candidates": 0})
         entry["candidates"] += 1
         if r.ms < entry["best_ms"]:
-            entry["best_ms"], entry["best"] = r.ms, r.choice.name
+            entry["best_ms"], entry["best"], entry["best_choice"] = r.ms, r.choice.name, r.choice
     return ref
+
+
+def _side_by_side(problem, fast_runner, best_choice) -> dict:
+    """The fast preset's winner and the dataset's best choice (built now, verified) timed together in this process,
+    the way tuning re-times its finalists: the ratio without another run's clocks and host in it."""
+    from backends import get_backend
+    from kernels.config import config
+    from kernels.timing import measure_together, rotation_sets, user_call
+    from kernels.verify import make_inputs, reference, verify_launch
+
+    if best_choice.name == fast_runner.choice.name:
+        return {"fast_ms": None, "best_ms": None, "ratio": 1.0, "note": "same choice"}
+    (outcome,) = get_backend(best_choice.backend).build(problem, [best_choice])
+    if outcome.runner is None:
+        return {"error": f"dataset best did not build: {outcome.error}"}
+    device = "cuda" if problem.device == "cuda" else "cpu"
+    a, b = make_inputs(problem, device, seed=1)
+    why = verify_launch(outcome.runner.launch, problem, a, b, reference(problem, a, b))
+    if why is not None:
+        return {"error": f"dataset best failed verification: {why}"}
+    n_sets = rotation_sets((problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes, device)
+    sets = [(a, b)] + [make_inputs(problem, device, seed=s) for s in range(2, n_sets + 1)]
+    timed = measure_together({"fast": user_call(fast_runner.launch, sets),
+                              "best": user_call(outcome.runner.launch, sets)}, n_sets, device,
+                             2 * config.bench_budget_ms)
+    fast, best = timed["fast"].median_ms, timed["best"].median_ms
+    return {"fast_ms": fast, "best_ms": best, "ratio": fast / best}
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
 
 
 def _problem(op: str, dtype: str, m: int, n: int, k: int):
@@ -53,12 +86,13 @@ def _tuned(problem, backends) -> dict:
 
     before = counters.snapshot()
     t0 = time.perf_counter()
-    sel, _ = tune(problem, backends)
+    sel, runners = tune(problem, backends)
     seconds = time.perf_counter() - t0
     after = counters.snapshot()
     return {"winner": sel.winner, "ms": sel.timings[sel.winner], "seconds": seconds,
-            "compiles": after["compiles"] - before["compiles"], "benchmarks": after["benchmarks"] - before["benchmarks"],
-            "notes": list(sel.notes)}
+            "compiles": after["compiles"] - before["compiles"],
+            "benchmarks": after["benchmarks"] - before["benchmarks"], "notes": list(sel.notes),
+            "runner": runners[sel.winner]}
 
 
 def _ranking() -> dict:
@@ -102,29 +136,44 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - one failing problem is a row, not the end of the run
             rows.append({"problem": list(key), "error": f"{type(e).__name__}: {e}"})
             continue
+        runner = fast.pop("runner")
         row = {"problem": list(key), "model": model.name, "model_note": why, **{f"fast_{k2}": v for k2, v in
                fast.items()}, "dataset_best_ms": ref[key]["best_ms"], "dataset_best": ref[key]["best"],
                "dataset_candidates": ref[key]["candidates"], "ratio": fast["ms"] / ref[key]["best_ms"]}
+        try:
+            row["same_run"] = _side_by_side(problem, runner, ref[key]["best_choice"])
+        except Exception as e:  # noqa: BLE001 - the side-by-side is a second opinion, not the row
+            row["same_run"] = {"error": f"{type(e).__name__}: {e}"}
         # another M with the same N, K: its binaries are the ones just built (M is a runtime argument)
-        row["new_shape"] = _tuned(_problem(op, dtype, m + 16, n, k), backends)
+        new_shape = _tuned(_problem(op, dtype, m + 16, n, k), backends)
+        new_shape.pop("runner")
+        row["new_shape"] = new_shape
         rows.append(row)
+        same = row["same_run"]
+        same_text = f"same run {same['ratio']:.3f}x" if "ratio" in same else f"same run: {same['error'][:80]}"
         print(f"{op} {dtype} {m}x{n}x{k}: fast {fast['winner']} {fast['ms'] * 1e3:.1f} us vs dataset best "
-              f"{ref[key]['best']} {ref[key]['best_ms'] * 1e3:.1f} us = {row['ratio']:.3f}x; {fast['compiles']} compiles,"
-              f" {fast['benchmarks']} timed of {ref[key]['candidates']}, {fast['seconds']:.1f} s; M+16 "
-              f"{row['new_shape']['seconds']:.2f} s ({row['new_shape']['compiles']} compiles)", flush=True)
+              f"{ref[key]['best']} {ref[key]['best_ms'] * 1e3:.1f} us = {row['ratio']:.3f}x ({same_text}); "
+              f"{fast['compiles']} compiles, {fast['benchmarks']} timed of {ref[key]['candidates']}, "
+              f"{fast['seconds']:.1f} s; M+16 {new_shape['seconds']:.2f} s ({new_shape['compiles']} compiles)",
+              flush=True)
     summary = {}
     for dtype in sorted({r["problem"][1] for r in rows if "ratio" in r}):
         ok = [r for r in rows if "ratio" in r and r["problem"][1] == dtype]
         ratios = [r["ratio"] for r in ok]
+        same = [r["same_run"]["ratio"] for r in ok if "ratio" in r.get("same_run", {})]
         new = sorted(r["new_shape"]["seconds"] for r in ok)
-        summary[dtype] = {"problems": len(ok), "geomean": math.exp(sum(map(math.log, ratios)) / len(ratios)),
-                          "worst": max(ratios), "timed_fast": sum(r["fast_benchmarks"] for r in ok),
+        summary[dtype] = {"problems": len(ok), "geomean": _geomean(ratios), "worst": max(ratios),
+                          "same_run_problems": len(same), "same_run_geomean": _geomean(same),
+                          "same_run_worst": max(same, default=math.nan),
+                          "timed_fast": sum(r["fast_benchmarks"] for r in ok),
                           "timed_dataset": sum(r["dataset_candidates"] for r in ok),
                           "new_shape_median_s": new[len(new) // 2], "new_shape_max_s": new[-1]}
         s = summary[dtype]
         print(f"{dtype}: {s['problems']} problems, fast-preset winner vs dataset best geomean {s['geomean']:.3f}x "
-              f"worst {s['worst']:.3f}x; {s['timed_dataset'] / max(s['timed_fast'], 1):.1f}x fewer timed; new shape "
-              f"with built binaries median {s['new_shape_median_s']:.2f} s, max {s['new_shape_max_s']:.2f} s")
+              f"worst {s['worst']:.3f}x (timed side by side in this run, {s['same_run_problems']} problems: "
+              f"{s['same_run_geomean']:.3f}x / {s['same_run_worst']:.3f}x); "
+              f"{s['timed_dataset'] / max(s['timed_fast'], 1):.1f}x fewer timed; new shape with built binaries median "
+              f"{s['new_shape_median_s']:.2f} s, max {s['new_shape_max_s']:.2f} s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ranking": _ranking(),

@@ -51,3 +51,23 @@ def test_bad_shapes_file_is_a_usage_error(tmp_path):
     bad.write_text("1,2,3\n4,five,6\n")
     res = _run(["--shapes", str(bad)], tmp_path, timeout=120)
     assert res.returncode == 2 and "row 2: N='five'" in res.stderr
+
+
+def test_fast_preset_times_its_winner_beside_the_dataset_best():
+    """bench.fast_preset's same-run ratio: the tuned winner and the dataset's best, built now, timed together."""
+    import torch
+
+    from backends import get_backend
+    from bench.fast_preset import _side_by_side
+    from kernels.choice import Choice
+    from kernels.heuristics import GemmConfig
+    from kernels.problem import GemmProblem
+
+    a, b = torch.randn(24, 40).half(), torch.randn(40, 16).half()
+    p = GemmProblem.from_tensors("mm", a, b)
+    (winner,) = get_backend("triton").build(p, [Choice("triton", "triton_mm", "fp16", GemmConfig(16, 16, 16, 1, 2))])
+    side = _side_by_side(p, winner.runner, Choice("aten", "aten_mm", "fp16"))
+    assert side["fast_ms"] > 0 and side["best_ms"] > 0 and side["ratio"] == side["fast_ms"] / side["best_ms"]
+    assert _side_by_side(p, winner.runner, winner.choice)["ratio"] == 1.0
+    unbuildable = Choice("triton", "triton_mm", "fp16", None)          # no config: the template cannot render
+    assert "did not build" in _side_by_side(p, winner.runner, unbuildable)["error"]
