@@ -93,6 +93,11 @@ class LearnedModel:
             return f"trained with triton {self.meta.get('triton')}, this is triton {_triton_version()}"
         return ""
 
+    def knows(self, choice: Choice) -> bool:
+        """Whether this model predicts the choice itself (aten and templates it was not trained on get the analytic
+        estimate)."""
+        return choice.backend != "aten" and choice.template in self.templates
+
     def unseen(self, choices: Sequence[Choice]) -> int:
         return sum(1 for c in choices if c.backend != "aten" and c.template not in self.templates)
 

@@ -291,11 +291,14 @@ def analytic_share_for(problem: GemmProblem) -> float:
 def top_k(model: PerfModel, problem: GemmProblem, choices: Sequence[Choice], k: int,
           analytic_share: float | None = None, ensemble: str | None = None,
           pred: Sequence[float | None] | None = None) -> list[int]:
-    """Indices of the k choices to build and benchmark: the model's fastest predictions, a place for the second
-    family's best where it is close (family_heads, HEDGE_*), and with a learned model a share of the places for the
-    analytic model's (its errors are different ones; default per dtype, analytic_share_for). `ensemble` says how a
-    learned ensemble ranks: "optimistic" (by its fastest member's prediction) or "mean" (by the members' mean);
-    default ENSEMBLE_PICKS. `pred`: the model's predictions for `choices`, where the caller has them."""
+    """Indices of the k choices to build and benchmark. With the analytic model: its fastest predictions, and a place
+    for the second family's best where it is close (family_heads, HEDGE_*). With a learned model: the same from its
+    predictions over the templates it was trained on, a share of the places for the analytic model's favourites (its
+    errors are different ones; default per dtype, analytic_share_for), and one place for the best of the templates it
+    has not seen where the analytic model puts that within HEDGE_RATIO of the learned favourite (the learned model
+    predicts those by the analytic estimate, another scale than its own). `ensemble` says how a learned ensemble
+    ranks: "optimistic" (by its fastest member's prediction) or "mean" (by the members' mean); default
+    ENSEMBLE_PICKS. `pred`: the model's predictions for `choices`, where the caller has them."""
     if analytic_share is None:
         analytic_share = analytic_share_for(problem)
     if pred is None:
@@ -306,10 +309,21 @@ def top_k(model: PerfModel, problem: GemmProblem, choices: Sequence[Choice], k: 
     scores = pred
     if (ensemble or ENSEMBLE_PICKS) == "optimistic" and hasattr(model, "predict_members"):
         scores = optimistic(model.predict_members(problem, choices))
-    learned = _fastest_first(scores)
-    picked = learned[:k - (max(1, round(analytic_share * k)) if analytic_share > 0 else 0)]
-    fill = (_fastest_first(AnalyticModel().predict(problem, choices)) if analytic_share > 0 else []) + ranked
-    return _merge(family_heads(choices, scores, HEDGE_FAMILIES, HEDGE_RATIO), picked + fill, k)
+    knows = getattr(model, "knows", lambda choice: True)
+    known = [s if knows(c) else None for s, c in zip(scores, choices)]
+    analytic = AnalyticModel().predict(problem, choices)
+    if all(s is None for s in known):
+        return top_k(AnalyticModel(), problem, choices, k, pred=analytic)
+    learned = _fastest_first(known)
+    unseen_ms = [t if c.backend != "aten" and not knows(c) else None for t, c in zip(analytic, choices)]
+    unseen = [i for i in _fastest_first(unseen_ms) if unseen_ms[i] is not None][:1]
+    if not (unseen and analytic[learned[0]] is not None and unseen_ms[unseen[0]] <= HEDGE_RATIO * analytic[learned[0]]):
+        unseen = []
+    n_analytic = max(1, round(analytic_share * k)) if analytic_share > 0 else 0
+    places = max(1, k - n_analytic - len(unseen))
+    picked = _merge(family_heads(choices, known, HEDGE_FAMILIES, HEDGE_RATIO), learned, places) + unseen
+    fill = (_fastest_first(analytic) if analytic_share > 0 else []) + learned + ranked
+    return _merge(picked, fill, k)
 
 
 def family_heads(choices: Sequence[Choice], pred: Sequence[float | None], families: int, ratio: float) -> list[int]:

@@ -273,6 +273,32 @@ def test_top_k_hedges_with_the_second_familys_best_when_it_is_close():
     assert top_k(Fixed(close), p, third, 5, analytic_share=0) == [0, 5, 1, 2, 3]
 
 
+class KnowsOnlyMm(Fixed):
+    """A learned model trained on triton_mm only; the other templates get absurdly fast (other-scale) times."""
+
+    def knows(self, choice):
+        return choice.template == "triton_mm"
+
+
+def test_top_k_gives_templates_the_learned_model_has_not_seen_one_place_judged_on_the_analytic_scale():
+    from kernels.perf_model import top_k
+
+    p = problem()
+    cfgs = candidate_configs(p, "triton_mm", "default")
+    mm = [Choice("triton", "triton_mm", "bf16", c) for c in cfgs]
+    best = min(range(len(mm)), key=lambda i: ms(p, cfgs[i]))
+    close = Choice("triton", "triton_tma_mm", "bf16", cfgs[best])              # same tile: analytic ties
+    tiny = Choice("triton", "triton_tma_mm", "bf16", GemmConfig(16, 16, 16, 2, 4))   # analytic: far slower
+    cands = mm + [close, tiny]
+    times = [1.0 + (0 if i == best else 0.01 * (i + 1)) for i in range(len(mm))] + [1e-6, 1e-6]   # agrees on best
+    picked = top_k(KnowsOnlyMm(times), p, cands, 5, analytic_share=0)
+    assert len(picked) == 5 and len(mm) in picked and len(mm) + 1 not in picked
+    picked = top_k(KnowsOnlyMm(times), p, mm + [tiny], 5, analytic_share=0)
+    assert len(mm) not in picked                                  # beyond HEDGE_RATIO on the analytic scale
+    only_unseen = [close, tiny]
+    assert top_k(KnowsOnlyMm([1e-6, 1e-6]), p, only_unseen, 1, analytic_share=0) == [0]   # analytic ranks them
+
+
 class TwoMembers:
     """A learned ensemble whose members each expect a different choice to be fastest; their mean expects a third."""
     name = "learned"
