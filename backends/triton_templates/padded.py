@@ -64,7 +64,7 @@ class PaddedTritonFamily(TritonFamily):
         mm = make_spec("mm.py.jinja", choice.name, mm_args, cfg.num_warps, cfg.num_stages, block_m=cfg.block_m,
                        block_n=cfg.block_n, block_k=cfg.block_k, group_m=cfg.group_m, even_k=even_k(inner, cfg.block_k),
                        store_n="N_OUT", **layout_vars(inner), **dot_vars(inner))
-        return [pad_spec(problem, choice.name), mm]
+        return [pad_spec(problem), mm]
 
     def launcher(self, problem, choice, specs, handles):
         cfg = choice.config
@@ -94,11 +94,12 @@ class PaddedTmaFamily(TritonFamily):
         why = tma_unsupported(inner)
         if why:
             return [], {template: why}
+        # as for the tiled inner, in every search space: a full wave of tiles first, then the largest tiles (the
+        # exhaustive grid would add ~700 choices of a template no learned model has timed)
         configs = [cfg for cfg, subtile in tma_configs(inner, INNER_TEMPLATE[template], space) if not subtile]
-        if space == "default":      # as for the mm inner: a full wave of tiles first, then the largest tiles
-            configs = sorted(configs, key=lambda c: (output_tiles(inner, c) >= FULL_WAVE * DEFAULT_NUM_SMS,
-                                                     c.block_m * c.block_n, c.num_stages, c.num_warps),
-                             reverse=True)[:INNER_TRITON_CONFIGS]
+        configs = sorted(configs, key=lambda c: (output_tiles(inner, c) >= FULL_WAVE * DEFAULT_NUM_SMS,
+                                                 c.block_m * c.block_n, c.num_stages, c.num_warps),
+                         reverse=True)[:INNER_TRITON_CONFIGS]
         result = [Choice("triton", template, problem.dtype, cfg) for cfg in configs]
         return result, ({} if result else {template: "no persistent config fits shared memory"})
 
@@ -115,7 +116,7 @@ class PaddedTmaFamily(TritonFamily):
                        block_m=cfg.block_m, block_n=cfg.block_n, block_k=cfg.block_k, group_m=cfg.group_m,
                        subtile=False, a_layout=inner.layout_a, b_layout=inner.layout_b, flatten=False, ws_arg="",
                        c_store="pointer", **dot_vars(inner))
-        return [pad_spec(problem, choice.name), mm]
+        return [pad_spec(problem), mm]
 
     def launcher(self, problem, choice, specs, handles):
         m, n = problem.m, problem.n
@@ -139,8 +140,9 @@ def _leading(inner: GemmProblem) -> tuple[int, int]:
     return inner.stride_a[0], inner.stride_b[0] if inner.layout_b == "row" else inner.stride_b[1]
 
 
-def pad_spec(problem: GemmProblem, name: str):
-    """The copy kernel: both operands into the zero-padded buffers, in one launch."""
+def pad_spec(problem: GemmProblem):
+    """The copy kernel: both operands into the zero-padded buffers, in one launch. Named by what it copies, not by
+    the choice: every padded choice of a problem shares one binary (one compile, and a sibling's copy is built)."""
     kp, np_ = padded_shape(problem)
     sa, sb = problem.stride_a, problem.stride_b
     pad_args = [ptr("a_ptr", problem.dtype, problem.align_a >= 16), ptr("b_ptr", problem.dtype, problem.align_b >= 16),
@@ -151,6 +153,7 @@ def pad_spec(problem: GemmProblem, name: str):
                 int_arg(problem, "stride_ak", sa[1]), int_arg(problem, "stride_bk", sb[0]),
                 int_arg(problem, "stride_bn", sb[1]), Arg("a_programs", "i32", False)]
     block_r, block_c = pad_block(problem)
+    name = f"padded_copy_{problem.dtype}_{problem.layout_a}_{problem.layout_b}{'_kmajor' if b_kmajor(problem) else ''}"
     return make_spec("pad2.py.jinja", name + "_pad", pad_args, 4, 1, block_r=block_r, block_c=block_c,
                      b_kmajor=b_kmajor(problem), **layout_vars(problem))
 
