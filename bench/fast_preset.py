@@ -50,6 +50,8 @@ def _side_by_side(problem, fast_runner, best_choice) -> dict:
 
     if best_choice.name == fast_runner.choice.name:
         return {"fast_ms": None, "best_ms": None, "ratio": 1.0, "note": "same choice"}
+    if {best_choice.backend, fast_runner.choice.backend} & set(config.isolate):
+        return {"error": "a choice of an isolated backend (KERNELS_ISOLATE) runs only in a child process"}
     (outcome,) = get_backend(best_choice.backend).build(problem, [best_choice])
     if outcome.runner is None:
         return {"error": f"dataset best did not build: {outcome.error}"}
