@@ -168,7 +168,8 @@ def _benchmark_space(problem, backend_name, choices: list[Choice], out: Narrowed
                  f"{WARM_TIE:.0%}")
     unseen = model.unseen(choices) if hasattr(model, "unseen") else 0
     if unseen:
-        note += f"; {unseen} of templates the learned model was not trained on ranked by the analytic estimate"
+        note += (f"; {unseen} of templates the learned model was not trained on: at most one place, the analytic "
+                 "estimate's best")
     out.notes.append(note + (f"; {why}" if why else ""))
     return kept
 
