@@ -322,8 +322,10 @@ def top_k(model: PerfModel, problem: GemmProblem, choices: Sequence[Choice], k: 
     n_analytic = max(1, round(analytic_share * k)) if analytic_share > 0 else 0
     places = max(1, k - n_analytic - len(unseen))
     picked = _merge(family_heads(choices, known, HEDGE_FAMILIES, HEDGE_RATIO), learned, places) + unseen
-    fill = (_fastest_first(analytic) if analytic_share > 0 else []) + learned + ranked
-    return _merge(picked, fill, k)
+    # the analytic share goes to trained templates too: the unseen ones have had their one place
+    analytic_known = [t if knows(c) else None for t, c in zip(analytic, choices)]
+    fill = ([i for i in _fastest_first(analytic_known) if analytic_known[i] is not None] if analytic_share > 0 else [])
+    return _merge(picked, fill + learned + ranked, k)
 
 
 def family_heads(choices: Sequence[Choice], pred: Sequence[float | None], families: int, ratio: float) -> list[int]:

@@ -295,6 +295,10 @@ def test_top_k_gives_templates_the_learned_model_has_not_seen_one_place_judged_o
     assert len(picked) == 5 and len(mm) in picked and len(mm) + 1 not in picked
     picked = top_k(KnowsOnlyMm(times), p, mm + [tiny], 5, analytic_share=0)
     assert len(mm) not in picked                                  # beyond HEDGE_RATIO on the analytic scale
+    # nor do they come in through the analytic model's share: one place in all
+    many = [Choice("triton", "triton_tma_mm", "bf16", c) for c in cfgs]
+    picked = top_k(KnowsOnlyMm(times[:len(mm)] + [1e-6] * len(many)), p, mm + many, 5, analytic_share=0.4)
+    assert len(picked) == 5 and sum(i >= len(mm) for i in picked) == 1
     only_unseen = [close, tiny]
     assert top_k(KnowsOnlyMm([1e-6, 1e-6]), p, only_unseen, 1, analytic_share=0) == [0]   # analytic ranks them
 
