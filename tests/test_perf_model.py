@@ -38,9 +38,9 @@ def test_analytic_model_behaviour():
     # pipeline depth and tile efficiency
     assert ms(problem(), GemmConfig(128, 128, 64, 1, 4)) > ms(problem(), GemmConfig(128, 128, 64, 3, 4))
     assert ms(problem(), GemmConfig(32, 32, 32, 3, 4)) > 3 * ms(problem(), GemmConfig(128, 128, 64, 3, 4))
-    # int8 tensor cores are twice as fast as bf16 ones
+    # int8 tensor cores are twice as fast as bf16 ones (int8 warpgroup MMA needs a K-major B: the kmajor template)
     i8 = problem(dtype="int8", op="int_mm")
-    assert ms(i8, big, "triton_int8_mm") < 0.7 * ms(problem(), big)
+    assert ms(i8, big, "triton_kmajor_int8_mm") < 0.7 * ms(problem(), big)
     # never under the roofline
     p = problem()
     assert ms(p, big) * 1e-3 >= p.flops / 989e12
@@ -232,16 +232,27 @@ def test_analytic_model_charges_padding_its_copies_and_misaligned_loads_their_wi
 
     cfg = GemmConfig(128, 128, 64, 4, 8)
     odd = problem(2047, 2047, 2047, dtype="int8", op="int_mm")
-    plain, padded = (ms(odd, cfg, t) for t in ("triton_int8_mm", "triton_padded_int8_mm"))
+    plain, padded = (ms(odd, cfg, t) for t in ("triton_kmajor_int8_mm", "triton_padded_int8_mm"))
     assert padded < plain                                     # two narrow operands cost more than two copies
-    assert plain == pytest.approx(ms(odd, cfg, "triton_kmajor_int8_mm"))
     aligned = problem(2048, 2048, 2048, dtype="int8", op="int_mm")
-    assert ms(aligned, cfg, "triton_int8_mm") * MISALIGNED_OPERAND_FACTOR ** 2 == pytest.approx(plain, rel=0.02)
+    assert ms(aligned, cfg, "triton_kmajor_int8_mm") * MISALIGNED_OPERAND_FACTOR ** 2 == pytest.approx(plain, rel=0.02)
     one_side = problem(1000, 3000, 2000, dtype="int8", op="int_mm")      # B's rows 3000 bytes: off 16
     import dataclasses
     col_b = dataclasses.replace(one_side, stride_b=(1, 2000))             # B's columns 2000 bytes: aligned
-    assert ms(one_side, cfg, "triton_int8_mm") == pytest.approx(MISALIGNED_OPERAND_FACTOR *
-                                                                 ms(col_b, cfg, "triton_int8_mm"))
+    assert ms(one_side, cfg, "triton_kmajor_int8_mm") == pytest.approx(MISALIGNED_OPERAND_FACTOR *
+                                                                        ms(col_b, cfg, "triton_kmajor_int8_mm"))
+
+
+def test_analytic_model_gives_int8_warpgroup_mma_only_to_a_k_major_b():
+    import dataclasses
+
+    cfg = GemmConfig(128, 128, 128, 3, 8)
+    row_b = problem(4096, 4096, 4096, dtype="int8", op="int_mm")
+    col_b = dataclasses.replace(row_b, stride_b=(1, 4096))
+    assert ms(row_b, cfg, "triton_int8_mm") > ms(row_b, cfg, "triton_kmajor_int8_mm")
+    assert ms(row_b, cfg, "triton_tma_int8_mm") > ms(col_b, cfg, "triton_tma_int8_mm")
+    assert ms(col_b, cfg, "triton_int8_mm") == pytest.approx(ms(row_b, cfg, "triton_kmajor_int8_mm"))
+    assert ms(problem(), cfg) == pytest.approx(ms(problem(), cfg, "triton_tma_mm"))        # bf16: both wgmma
 
 
 class Fixed:
