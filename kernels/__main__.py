@@ -150,12 +150,6 @@ def _load_rows(paths, gpu: str | None):
     return [r for r in rows if r.gpu == gpu], gpu
 
 
-def _problem_key(row) -> tuple:
-    """What makes two dataset rows the same problem, for holding problems out."""
-    p = row.problem
-    return (p.op, p.dtype, p.m, p.n, p.k)
-
-
 def _report(rows, top_k: int, learned, title: str) -> None:
     from kernels.perf_eval import score
     from kernels.perf_model import AnalyticModel
@@ -179,13 +173,14 @@ def _model_train(args) -> int:
     from pathlib import Path
 
     from kernels import perf_learned
+    from kernels.perf_eval import problem_key
 
     rows, gpu = _load_rows(args.data, args.gpu)
     held: set = set()
     if args.holdout_frac > 0:
-        keys = sorted({_problem_key(r) for r in rows}, key=lambda t: hashlib.sha256(repr(t).encode()).hexdigest())
+        keys = sorted({problem_key(r) for r in rows}, key=lambda t: hashlib.sha256(repr(t).encode()).hexdigest())
         held = set(keys[:max(1, int(len(keys) * args.holdout_frac))])
-    train = [r for r in rows if _problem_key(r) not in held]
+    train = [r for r in rows if problem_key(r) not in held]
     timed = [(r.problem, r.choice, r.ms) for r in train if r.ms is not None and r.choice.backend != "aten"]
     digest = hashlib.sha256(b"".join(Path(p).read_bytes() for p in args.data)).hexdigest()[:16]
     meta = perf_learned.default_meta(gpu, ",".join(Path(p).name for p in args.data), digest,
@@ -206,7 +201,7 @@ def _model_train(args) -> int:
           f"(train RMSE of log time {params['meta']['train_rmse_log']:.3f}) -> {out}")
     model = perf_learned.LearnedModel(params, out)
     if held:
-        _report([r for r in rows if _problem_key(r) in held], args.top_k, model, f"held-out problems ({len(held)})")
+        _report([r for r in rows if problem_key(r) in held], args.top_k, model, f"held-out problems ({len(held)})")
     if args.eval:
         eval_rows, _ = _load_rows(args.eval, gpu)
         _report(eval_rows, args.top_k, model, f"evaluation data {', '.join(args.eval)}")
@@ -216,18 +211,18 @@ def _model_train(args) -> int:
 def _model_cv(args) -> int:
     """Leave-one-problem-out: fit on every other problem, score the left-out one; for several analytic shares and
     ensemble picks. Folds run in parallel processes (--jobs); each fit is the single-threaded, seeded one."""
-    from kernels.perf_eval import geomean
+    from kernels.perf_eval import cv_fold, geomean, problem_key
 
     rows, gpu = _load_rows(args.data, args.gpu)
     dtypes = {d.strip() for d in args.dtypes.split(",")} if args.dtypes else None
-    problems = sorted({_problem_key(r) for r in rows if dtypes is None or r.problem.dtype in dtypes})
+    problems = sorted({problem_key(r) for r in rows if dtypes is None or r.problem.dtype in dtypes})
     shares = [float(x) for x in args.shares.split(",")]
     ensembles = [e.strip() for e in args.ensembles.split(",")]
     fit_args = dict(seed=args.seed, steps=args.steps, hidden=args.hidden, members=args.members)
     regrets: dict[str, list[float]] = {}
     jobs = [(rows, gpu, left_out, fit_args, args.top_k, shares, ensembles) for left_out in problems]
     with _parallel_map(args.jobs) as pmap:
-        for left_out, fold in zip(problems, pmap(_cv_fold, jobs)):
+        for left_out, fold in zip(problems, pmap(cv_fold, jobs)):
             for name, regret in fold:
                 regrets.setdefault(name, []).append(regret)
             print(f"{left_out[1]} {'x'.join(map(str, left_out[2:]))} " + " ".join(f"{n}={r:.3f}" for n, r in fold),
@@ -249,23 +244,6 @@ def _parallel_map(jobs: int):
 
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         yield pool.map
-
-
-def _cv_fold(job) -> list[tuple[str, float]]:
-    """(scheme, regret) on one left-out problem for the analytic model and each share x ensemble pick."""
-    from kernels import perf_learned
-    from kernels.perf_eval import score
-    from kernels.perf_model import AnalyticModel
-
-    rows, gpu, left_out, fit_args, top_k, shares, ensembles = job
-    train = [(r.problem, r.choice, r.ms) for r in rows
-             if _problem_key(r) != left_out and r.ms is not None and r.choice.backend != "aten"]
-    params = perf_learned.fit(train, perf_learned.default_meta(gpu, "cv", "-"), **fit_args)
-    learned = perf_learned.LearnedModel(params, "cv")
-    held = [r for r in rows if _problem_key(r) == left_out]
-    scores = [score(AnalyticModel(), held, top_k)] + [score(learned, held, top_k, s, e)
-                                                       for s in shares for e in ensembles]
-    return [(s.model, s.problems[0].regret) for s in scores if s.problems]
 
 
 def _model_eval(args) -> int:

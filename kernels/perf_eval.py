@@ -147,3 +147,27 @@ def score(model, rows: list[Row], k: int, analytic_share: float | None = None, e
         result.problems.append(ProblemScore(label, len(pairs), rho, measured[picked] / measured[best],
                                             pairs[best][1].choice.name, pairs[picked][1].choice.name, tuned))
     return result
+
+
+def problem_key(row: Row) -> tuple:
+    """What makes two dataset rows the same problem, for holding problems out."""
+    p = row.problem
+    return (p.op, p.dtype, p.m, p.n, p.k)
+
+
+def cv_fold(job) -> list[tuple[str, float]]:
+    """One leave-one-problem-out fold (`python -m kernels model cv`): fit on every other problem, then (scheme,
+    regret) on the left-out one for the analytic model and each analytic share x ensemble pick. A module-level
+    function, so spawned worker processes can import it (from `python -m kernels` it would live in __main__)."""
+    from kernels import perf_learned
+    from kernels.perf_model import AnalyticModel
+
+    rows, gpu, left_out, fit_args, top_k, shares, ensembles = job
+    train = [(r.problem, r.choice, r.ms) for r in rows
+             if problem_key(r) != left_out and r.ms is not None and r.choice.backend != "aten"]
+    params = perf_learned.fit(train, perf_learned.default_meta(gpu, "cv", "-"), **fit_args)
+    learned = perf_learned.LearnedModel(params, "cv")
+    held = [r for r in rows if problem_key(r) == left_out]
+    scores = [score(AnalyticModel(), held, top_k)] + [score(learned, held, top_k, s, e)
+                                                       for s in shares for e in ensembles]
+    return [(s.model, s.problems[0].regret) for s in scores if s.problems]

@@ -162,6 +162,16 @@ def test_dataset_csv_round_trip_and_cli_train_eval(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "leave-one-problem-out over 4 problems" in text and "analytic:" in text
     assert all(f"learned+{s}%a/{e}:" in text for s in (0, 40) for e in ("mean", "optimistic"))
+    # as users run it: from `python -m kernels` the folds' function must still import in spawned workers
+    import os
+    import subprocess
+    import sys
+    from tests.conftest import REPO
+    proc = subprocess.run([sys.executable, "-m", "kernels", "model", "cv", "--data", str(path), "--steps", "10",
+                           "--shares", "0", "--members", "1", "--ensembles", "mean", "--jobs", "2"],
+                          capture_output=True, text=True, timeout=300, cwd=str(REPO),
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode == 0 and "leave-one-problem-out over 4 problems" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_parse_shapes(tmp_path):
