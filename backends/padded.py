@@ -51,18 +51,31 @@ def _inner_choice(choice: Choice) -> Choice:
 
 
 def inner_triton_configs(inner: GemmProblem, template: str, space: str) -> list:
-    """The few aligned Triton configs tried behind padding (here and in the Triton padded family): a full wave of
-    tiles first, then the largest tiles; on Hopper also its largest wgmma tiles where they fill a wave."""
+    """The few aligned Triton configs tried behind padding (here and in the Triton padded family): fills_first, then
+    on Hopper the persistent list's largest tiles where they fill a wave (hopper_wave_tiles)."""
+    configs = fills_first(inner, candidate_configs(inner, template, space))
+    persistent = [c for c in config_list("persistent_mm_configs") if supports(inner, template, c)[0]]
+    return configs + hopper_wave_tiles(inner, persistent, configs)
+
+
+def fills_first(inner: GemmProblem, configs: list) -> list:
+    """The INNER_TRITON_CONFIGS of `configs` tried behind padding: a full wave of tiles first, then the largest
+    tiles, then the deepest pipeline and the most warps."""
     def score(cfg) -> tuple:
         return (output_tiles(inner, cfg) >= DEFAULT_NUM_SMS, cfg.block_m * cfg.block_n, cfg.num_stages,
                 cfg.num_warps)
 
-    configs = sorted(candidate_configs(inner, template, space), key=score, reverse=True)[:INNER_TRITON_CONFIGS]
-    if inner.arch >= 90:
-        configs += [c for c in config_list("persistent_mm_configs") if c.block_m * c.block_n >= 128 * 256
-                    and c not in configs and output_tiles(inner, c) >= FULL_WAVE * DEFAULT_NUM_SMS
-                    and supports(inner, template, c)[0]]
-    return configs
+    return sorted(configs, key=score, reverse=True)[:INNER_TRITON_CONFIGS]
+
+
+def hopper_wave_tiles(inner: GemmProblem, configs: list, chosen: list) -> list:
+    """On sm90+, the persistent list's 128x256 / 256x128 configs among `configs`, not in `chosen`, whose tiles
+    cover FULL_WAVE of the SMs."""
+    if inner.arch < 90:
+        return []
+    persistent = set(config_list("persistent_mm_configs"))
+    return [c for c in configs if c in persistent and c.block_m * c.block_n >= 128 * 256 and c not in chosen
+            and output_tiles(inner, c) >= FULL_WAVE * DEFAULT_NUM_SMS]
 
 
 class PaddedBackend(Backend):

@@ -125,7 +125,7 @@ def test_padded_tma_offered_on_hopper_only_and_as_the_mm_inner_is():
     fam = family("triton_padded_tma_mm")
     odd = problem(m=2047, n=2047, k=2047)
     names = [c.name for c in fam.choices(odd, "triton_padded_tma_mm", "default")[0]]
-    assert names and len(names) <= 4 and names[0] == "triton_padded_tma_mm_bf16_128x256x64_s3_w8_g8"
+    assert names and len(names) <= 6 and "triton_padded_tma_mm_bf16_128x256x64_s3_w8_g8" in names
     exhaustive = [c.name for c in fam.choices(odd, "triton_padded_tma_mm", "exhaustive")[0]]
     assert len(exhaustive) == len(names)                    # capped in every space, as the tiled inner is
     import dataclasses

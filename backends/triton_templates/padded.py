@@ -17,7 +17,7 @@ from backends.triton_render import (Arg, dot_vars, even_k, gemm_args, int_arg, l
 from backends.triton_templates import TritonFamily
 from backends.triton_templates.tma import persistent_programs, tma_configs, tma_unsupported
 from kernels.choice import Choice
-from kernels.heuristics import DEFAULT_NUM_SMS, cdiv, output_tiles, round_up
+from kernels.heuristics import cdiv, round_up
 from kernels.problem import DTYPES_BY_NAME, GemmProblem
 
 INNER_TEMPLATE = {"triton_padded_mm": "triton_mm", "triton_padded_int8_mm": "triton_int8_mm",
@@ -86,7 +86,7 @@ class PaddedTmaFamily(TritonFamily):
     templates = ("triton_padded_tma_mm", "triton_padded_tma_int8_mm")
 
     def choices(self, problem, template, space):
-        from backends.padded import FULL_WAVE, INNER_TRITON_CONFIGS, is_aligned
+        from backends.padded import fills_first, hopper_wave_tiles, is_aligned
 
         if is_aligned(problem):
             return [], {template: "operands are already 16-byte aligned"}
@@ -94,12 +94,11 @@ class PaddedTmaFamily(TritonFamily):
         why = tma_unsupported(inner)
         if why:
             return [], {template: why}
-        # as for the tiled inner, in every search space: a full wave of tiles first, then the largest tiles (the
-        # exhaustive grid would add ~700 choices of a template no learned model has timed)
-        configs = [cfg for cfg, subtile in tma_configs(inner, INNER_TEMPLATE[template], space) if not subtile]
-        configs = sorted(configs, key=lambda c: (output_tiles(inner, c) >= FULL_WAVE * DEFAULT_NUM_SMS,
-                                                 c.block_m * c.block_n, c.num_stages, c.num_warps),
-                         reverse=True)[:INNER_TRITON_CONFIGS]
+        # chosen as for the tiled inner, in every search space (the exhaustive grid would add ~700 choices of a
+        # template no learned model has timed)
+        fitting = [cfg for cfg, subtile in tma_configs(inner, INNER_TEMPLATE[template], space) if not subtile]
+        chosen = fills_first(inner, fitting)
+        configs = chosen + hopper_wave_tiles(inner, fitting, chosen)
         result = [Choice("triton", template, problem.dtype, cfg) for cfg in configs]
         return result, ({} if result else {template: "no persistent config fits shared memory"})
 
