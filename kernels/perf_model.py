@@ -277,7 +277,10 @@ class AnalyticModel:
 # 1.073 / 1.448 with none; on H100 bf16 (16) 1.001 / 1.014 with 2 or 1, 1.003 / 1.046 with none.
 ANALYTIC_SHARE = 0.4
 # ...but not for int8: on the H100 int8 training set (30 problems) the analytic model's rank correlation is 0.32 (bf16:
-# 0.65); in cross-validation 2 analytic places gave 1.012 / 1.068, none 1.009 / 1.062.
+# 0.65); in cross-validation 2 analytic places gave 1.012 / 1.068, none 1.009 / 1.062. Re-run with int8 warpgroup MMA
+# only for a K-major B in the analytic model, the hedge and the unseen-template place (`model cv --dtypes int8
+# --shares 0,0.2,0.4 --ensembles mean`, 37 min on 2 cores): none 1.008 / 1.062, 1 place 1.010 / 1.100, 2 places
+# 1.012 / 1.141.
 ANALYTIC_SHARE_BY_DTYPE = {"int8": 0.0}
 # A learned ensemble ranks by the members' mean (top_k, "mean"). Ranking by the fastest member's prediction
 # ("optimistic": where members disagree the shape is unlike the training problems) won the same cross-validation
