@@ -75,10 +75,15 @@ class GemmProblem:
         """Fewest bytes a kernel must move: each operand read once, the result written once."""
         return (self.m * self.k + self.k * self.n) * self.elem_bytes + self.m * self.n * self.out_bytes
 
+    def leading_dim(self, which: str) -> int | None:
+        """The operand's non-unit stride (row-major: the row stride; column-major: the column stride); None when
+        neither dimension has a unit stride."""
+        stride, layout = (self.stride_a, self.layout_a) if which == "a" else (self.stride_b, self.layout_b)
+        return stride[0] if layout == "row" else stride[1] if layout == "col" else None
+
     def leading_dim_aligned(self, which: str, bytes_: int = 16) -> bool:
         """True when the non-unit stride of the operand keeps every row/column start `bytes_`-aligned."""
-        stride, layout = (self.stride_a, self.layout_a) if which == "a" else (self.stride_b, self.layout_b)
-        lead = stride[0] if layout == "row" else stride[1] if layout == "col" else None
+        lead = self.leading_dim(which)
         if lead is None:
             return False
         return (lead * self.elem_bytes) % bytes_ == 0

@@ -105,7 +105,7 @@ class PaddedTmaFamily(TritonFamily):
     def specs(self, problem, choice):
         cfg = choice.config
         inner = inner_problem(problem)
-        lead_a, lead_b = _leading(inner)
+        lead_a, lead_b = inner.leading_dim("a"), inner.leading_dim("b")
         args = [ptr("a_ptr", problem.dtype), ptr("b_ptr", problem.dtype), ptr("c_ptr", problem.out_dtype),
                 int_arg(problem, "M", inner.m, "m"), int_arg(problem, "N", inner.n, "n"),
                 int_arg(problem, "K", inner.k, "k"), int_arg(problem, "stride_a", lead_a, "k"),
@@ -120,7 +120,7 @@ class PaddedTmaFamily(TritonFamily):
     def launcher(self, problem, choice, specs, handles):
         m, n = problem.m, problem.n
         inner = inner_problem(problem)
-        lead_a, lead_b = _leading(inner)
+        lead_a, lead_b = inner.leading_dim("a"), inner.leading_dim("b")
         device = handles[0].device
         pad_grid, pad_args, buffers = pad_launch(problem, device)
         grids = [pad_grid, (persistent_programs(inner, choice.config, device), 1, 1)]
@@ -131,12 +131,6 @@ class PaddedTmaFamily(TritonFamily):
 
         return kernel_sequence(handles, grids, args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
                                ldc_multiple(specs[1]), buffers)
-
-
-def _leading(inner: GemmProblem) -> tuple[int, int]:
-    """The padded buffers' leading dimensions as the TMA kernel takes them: A row-major (Kp), B row-major (Np) or,
-    for int8, K-major (Kp)."""
-    return inner.stride_a[0], inner.stride_b[0] if inner.layout_b == "row" else inner.stride_b[1]
 
 
 def pad_spec(problem: GemmProblem):

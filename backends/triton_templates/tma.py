@@ -50,8 +50,7 @@ class TmaFamily(TritonFamily):
 
     def specs(self, problem, choice):
         cfg = choice.config
-        lead_a = problem.stride_a[0] if problem.layout_a == "row" else problem.stride_a[1]
-        lead_b = problem.stride_b[0] if problem.layout_b == "row" else problem.stride_b[1]
+        lead_a, lead_b = problem.leading_dim("a"), problem.leading_dim("b")
         args = [ptr("a_ptr", problem.dtype), ptr("b_ptr", problem.dtype), ptr("c_ptr", problem.out_dtype),
                 int_arg(problem, "M", problem.m, "m"), int_arg(problem, "N", problem.n, "n"),
                 int_arg(problem, "K", problem.k, "k"), int_arg(problem, "stride_a", lead_a),
@@ -65,8 +64,7 @@ class TmaFamily(TritonFamily):
     def launcher(self, problem, choice, specs, handles):
         cfg = choice.config
         m, n, k = problem.m, problem.n, problem.k
-        lead_a = problem.stride_a[0] if problem.layout_a == "row" else problem.stride_a[1]
-        lead_b = problem.stride_b[0] if problem.layout_b == "row" else problem.stride_b[1]
+        lead_a, lead_b = problem.leading_dim("a"), problem.leading_dim("b")
         device = handles[0].device
         programs = persistent_programs(problem, cfg, device)
 
