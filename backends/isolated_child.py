@@ -125,8 +125,8 @@ def main() -> int:
     from kernels.choice import Choice
     from kernels.config import config
     from kernels.problem import GemmProblem
-    from kernels.timing import measure, rotation_sets, user_call
-    from kernels.verify import make_inputs, reference, verify_launch
+    from kernels.timing import measure, user_call
+    from kernels.verify import make_inputs, reference, timing_sets, verify_launch
 
     request = json.loads(sys.stdin.read())
     config.cache_dir = request["cache_dir"]
@@ -145,8 +145,8 @@ def main() -> int:
 
     a, b = make_inputs(problem, device, seed=request["seed"])
     ref = reference(problem, a, b)
-    n_sets = rotation_sets((problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes, device)
-    sets = [(a, b)] + [make_inputs(problem, device, seed=request["seed"] + s) for s in range(1, n_sets)]
+    sets = timing_sets(problem, device, (a, b), seed=request["seed"] + 1)
+    n_sets = len(sets)
 
     for outcome in outcomes:
         name = outcome.choice.name

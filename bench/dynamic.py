@@ -243,11 +243,11 @@ class Bench:
 
     def measure(self, calls: dict, problem) -> dict[str, float | str]:
         """Time the callables fn(a, b) together over rotated input sets of this problem (kernels.timing)."""
-        from kernels.timing import measure_together, rotation_sets
-        from kernels.verify import make_inputs
+        from kernels.timing import measure_together
+        from kernels.verify import make_inputs, timing_sets
 
-        n_sets = rotation_sets((problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes, self.device)
-        sets = [make_inputs(problem, self.device, seed=100 + s) for s in range(n_sets)]
+        sets = timing_sets(problem, self.device, make_inputs(problem, self.device, seed=100), seed=101)
+        n_sets = len(sets)
         wrapped = {name: (lambda fn: (lambda i: fn(*sets[i])))(fn) for name, fn in calls.items()}
         res = measure_together(wrapped, n_sets, self.device, self.args.measure_ms * len(calls))
         return {name: t.median_ms for name, t in res.items()}

@@ -45,8 +45,8 @@ def _side_by_side(problem, fast_runner, best_choice) -> dict:
     the way tuning re-times its finalists: the ratio without another run's clocks and host in it."""
     from backends import get_backend
     from kernels.config import config
-    from kernels.timing import measure_together, rotation_sets, user_call
-    from kernels.verify import make_inputs, reference, verify_launch
+    from kernels.timing import measure_together, user_call
+    from kernels.verify import make_inputs, reference, timing_sets, verify_launch
 
     if best_choice.name == fast_runner.choice.name:
         return {"fast_ms": None, "best_ms": None, "ratio": 1.0, "note": "same choice"}
@@ -60,8 +60,8 @@ def _side_by_side(problem, fast_runner, best_choice) -> dict:
     why = verify_launch(outcome.runner.launch, problem, a, b, reference(problem, a, b))
     if why is not None:
         return {"error": f"dataset best failed verification: {why}"}
-    n_sets = rotation_sets((problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes, device)
-    sets = [(a, b)] + [make_inputs(problem, device, seed=s) for s in range(2, n_sets + 1)]
+    sets = timing_sets(problem, device, (a, b), seed=2)
+    n_sets = len(sets)
     timed = measure_together({"fast": user_call(fast_runner.launch, sets),
                               "best": user_call(outcome.runner.launch, sets)}, n_sets, device,
                              2 * config.bench_budget_ms)

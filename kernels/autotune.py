@@ -21,8 +21,8 @@ from kernels.errors import NoCandidateError
 from kernels.problem import GemmProblem
 from kernels.selection import Selection
 from kernels.templates_info import template_tree_hash
-from kernels.timing import device_time_ms, measure, measure_together, rotation_sets, user_call
-from kernels.verify import make_inputs, reference, verify_launch
+from kernels.timing import device_time_ms, measure, measure_together, user_call
+from kernels.verify import make_inputs, reference, timing_sets, verify_launch
 from kernels.version import __version__
 
 if TYPE_CHECKING:
@@ -110,9 +110,8 @@ def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, di
     del ref
 
     if verified or isolated_ok:
-        bytes_per_set = (problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes
-        n_sets = rotation_sets(bytes_per_set, device)
-        sets = [(a, b)] + [make_inputs(problem, device, seed=s) for s in range(1, n_sets)]
+        sets = timing_sets(problem, device, (a, b), seed=1)
+        n_sets = len(sets)
         best = float("inf")
         for cname, runner in list(verified.items()):
             try:

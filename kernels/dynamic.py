@@ -44,8 +44,8 @@ from kernels.perf_model import gpu_spec
 from kernels.problem import GemmProblem
 from kernels.selection import Selection
 from kernels.templates_info import TEMPLATE_OPS
-from kernels.timing import measure_together, rotation_sets, user_call
-from kernels.verify import make_inputs, reference, verify_launch
+from kernels.timing import measure_together, user_call
+from kernels.verify import make_inputs, reference, timing_sets, verify_launch
 
 STORE_SCHEMA = 1
 
@@ -559,8 +559,8 @@ def benchmark_choices(problem: GemmProblem, choices: list[Choice]) -> dict[str, 
             del launches[name]
     del ref
     if launches:
-        n_sets = rotation_sets((problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes, device)
-        sets = [(a, b)] + [make_inputs(problem, device, seed=s) for s in range(1, n_sets)]
+        sets = timing_sets(problem, device, (a, b), seed=1)
+        n_sets = len(sets)
         timed = measure_together({n: user_call(fn, sets) for n, fn in launches.items()}, n_sets, device,
                                  config.dynamic_bench_ms * len(launches))
         counters.bump("benchmarks", len(timed))

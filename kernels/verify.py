@@ -47,6 +47,16 @@ def make_inputs(problem: GemmProblem, device: str, seed: int = 0) -> tuple[torch
     return a, b
 
 
+def timing_sets(problem: GemmProblem, device: str, first: tuple[torch.Tensor, torch.Tensor],
+                seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The input sets a timing loop rotates through (kernels.timing.rotation_sets of them, so small problems are not
+    timed out of a warm L2): `first`, then fresh ones from seeds seed, seed + 1, ..."""
+    from kernels.timing import rotation_sets
+
+    n_sets = rotation_sets((problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes, device)
+    return [first] + [make_inputs(problem, device, seed=seed + s) for s in range(n_sets - 1)]
+
+
 def reference(problem: GemmProblem, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """float64 product (exact for int8 at any K we allow: |sum| < 2**53)."""
     return torch.mm(a.to(torch.float64), b.to(torch.float64))
