@@ -99,7 +99,8 @@ class LearnedModel:
         return choice.backend != "aten" and choice.template in self.templates
 
     def unseen(self, choices: Sequence[Choice]) -> int:
-        return sum(1 for c in choices if c.backend != "aten" and c.template not in self.templates)
+        """How many of the choices (aten aside) are of templates this model was not trained on."""
+        return sum(1 for c in choices if c.backend != "aten" and not self.knows(c))
 
     def vector(self, problem: GemmProblem, choice: Choice) -> list[float] | None:
         base = features(problem, choice)

@@ -327,12 +327,13 @@ def top_k(model: PerfModel, problem: GemmProblem, choices: Sequence[Choice], k: 
     if (ensemble or ENSEMBLE_PICKS) == "optimistic" and hasattr(model, "predict_members"):
         scores = optimistic(model.predict_members(problem, choices))
     knows = getattr(model, "knows", lambda choice: True)
-    known = [s if knows(c) else None for s, c in zip(scores, choices)]
+    trained = [knows(c) for c in choices]
+    known = [s if t else None for s, t in zip(scores, trained)]
     analytic = AnalyticModel().predict(problem, choices)
     if all(s is None for s in known):
         return top_k(AnalyticModel(), problem, choices, k, pred=analytic)
     learned = _fastest_first(known)
-    unseen_ms = [t if c.backend != "aten" and not knows(c) else None for t, c in zip(analytic, choices)]
+    unseen_ms = [ms if c.backend != "aten" and not t else None for ms, c, t in zip(analytic, choices, trained)]
     unseen = [i for i in _fastest_first(unseen_ms) if unseen_ms[i] is not None][:1]
     if not (unseen and analytic[learned[0]] is not None and unseen_ms[unseen[0]] <= HEDGE_RATIO * analytic[learned[0]]):
         unseen = []
@@ -340,7 +341,7 @@ def top_k(model: PerfModel, problem: GemmProblem, choices: Sequence[Choice], k: 
     places = max(1, k - n_analytic - len(unseen))
     picked = _merge(family_heads(choices, known, HEDGE_FAMILIES, HEDGE_RATIO), learned, places) + unseen
     # the analytic share goes to trained templates too: the unseen ones have had their one place
-    analytic_known = [t if knows(c) else None for t, c in zip(analytic, choices)]
+    analytic_known = [ms if t else None for ms, t in zip(analytic, trained)]
     fill = ([i for i in _fastest_first(analytic_known) if analytic_known[i] is not None] if analytic_share > 0 else [])
     return _merge(picked, fill + learned + ranked, k)
 
