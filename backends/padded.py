@@ -54,8 +54,8 @@ def inner_triton_configs(inner: GemmProblem, template: str, space: str) -> list:
     """The few aligned Triton configs tried behind padding (here and in the Triton padded family): fills_first, then
     on Hopper the persistent list's largest tiles where they fill a wave (hopper_wave_tiles)."""
     configs = fills_first(inner, candidate_configs(inner, template, space))
-    persistent = [c for c in config_list("persistent_mm_configs") if supports(inner, template, c)[0]]
-    return configs + hopper_wave_tiles(inner, persistent, configs)
+    wave = hopper_wave_tiles(inner, config_list("persistent_mm_configs"), configs)
+    return configs + [c for c in wave if supports(inner, template, c)[0]]
 
 
 def fills_first(inner: GemmProblem, configs: list) -> list:
