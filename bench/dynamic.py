@@ -260,8 +260,11 @@ class Bench:
         secs, _ = self.timed_first_call(lambda: self.kernels.mm(a, b, dynamic=self.dyn["similarity"]))
         problem = GemmProblem.from_tensors("mm", a, b)
         fam = dyn_mod.family_for(dyn_mod.substitute(problem, {}, ("m",)), dyn_mod.resolve(self.dyn["similarity"]))
+        # the tune's fastest few too: whether a hint's winner won clearly or by a hair explains how it serves others
         return {str(hw.sizes["m"]): {"winner": hw.choice.name, "tune_s": hw.selection.tune_seconds,
-                                     "source": hw.selection.source} for hw in fam.winners}, secs
+                                     "source": hw.selection.source,
+                                     "fastest_us": {name: round(t * 1e3, 2) for name, t in hw.selection.ranked()[:5]}}
+                for hw in fam.winners}, secs
 
     def hint_table(self, k, n, winners: dict) -> dict:
         """Before: kernels.mm(dynamic=Dynamic('m', hints=(H,))) - one hint's winner serves every M, through the same
@@ -313,7 +316,7 @@ class Bench:
             d = self.kernels.explain(a, b, dynamic=self.dyn[mode]).decision
             row.update({f"{mode}_first_call_s": secs, f"{mode}_compiles": delta["compiles"],
                         f"{mode}_hint": d.hint, f"{mode}_winner": d.winner, f"{mode}_source": d.source,
-                        f"{mode}_bucket": d.bucket, f"{mode}_bucket_s": d.seconds})
+                        f"{mode}_bucket": d.bucket, f"{mode}_bucket_s": d.seconds, f"{mode}_notes": d.notes})
             if mode == "benchmark" and d.timings:      # what the bucket decision saw: diagnoses a bad bucket
                 row.update(benchmark_measured_at=d.measured_at, benchmark_also_measured=d.also_measured,
                            benchmark_timings_us={n: round(t * 1e3, 2) if isinstance(t, float) else t

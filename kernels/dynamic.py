@@ -24,11 +24,10 @@ import hashlib
 import itertools
 import json
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
 
 from backends import get_backend
 from kernels import counters
@@ -349,9 +348,41 @@ class Family:
             best = aten[0]
             order = [best] + [i for i in order if i != best]
         ranking = list(dict.fromkeys(usable[i].choice.name for i in order))
-        dec = Decision("similarity", _shape(runtime), self.dims, usable[best].choice.name, usable[best].label,
+        served = next(e for e in entries if e.rank == 1 and e.hint is usable[best])
+        if served.choice.backend == "aten" and not outside_hints(sizes, [hw.sizes for hw in usable]):
+            tile, why = self.tile_for_aten(runtime, served, entries)
+            if tile is not None:
+                notes.append(why)
+                served = tile
+                ranking = [tile.choice.name, *ranking]
+        dec = Decision("similarity", _shape(runtime), self.dims, served.choice.name, served.label,
                        "similarity", distances={hw.label: d for hw, d in zip(usable, dists)}, notes=notes)
         return dec, ranking
+
+    @staticmethod
+    def tile_for_aten(runtime: GemmProblem, aten: PoolEntry, entries: list[PoolEntry]) -> tuple[PoolEntry | None, str]:
+        """(the tile to serve instead of a hint's aten winner away from its hint, and why) or (None, '').
+        cuBLAS picks its kernel per shape, so aten's time at its hint does not carry to other sizes (H100, K=11008,
+        N=4096: aten won the M=256 hint by a few percent, then ran M=229 at 1.21x and M=199 at 1.12x a per-M tune,
+        where that hint's 64x128 runner-up ran 1.00x); a tile's time follows its work and rounds. So the hint's
+        fastest runner-up tile serves when it tied aten at the hint (ATEN_TILE_TOLERANCE) and here takes no more
+        rounds over the SMs than at the hint, nor runs its last round part-empty."""
+        hw = aten.hint
+        if all(getattr(runtime, d) == v for d, v in hw.sizes.items()):
+            return None, ""
+        aten_ms = hw.selection.timings.get(aten.choice.name)
+        for e in sorted((e for e in entries if e.hint is hw and e.rank > 1 and isinstance(e.choice.config, GemmConfig)),
+                        key=lambda e: e.rank):
+            ms = hw.selection.timings.get(e.choice.name)
+            if not (isinstance(ms, float) and isinstance(aten_ms, float) and ms <= aten_ms * (1 + ATEN_TILE_TOLERANCE)):
+                continue
+            if _grid_growth(e.choice, runtime, hw.problem) or \
+                    _round_inflation(e.choice, runtime, hw.problem) > 1 + ROUND_INFLATION_SLACK:
+                continue
+            return e, (f"hint {hw.label}'s winner is aten, whose kernel cuBLAS picks per shape: served by its "
+                       f"runner-up {e.choice.name} ({ms * 1e3:.1f} vs {aten_ms * 1e3:.1f} us at the hint), a tile "
+                       f"that takes no more rounds over the SMs here")
+        return None, ""
 
     def benchmark(self, runtime: GemmProblem, entries: list[PoolEntry]) -> tuple[Decision, list[str]]:
         bid = bucket_id(self.rule, {d: getattr(runtime, d) for d in self.dims})
@@ -431,6 +462,12 @@ def _grid_growth(choice: Choice, runtime: GemmProblem, hint: GemmProblem) -> lis
 
 
 ROUND_INFLATION_SLACK = 0.10
+# similarity mode: how much slower than a hint's aten winner its runner-up tile may have been at the hint and still
+# serve other sizes in aten's place (Family.tile_for_aten)
+ATEN_TILE_TOLERANCE = 0.05
+# benchmark mode: a bucket winner gives way where its time predicted from the bucket's own timings (measured, at the
+# timed sizes) exceeds the best by more than this (inflation_guard)
+BUCKET_GUARD_SLACK = 0.05
 
 
 def _compute_bound(p: GemmProblem) -> bool:
@@ -480,17 +517,24 @@ def _rounds(choice: Choice, p: GemmProblem) -> int | None:
 def predicted_ms(choice: Choice, runtime: GemmProblem, probes: list[tuple[GemmProblem, dict]]) -> float | None:
     """The choice's time at a compute-bound runtime shape from a bucket's timings at its probe sizes: a tile's time
     follows its rounds over the SMs, so it is read off the probe with the nearest round count (then the nearest
-    size) and scaled by rounds; aten's (cuBLAS picks its kernel per call) off the nearest size, scaled by work.
-    None when the choice was not timed at a compute-bound probe."""
+    size) and scaled by rounds; aten's (cuBLAS picks its kernel per call) is the median over the probes, scaled by
+    work. A probe at the runtime shape itself gives its measured time. None when the choice was not timed at a
+    compute-bound probe."""
     timed = [(p, t[choice.name]) for p, t in probes if isinstance(t.get(choice.name), float) and _compute_bound(p)]
     if not timed:
         return None
+    here = [ms for p, ms in timed if _shape(p) == _shape(runtime)]
+    if here:                    # timed at this very shape: the measurement, not a prediction
+        return here[0]
     rounds = _rounds(choice, runtime)
+    if rounds is None:
+        # cuBLAS picks its kernel per shape, so one timed size's odd pick (an odd M's edge probe, say) must not set
+        # the prediction: the median over the timed sizes, scaled by work
+        return statistics.median(ms * _volume(runtime) / _volume(p) for p, ms in timed)
 
     def distance(item):
         p = item[0]
-        size = abs(math.log(_volume(p) / _volume(runtime)))
-        return (abs(_rounds(choice, p) - rounds), size) if rounds is not None else (0, size)
+        return abs(_rounds(choice, p) - rounds), abs(math.log(_volume(p) / _volume(runtime)))
 
     p, ms = min(timed, key=distance)
     return ms * _volume(runtime) / _volume(p) * _round_inflation(choice, runtime, p)
@@ -502,17 +546,22 @@ def inflation_guard(winner: str, runtime: GemmProblem, probes: list[tuple[GemmPr
     them a compute-bound tile's time steps with its rounds over the SMs (H100, K=4096, N=12288: the 128x256 TMA tile
     won the (512, 1024] bucket timed at M=513 and 1024, 2 and 3 rounds, then ran M=720 at 1.34x and M=831 at 1.23x
     a per-M tune: 3 rounds like M=1024 for 70-80% of its work). Every choice gets a predicted time here
-    (predicted_ms); when the winner's exceeds the best by more than ROUND_INFLATION_SLACK, the pick among the
-    predictions serves instead. Memory-bound shapes keep the bucket's winner (rounds do not set their time)."""
+    (predicted_ms); when the winner's exceeds the best by more than BUCKET_GUARD_SLACK, the pick among the
+    predictions serves instead. The bucket's winner is ranked by its worst ratio over the timed sizes, so at the
+    timed sizes themselves this hands each its measured best. Memory-bound shapes keep the bucket's winner (rounds
+    do not set their time)."""
     if not _compute_bound(runtime):
         return winner, ""
     predicted = {n: t for n, c in choices.items() if (t := predicted_ms(c, runtime, probes)) is not None}
-    if winner not in predicted or predicted[winner] <= min(predicted.values()) * (1 + ROUND_INFLATION_SLACK):
+    if winner not in predicted or predicted[winner] <= min(predicted.values()) * (1 + BUCKET_GUARD_SLACK):
         return winner, ""
     instead = pick(predicted, choices, hint_winners)
+    ratio = predicted[winner] / predicted[instead]
+    if any(_shape(p) == _shape(runtime) for p, _ in probes):
+        return instead, (f"{winner} won the bucket on its worst ratio over the timed sizes but ran {ratio:.2f}x "
+                         f"{instead} at this very shape: served by {instead}")
     return instead, (f"{winner} would run its last round over the SMs part-empty here (predicted "
-                     f"{predicted[winner] / predicted[instead]:.2f}x {instead} from the bucket's timings): "
-                     f"served by {instead}")
+                     f"{ratio:.2f}x {instead} from the bucket's timings): served by {instead}")
 
 
 def _ms(t) -> float:
@@ -604,7 +653,7 @@ def launcher_for(problem: GemmProblem, dyn: Dynamic):
             return launch
         fam = family_for(runtime, dyn)
         fam.ensure_winners(lambda hp: _select(api, hp))
-        entries, notes = fam.pool(runtime, config.dynamic_pool if dyn.mode == "benchmark" else 1)
+        entries, notes = fam.pool(runtime, config.dynamic_pool)   # similarity: runners-up for tile_for_aten
         if not any(e.rank == 1 for e in entries):   # no hint winner can run this shape: tune it on its own
             launch = api._launcher_for(runtime)             # (still dynamic: no new spec)
             sel = api._selections[runtime]

@@ -405,3 +405,61 @@ def test_memory_bound_buckets_do_not_hand_ties_to_aten(monkeypatch, tmp_path):
     dec, _ = fam.benchmark(runtime, fam.pool(runtime, 1)[0])
     assert not dyn_mod._compute_bound(runtime) and dec.winner == split.name
     assert dyn_mod.pick(dec.worst_ratio, {aten.name: aten, split.name: split}) == aten.name   # the 5% rule
+
+
+def test_similarity_serves_an_aten_winners_tied_tile_away_from_its_hint():
+    """cuBLAS picks its kernel per shape: aten won the M=256 hint, then ran M=229 at 1.21x a per-M tune where the
+    hint's runner-up 64x128 tile ran 1.00x (H100, K=11008, N=4096). Away from its hint, inside the hints, an aten
+    winner gives way to its hint's runner-up tile when that tied it at the hint and takes no more rounds here; at the
+    hint itself, past the tile's step (M=265: 5x32 programs, 2 rounds), with a tile that lost by more than the
+    tolerance, and outside the hints, aten keeps serving."""
+    from kernels.choice import Choice
+    from kernels.dynamic import ATEN_TILE_TOLERANCE, substitute
+    from kernels.heuristics import GemmConfig
+
+    aten = Choice("aten", "aten_mm", "bf16")
+    small = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64, 128, 5, 4))
+    tile = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 128, 128, 4, 4))
+    fam, base = _family({16: small, 128: small, 256: aten}, runners_up=[(256, tile)])   # tile: 0.11 vs aten 0.10
+    hint256 = next(hw for hw in fam.winners if hw.sizes == {"m": 256})
+
+    def serve(m):
+        runtime = substitute(base, {"m": m}, ("m",))
+        dec, ranking = fam.similarity(runtime, fam.pool(runtime, 3)[0])
+        assert ranking[0] == dec.winner
+        return dec
+
+    assert hint256.selection.timings[tile.name] > hint256.selection.timings[aten.name] * (1 + ATEN_TILE_TOLERANCE)
+    assert serve(229).winner == aten.name                        # lost by 10% at the hint: aten serves
+    hint256.selection.timings[tile.name] = 0.104
+    dec = serve(229)
+    assert dec.winner == tile.name and dec.hint == "m=256 #2" and "cuBLAS picks per shape" in dec.notes[0]
+    assert serve(256).winner == aten.name                        # at its own hint aten's time is the measured one
+    assert serve(265).winner == aten.name                        # the tile would take a second round here
+    assert serve(600).winner == aten.name                        # outside the hints (256 * 2 < 600)
+
+
+def test_benchmark_guard_takes_the_measurement_at_a_timed_shape_and_aten_from_the_median():
+    """At a shape the bucket was timed at, the guard compares measured times: a bucket winner chosen on its worst
+    ratio over the bucket's edges gives way where another choice ran more than 5% faster right there. Elsewhere
+    aten's prediction is the median over the timed sizes (cuBLAS's pick at one odd size must not set it)."""
+    from kernels.choice import Choice
+    from kernels.dynamic import inflation_guard, predicted_ms, substitute
+    from kernels.heuristics import GemmConfig
+    from tests.test_heuristics import problem
+
+    aten = Choice("aten", "aten_mm", "bf16")
+    tma = Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8))
+    choices = {aten.name: aten, tma.name: tma}
+    base = problem(m=5334, n=4096, k=11008)
+    at = {m: substitute(base, {"m": m}, ("m",)) for m in (4097, 5334, 8192)}
+    probes = [(at[5334], {aten.name: 0.696, tma.name: 0.788}),
+              (at[4097], {aten.name: 0.640, tma.name: 0.530}),        # an odd edge where cuBLAS picks badly
+              (at[8192], {aten.name: 1.070, tma.name: 1.056})]
+    winner, note = inflation_guard(tma.name, at[5334], probes, choices, frozenset({tma.name}))
+    assert winner == aten.name and "at this very shape" in note
+    assert predicted_ms(aten, at[5334], probes) == 0.696
+    at_4623 = substitute(base, {"m": 4623}, ("m",))
+    per_work = sorted(ms * 4623 / m for m, ms in ((5334, 0.696), (4097, 0.640), (8192, 1.070)))
+    assert abs(predicted_ms(aten, at_4623, probes) - per_work[1]) < 1e-12
+    assert inflation_guard(tma.name, at[8192], probes, choices, frozenset())[0] == tma.name    # within 5% there
