@@ -24,7 +24,6 @@ import hashlib
 import itertools
 import json
 import math
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ from backends import get_backend
 from kernels import counters
 from kernels.choice import Choice
 from kernels.config import config
-from kernels.dynamic_rules import (BucketRule, bucket_id, hints_for, nearest, outside_hints, parse_buckets,
+from kernels.dynamic_rules import (HINT_MARGIN, BucketRule, bucket_id, hints_for, nearest, outside_hints, parse_buckets,
                                    probe_sizes, round_inflation, worst_ratio,
                                    parse_dims, parse_hints, parse_mode, waves)
 from kernels.errors import InputTypeError, InputValueError, KernelsError
@@ -342,7 +341,8 @@ class Family:
         # On the H200, (K, N) = (11008, 4096): M = 1..31 served by the M=64 hint's 64-row Triton tile ran up to
         # 2.4x a per-M tune, served by the aten winner of M=4096 at most 1.12x.
         aten = [i for i in order if usable[i].choice.backend == "aten"]
-        if aten and usable[best].choice.backend != "aten" and outside_hints(sizes, [hw.sizes for hw in usable]):
+        if aten and usable[best].choice.backend != "aten" and outside_hints(sizes, [hw.sizes for hw in usable]) \
+                and not _smallest_tile_below(usable[best], sizes, [hw.sizes for hw in usable]):
             notes.append(f"outside the hints: served by hint {usable[aten[0]].label}'s aten winner instead of the "
                          f"nearest hint {usable[best].label}'s {usable[best].choice.name} (cuBLAS picks per call)")
             best = aten[0]
@@ -366,9 +366,12 @@ class Family:
         N=4096: aten won the M=256 hint by a few percent, then ran M=229 at 1.21x and M=199 at 1.12x a per-M tune,
         where that hint's 64x128 runner-up ran 1.00x); a tile's time follows its work and rounds. So the hint's
         fastest runner-up tile serves when it tied aten at the hint (ATEN_TILE_TOLERANCE) and here takes no more
-        rounds over the SMs than at the hint, nor runs its last round part-empty."""
+        rounds over the SMs than at the hint. Memory-bound shapes only: on compute-bound ones cuBLAS held its time
+        and the tile did not (H100, K=4096, N=12288: the M=4096 hint's TMA runner-up, 1% faster than aten there,
+        ran M=3473 at 1.15x and M=959 (hint 1024) at 1.10x a per-M tune, where aten ran 1.00-1.02x)."""
         hw = aten.hint
-        if all(getattr(runtime, d) == v for d, v in hw.sizes.items()):
+        if all(getattr(runtime, d) == v for d, v in hw.sizes.items()) or _compute_bound(runtime) \
+                or _compute_bound(hw.problem):
             return None, ""
         aten_ms = hw.selection.timings.get(aten.choice.name)
         for e in sorted((e for e in entries if e.hint is hw and e.rank > 1 and isinstance(e.choice.config, GemmConfig)),
@@ -448,6 +451,27 @@ class Family:
         return decided(entry, "benchmarked")
 
 
+# the smallest block any template takes along M or N (tl.dot's minimum)
+MIN_BLOCK = 16
+
+
+def _smallest_tile_below(hw: HintWinner, sizes: dict[str, int], hint_points: list[dict[str, int]]) -> bool:
+    """True when the runtime shape lies outside the hints only below the smallest hint of m or n, and the hint
+    winner's tile is already the smallest along those dims: a per-M tune there picks among tiles no smaller, so the
+    winner is not extrapolated (H100, both sweeps' (K, N): M = 1..7 served by the M=16 hint's 16-row tile ran
+    0.99-1.02x a per-M tune, by an aten winner up to 1.14x)."""
+    cfg = hw.choice.config
+    if not isinstance(cfg, GemmConfig):
+        return False
+    for dim, size in sizes.items():
+        values = [p[dim] for p in hint_points if dim in p]
+        if not values or min(values) / HINT_MARGIN <= size <= max(values) * HINT_MARGIN:
+            continue                                # inside this dim's hints (outside_hints' margin)
+        if size > max(values) or dim == "k" or getattr(cfg, f"block_{dim}") > MIN_BLOCK:
+            return False
+    return True
+
+
 def _grid_growth(choice: Choice, runtime: GemmProblem, hint: GemmProblem) -> list[str]:
     """The dynamic dims (m, n) past which this choice's grid takes more rounds over the SMs at the runtime shape
     than at the hint shape it was tuned on; [] for choices without a tile (aten) or that are not past a step."""
@@ -517,9 +541,10 @@ def _rounds(choice: Choice, p: GemmProblem) -> int | None:
 def predicted_ms(choice: Choice, runtime: GemmProblem, probes: list[tuple[GemmProblem, dict]]) -> float | None:
     """The choice's time at a compute-bound runtime shape from a bucket's timings at its probe sizes: a tile's time
     follows its rounds over the SMs, so it is read off the probe with the nearest round count (then the nearest
-    size) and scaled by rounds; aten's (cuBLAS picks its kernel per call) is the median over the probes, scaled by
-    work. A probe at the runtime shape itself gives its measured time. None when the choice was not timed at a
-    compute-bound probe."""
+    size) and scaled by rounds; aten's (cuBLAS picks its kernel per call) off the nearest size, scaled by work (H100:
+    the median over the probes, scaled by work, over-predicted aten near the ridge, where time follows bytes more
+    than work, and handed M=469 at K=11008, N=4096 to a tile that ran 1.39x). A probe at the runtime shape itself
+    gives its measured time. None when the choice was not timed at a compute-bound probe."""
     timed = [(p, t[choice.name]) for p, t in probes if isinstance(t.get(choice.name), float) and _compute_bound(p)]
     if not timed:
         return None
@@ -527,14 +552,11 @@ def predicted_ms(choice: Choice, runtime: GemmProblem, probes: list[tuple[GemmPr
     if here:                    # timed at this very shape: the measurement, not a prediction
         return here[0]
     rounds = _rounds(choice, runtime)
-    if rounds is None:
-        # cuBLAS picks its kernel per shape, so one timed size's odd pick (an odd M's edge probe, say) must not set
-        # the prediction: the median over the timed sizes, scaled by work
-        return statistics.median(ms * _volume(runtime) / _volume(p) for p, ms in timed)
 
     def distance(item):
         p = item[0]
-        return abs(_rounds(choice, p) - rounds), abs(math.log(_volume(p) / _volume(runtime)))
+        size = abs(math.log(_volume(p) / _volume(runtime)))
+        return (abs(_rounds(choice, p) - rounds), size) if rounds is not None else (0, size)
 
     p, ms = min(timed, key=distance)
     return ms * _volume(runtime) / _volume(p) * _round_inflation(choice, runtime, p)
@@ -560,8 +582,10 @@ def inflation_guard(winner: str, runtime: GemmProblem, probes: list[tuple[GemmPr
     if any(_shape(p) == _shape(runtime) for p, _ in probes):
         return instead, (f"{winner} won the bucket on its worst ratio over the timed sizes but ran {ratio:.2f}x "
                          f"{instead} at this very shape: served by {instead}")
-    return instead, (f"{winner} would run its last round over the SMs part-empty here (predicted "
-                     f"{ratio:.2f}x {instead} from the bucket's timings): served by {instead}")
+    why = "would run its last round over the SMs part-empty here" if _rounds(choices[winner], runtime) is not None \
+        else "is predicted slower here"
+    return instead, (f"{winner} {why} (predicted {ratio:.2f}x {instead} from the bucket's timings): "
+                     f"served by {instead}")
 
 
 def _ms(t) -> float:

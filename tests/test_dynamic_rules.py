@@ -409,19 +409,20 @@ def test_memory_bound_buckets_do_not_hand_ties_to_aten(monkeypatch, tmp_path):
 
 def test_similarity_serves_an_aten_winners_tied_tile_away_from_its_hint():
     """cuBLAS picks its kernel per shape: aten won the M=256 hint, then ran M=229 at 1.21x a per-M tune where the
-    hint's runner-up 64x128 tile ran 1.00x (H100, K=11008, N=4096). Away from its hint, inside the hints, an aten
-    winner gives way to its hint's runner-up tile when that tied it at the hint and takes no more rounds here; at the
-    hint itself, past the tile's step (M=265: 5x32 programs, 2 rounds), with a tile that lost by more than the
-    tolerance, and outside the hints, aten keeps serving."""
+    hint's runner-up 64x128 tile ran 1.00x (H100, K=11008, N=4096). Away from its hint, inside the hints, on a
+    memory-bound shape, an aten winner gives way to its hint's runner-up tile when that tied it at the hint and takes
+    no more rounds here; at the hint itself, past the tile's step, with a tile that lost by more than the tolerance,
+    and outside the hints, aten keeps serving. (The test GPU's ridge puts M <= 229 at this K, N memory-bound.)"""
     from kernels.choice import Choice
-    from kernels.dynamic import ATEN_TILE_TOLERANCE, substitute
+    from kernels.dynamic import ATEN_TILE_TOLERANCE, _compute_bound, substitute
     from kernels.heuristics import GemmConfig
 
     aten = Choice("aten", "aten_mm", "bf16")
-    small = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64, 128, 5, 4))
-    tile = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 128, 128, 4, 4))
-    fam, base = _family({16: small, 128: small, 256: aten}, runners_up=[(256, tile)])   # tile: 0.11 vs aten 0.10
-    hint256 = next(hw for hw in fam.winners if hw.sizes == {"m": 256})
+    small = Choice("triton", "triton_mm", "bf16", GemmConfig(16, 64, 128, 5, 4))
+    tile = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64, 128, 4, 4))
+    fam, base = _family({16: small, 64: small, 128: aten}, runners_up=[(128, tile)])   # tile: 0.11 vs aten 0.10
+    hint = next(hw for hw in fam.winners if hw.sizes == {"m": 128})
+    assert not _compute_bound(hint.problem)
 
     def serve(m):
         runtime = substitute(base, {"m": m}, ("m",))
@@ -429,20 +430,20 @@ def test_similarity_serves_an_aten_winners_tied_tile_away_from_its_hint():
         assert ranking[0] == dec.winner
         return dec
 
-    assert hint256.selection.timings[tile.name] > hint256.selection.timings[aten.name] * (1 + ATEN_TILE_TOLERANCE)
-    assert serve(229).winner == aten.name                        # lost by 10% at the hint: aten serves
-    hint256.selection.timings[tile.name] = 0.104
-    dec = serve(229)
-    assert dec.winner == tile.name and dec.hint == "m=256 #2" and "cuBLAS picks per shape" in dec.notes[0]
-    assert serve(256).winner == aten.name                        # at its own hint aten's time is the measured one
-    assert serve(265).winner == aten.name                        # the tile would take a second round here
-    assert serve(600).winner == aten.name                        # outside the hints (256 * 2 < 600)
+    assert hint.selection.timings[tile.name] > hint.selection.timings[aten.name] * (1 + ATEN_TILE_TOLERANCE)
+    assert serve(100).winner == aten.name                        # lost by 10% at the hint: aten serves
+    hint.selection.timings[tile.name] = 0.104
+    dec = serve(100)
+    assert dec.winner == tile.name and dec.hint == "m=128 #2" and "cuBLAS picks per shape" in dec.notes[0]
+    assert serve(128).winner == aten.name                        # at its own hint aten's time is the measured one
+    assert serve(200).winner == aten.name                        # 4x64 programs: a second round over the SMs
+    assert serve(600).winner == aten.name                        # outside the hints (128 * 2 < 600)
 
 
-def test_benchmark_guard_takes_the_measurement_at_a_timed_shape_and_aten_from_the_median():
+def test_benchmark_guard_takes_the_measurement_at_a_timed_shape():
     """At a shape the bucket was timed at, the guard compares measured times: a bucket winner chosen on its worst
     ratio over the bucket's edges gives way where another choice ran more than 5% faster right there. Elsewhere
-    aten's prediction is the median over the timed sizes (cuBLAS's pick at one odd size must not set it)."""
+    aten's prediction comes from the nearest timed size, scaled by work."""
     from kernels.choice import Choice
     from kernels.dynamic import inflation_guard, predicted_ms, substitute
     from kernels.heuristics import GemmConfig
@@ -460,6 +461,48 @@ def test_benchmark_guard_takes_the_measurement_at_a_timed_shape_and_aten_from_th
     assert winner == aten.name and "at this very shape" in note
     assert predicted_ms(aten, at[5334], probes) == 0.696
     at_4623 = substitute(base, {"m": 4623}, ("m",))
-    per_work = sorted(ms * 4623 / m for m, ms in ((5334, 0.696), (4097, 0.640), (8192, 1.070)))
-    assert abs(predicted_ms(aten, at_4623, probes) - per_work[1]) < 1e-12
+    assert abs(predicted_ms(aten, at_4623, probes) - 0.640 * 4623 / 4097) < 1e-12
     assert inflation_guard(tma.name, at[8192], probes, choices, frozenset())[0] == tma.name    # within 5% there
+
+
+def test_similarity_keeps_a_sixteen_row_tile_below_the_smallest_hint():
+    """Below the smallest hint a 16-row tile is the smallest any template has, so it is not extrapolated: the M=16
+    hint's split-K serves M=1..7 (H100: 0.99-1.02x a per-M tune; aten up to 1.14x). A 64-row tile there still gives
+    way to aten (test_similarity_extrapolates_with_the_aten_winner)."""
+    from kernels.choice import Choice
+    from kernels.dynamic import substitute
+    from kernels.heuristics import GemmConfig
+
+    aten = Choice("aten", "aten_mm", "bf16")
+    split = Choice("triton", "split_k", "bf16", GemmConfig(16, 64, 64, 4, 4), (("split", 4),))
+    fam, base = _family({16: split, 256: aten})
+    for m in (1, 3, 7, 12):
+        runtime = substitute(base, {"m": m}, ("m",))
+        dec, _ = fam.similarity(runtime, fam.pool(runtime, 1)[0])
+        assert dec.winner == split.name and not dec.notes, (m, dec)
+
+
+def test_similarity_keeps_aten_on_compute_bound_shapes():
+    """On compute-bound shapes cuBLAS held its time and a tied tile did not (H100, K=4096, N=12288: the M=4096
+    hint's TMA runner-up ran M=3473 at 1.15x a per-M tune): aten keeps serving there."""
+    from kernels.choice import Choice
+    from kernels.dynamic import substitute
+    from kernels.heuristics import GemmConfig
+    from kernels.dynamic import Dynamic, Family, HintWinner, resolve
+    from kernels.selection import Selection
+    from tests.test_heuristics import problem
+
+    aten = Choice("aten", "aten_mm", "bf16")
+    tma = Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8))
+    base = problem(m=4096, n=12288, k=4096)
+    fam = Family(base, resolve(Dynamic("m", hints=(1024, 4096), mode="similarity")))
+    winners = []
+    for m in (1024, 4096):
+        hp = substitute(base, {"m": m}, ("m",))
+        winners.append(HintWinner({"m": m}, hp, Selection(hp, aten.name, {aten.name: aten, tma.name: tma},
+                                                          {aten.name: 0.6647, tma.name: 0.6581})))
+    fam.winners = winners
+    for m in (3473, 959):
+        runtime = substitute(base, {"m": m}, ("m",))
+        dec, _ = fam.similarity(runtime, fam.pool(runtime, 3)[0])
+        assert dec.winner == aten.name and not dec.notes, (m, dec)
