@@ -506,3 +506,33 @@ def test_similarity_keeps_aten_on_compute_bound_shapes():
         runtime = substitute(base, {"m": m}, ("m",))
         dec, _ = fam.similarity(runtime, fam.pool(runtime, 3)[0])
         assert dec.winner == aten.name and not dec.notes, (m, dec)
+
+
+def test_bucket_benchmark_retimes_only_the_contenders(monkeypatch):
+    """A bucket's benchmark times every pool choice once, then re-times side by side only those within the tuning
+    cutoff of the best: choices several times slower are not interleaved with the contenders."""
+    from kernels import dynamic as dyn_mod
+    from kernels.choice import Choice
+    from kernels.heuristics import GemmConfig
+    from kernels.timing import Timing
+    from tests.test_heuristics import problem
+
+    speed = {"aten_mm": 0.72, "tma": 0.73, "tiny": 4.4}
+    choices = [Choice("aten", "aten_mm", "bf16"),
+               Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8)),
+               Choice("triton", "split_k", "bf16", GemmConfig(16, 64, 64, 4, 4), (("split", 4),))]
+    key = {choices[0].name: "aten_mm", choices[1].name: "tma", choices[2].name: "tiny"}
+    monkeypatch.setattr(dyn_mod, "build_launch", lambda p, c: (key[c.name], None))
+    monkeypatch.setattr(dyn_mod, "make_inputs", lambda *a, **k: (None, None))
+    monkeypatch.setattr(dyn_mod, "reference", lambda *a: None)
+    monkeypatch.setattr(dyn_mod, "verify_launch", lambda *a: None)
+    monkeypatch.setattr(dyn_mod, "timing_sets", lambda *a, **k: [(None, None)])
+    monkeypatch.setattr(dyn_mod, "user_call", lambda launch, sets: launch)
+    timing = lambda ms: Timing(ms, ms, ms, 5, 1)
+    monkeypatch.setattr(dyn_mod, "measure", lambda call, *a, **k: timing(speed[call]))
+    together = []
+    monkeypatch.setattr(dyn_mod, "measure_together", lambda calls, *a: together.append(sorted(calls.values())) or
+                        {n: timing(speed[c] * 1.01) for n, c in calls.items()})
+    got = dyn_mod.benchmark_choices(problem(m=5334, n=4096, k=11008), choices)
+    assert together == [["aten_mm", "tma"]]
+    assert got[choices[2].name] == 4.4 and abs(got[choices[0].name] - 0.72 * 1.01) < 1e-12
