@@ -551,9 +551,9 @@ def inflation_guard(winner: str, runtime: GemmProblem, probes: list[tuple[GemmPr
     won the (512, 1024] bucket timed at M=513 and 1024, 2 and 3 rounds, then ran M=720 at 1.34x and M=831 at 1.23x
     a per-M tune: 3 rounds like M=1024 for 70-80% of its work). Every choice gets a predicted time here
     (predicted_ms); when the winner's exceeds the best by more than ROUND_INFLATION_SLACK (BUCKET_MEASURED_SLACK
-    at a timed size), the pick among the predictions serves instead. The bucket's winner is ranked by its worst ratio over the timed sizes, so at the
-    timed sizes themselves this hands each its measured best. Memory-bound shapes keep the bucket's winner (rounds
-    do not set their time)."""
+    at a timed size), the pick among the predictions serves instead. The bucket's winner is ranked by its worst
+    ratio over the timed sizes, so at the timed sizes themselves this hands each its measured best. Memory-bound
+    shapes keep the bucket's winner (rounds do not set their time)."""
     if not _compute_bound(runtime):
         return winner, ""
     predicted = {n: t for n, c in choices.items() if (t := predicted_ms(c, runtime, probes)) is not None}
