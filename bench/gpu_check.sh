@@ -6,9 +6,9 @@
 #   bash bench/gpu_check.sh templates  tests/test_gpu_templates.py, in two runs (~3 min on the H100)
 #   bash bench/gpu_check.sh dynamic    issue 7's sweeps over 64 M for both (K, N)
 #   bash bench/gpu_check.sh fast       issue 6: KERNELS_PRESET=fast on the held-out problems
-#   bash bench/gpu_check.sh collect    issue 6: more training data (the extra list's problems not yet collected,
-#                                      96 sampled configs each): int8 appended to a copy of the committed CSV, bf16
-#                                      a new one; copy them to data/perf/ and retrain on CPU (`python -m kernels model train`)
+#   bash bench/gpu_check.sh collect    issue 6: the extra list's problems at 96 sampled configs (int8 appended to a
+#                                      copy of h100_train_extra_int8.csv, bf16 a new CSV). Ran in the eighth session:
+#                                      the new rows are data/perf/h100_train_extra2_int8.csv and h100_train_extra_bf16.csv
 # (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)
 set -u
 OUT=${OUT:-results/gpu_check}
@@ -47,7 +47,7 @@ dynamic)
   done
   ;;
 collect)
-  # 8 int8 + 8 bf16 problems took 110 s at 48 configs on the H100; --resume skips what the copies already hold
+  # 18 int8 + 32 bf16 problems took 322 s on the H100 (eighth session); --resume skips what the copy already holds
   cp data/perf/h100_train_extra_int8.csv "$OUT/"
   timeout 280 python3 -m kernels model collect --shapes data/perf/shapes_train_extra.txt --dtypes int8 --resume \
     --max-configs 96 --time-limit 240 --out "$OUT/h100_train_extra_int8.csv" 2>&1 | tail -16
