@@ -33,8 +33,8 @@ def side_by_side(op: str, m: int, n: int, k: int, b_layout: str = "row") -> dict
     from kernels.autotune import _user_call
     from kernels.choice import Choice
     from kernels.problem import GemmProblem
-    from kernels.timing import measure_together, rotation_sets
-    from kernels.verify import make_inputs
+    from kernels.timing import measure_together
+    from kernels.verify import make_inputs, timing_sets
 
     dtype = torch.int8 if op == "int_mm" else torch.bfloat16
     a, b = make_inputs(GemmProblem.from_tensors(op, *_probe(dtype, m, n, k, b_layout)), "cuda", seed=1)
@@ -45,8 +45,7 @@ def side_by_side(op: str, m: int, n: int, k: int, b_layout: str = "row") -> dict
     tune_s = time.perf_counter() - t0
     sel = kernels.explain(a, b, op=op)
     problem = sel.problem
-    n_sets = rotation_sets((m * k + k * n) * dtype.itemsize, "cuda")
-    sets = [(a, b)] + [make_inputs(problem, "cuda", seed=s) for s in range(2, n_sets + 1)]
+    sets = timing_sets(problem, "cuda", (a, b), seed=2)        # the rotation tuning times over
     aten = torch._int_mm if op == "int_mm" else torch.mm
     calls = {"kernels": _user_call(Runner(Choice("x", "x", "x"), lambda x, y, o: fn(x, y)), sets),
              "aten": _user_call(Runner(Choice("x", "x", "x"), lambda x, y, o: aten(x, y)), sets)}

@@ -19,8 +19,8 @@ from kernels.config import config
 from kernels.errors import NoCandidateError
 from kernels.problem import DTYPES_BY_NAME, GemmProblem
 from kernels.selection import Selection
-from kernels.timing import measure_together, rotation_sets
-from kernels.verify import check, make_inputs, reference
+from kernels.timing import measure_together
+from kernels.verify import check, make_inputs, reference, timing_sets
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
 
@@ -123,9 +123,7 @@ def fill_rates(cell: Cell, problem: GemmProblem, facts: DeviceFacts) -> None:
 
 def rotated_sets(problem: GemmProblem, device: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The same rotation tuning uses: enough input sets that consecutive calls do not find their inputs in L2."""
-    bytes_per_set = (problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes
-    n = rotation_sets(bytes_per_set, device)
-    return [make_inputs(problem, device, seed=s) for s in range(n)]
+    return timing_sets(problem, device, make_inputs(problem, device, seed=0), seed=1)
 
 
 def _aten_fn(op: str):
