@@ -2,7 +2,18 @@
 import hashlib
 from pathlib import Path
 
-TEMPLATES_ROOT = Path(__file__).resolve().parent.parent / "templates"
+
+def _templates_root() -> Path:
+    """The checkout's top-level templates/ (source tree, editable install), else the copy a wheel installs as
+    kernels/templates (pyproject's package-dir)."""
+    here = Path(__file__).resolve().parent
+    for root in (here.parent / "templates", here / "templates"):
+        if root.is_dir():
+            return root
+    return here.parent / "templates"
+
+
+TEMPLATES_ROOT = _templates_root()
 
 TEMPLATE_OPS = {
     "aten_mm": ("mm",),
