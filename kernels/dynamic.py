@@ -341,17 +341,18 @@ class Family:
         # On the H200, (K, N) = (11008, 4096): M = 1..31 served by the M=64 hint's 64-row Triton tile ran up to
         # 2.4x a per-M tune, served by the aten winner of M=4096 at most 1.12x.
         aten = [i for i in order if usable[i].choice.backend == "aten"]
+        outside = outside_hints(sizes, [hw.sizes for hw in usable])
         # (Keeping a 16-row tile below the smallest hint, with nothing smaller to tune, was tried: the M=16 hint's
         # split-K ran M=1..7 at 0.99-1.02x, but when a 16x32 tile won that hint it ran M=1 at 1.47x. Aten is no sure
         # thing there either: 1.04-1.14x in one H100 sweep, up to 1.72x in another. Open: a hint below 16.)
-        if aten and usable[best].choice.backend != "aten" and outside_hints(sizes, [hw.sizes for hw in usable]):
+        if aten and usable[best].choice.backend != "aten" and outside:
             notes.append(f"outside the hints: served by hint {usable[aten[0]].label}'s aten winner instead of the "
                          f"nearest hint {usable[best].label}'s {usable[best].choice.name} (cuBLAS picks per call)")
             best = aten[0]
             order = [best] + [i for i in order if i != best]
         ranking = list(dict.fromkeys(usable[i].choice.name for i in order))
         served = next(e for e in entries if e.rank == 1 and e.hint is usable[best])
-        if served.choice.backend == "aten" and not outside_hints(sizes, [hw.sizes for hw in usable]):
+        if served.choice.backend == "aten" and not outside:
             tile, why = self.tile_for_aten(runtime, served, entries)
             if tile is not None:
                 notes.append(why)
@@ -384,8 +385,7 @@ class Family:
             ms = hw.selection.timings.get(e.choice.name)
             if not (isinstance(ms, float) and ms <= aten_ms * (1 + ATEN_TILE_TOLERANCE)):
                 continue
-            if _grid_growth(e.choice, runtime, hw.problem) or \
-                    _round_inflation(e.choice, runtime, hw.problem) > 1 + ROUND_INFLATION_SLACK:
+            if _grid_growth(e.choice, runtime, hw.problem):       # (memory-bound: no part-empty round to weigh)
                 continue
             return e, (f"hint {hw.label}'s winner is aten, whose kernel cuBLAS picks per shape: served by its "
                        f"runner-up {e.choice.name} ({ms * 1e3:.1f} vs {aten_ms * 1e3:.1f} us at the hint), a tile "

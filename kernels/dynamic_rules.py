@@ -201,12 +201,7 @@ def nearest(shape: tuple[int, int, int], candidates: list[tuple[int, int, int]])
     return best, dists
 
 
-# a runtime size more than this factor below the smallest or above the largest hint is outside the hints
-HINT_MARGIN = 2.0
-
-
-def outside_hints(sizes: Mapping[str, int], hint_points: list[Mapping[str, int]],
-                  margin: float = HINT_MARGIN) -> bool:
+def outside_hints(sizes: Mapping[str, int], hint_points: list[Mapping[str, int]], margin: float = 2.0) -> bool:
     """True when some dynamic dim of the runtime shape lies more than `margin` times below the smallest or above the
     largest hint of that dim: every hint winner is then extrapolated, not interpolated. (Just below the smallest
     hint a tile runs the grid it was tuned with: on the H100, M=63 served by the M=64 hint's tile ran 1.00x a
