@@ -14,8 +14,10 @@ DIMS = ("m", "n", "k")
 MODES = ("benchmark", "similarity")
 # The seed's 64/256/4096, plus 16 (M = 1..31 otherwise came from a 64-row tile or aten, whose cuBLAS kernel ran
 # M=12 at 1.6x a per-M tune on the H100), 128 and 1024 (tiles for the ranges in between: with the three seed hints
-# the H100 sweeps' similarity worst cases were 1.50x and 1.18x, with these six 1.11x and 1.19x)
-DEFAULT_HINTS = (16, 64, 128, 256, 1024, 4096)
+# the H100 sweeps' similarity worst cases were 1.50x and 1.18x, with these six 1.11x and 1.19x), and 2 (decode sizes:
+# below the smallest hint, similarity served M = 1..7 with an aten hint winner, 1.07-1.72x a per-M tune on K=11008,
+# N=4096, or with the M=16 hint's 16-row tile, 1.11-1.47x at M = 1..4 when a 16x32 tile had won it)
+DEFAULT_HINTS = (2, 16, 64, 128, 256, 1024, 4096)
 
 
 def parse_dims(value) -> tuple[str, ...]:

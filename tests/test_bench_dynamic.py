@@ -31,7 +31,7 @@ def test_parse_shapes_ints_range():
 
 def test_defaults_on_gpu_and_cpu():
     gpu = bd.resolve_args(["--out", "x.json"], has_cuda=True)
-    assert gpu.shapes == [(4096, 12288), (11008, 4096)] and gpu.hints == (16, 64, 128, 256, 1024, 4096)
+    assert gpu.shapes == [(4096, 12288), (11008, 4096)] and gpu.hints == (2, 16, 64, 128, 256, 1024, 4096)
     assert gpu.m_range == (1, 8192) and gpu.num_m == 64 and gpu.dtype == "bf16" and gpu.time_limit_s == 330
     cpu = bd.resolve_args(["--out", "x.json"], has_cuda=False)
     assert cpu.dtype == "fp16" and cpu.hints == (16, 64) and cpu.m_range == (1, 128)
