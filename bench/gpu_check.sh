@@ -9,6 +9,8 @@
 #   bash bench/gpu_check.sh collect    issue 6: the extra list's problems at 96 sampled configs (int8 appended to a
 #                                      copy of h100_train_extra_int8.csv, bf16 a new CSV). Ran in the eighth session:
 #                                      the new rows are data/perf/h100_train_extra2_int8.csv and h100_train_extra_bf16.csv
+#   bash bench/gpu_check.sh explore    issue 6: every int8 training problem again, at the shipped model's top 32 plus
+#                                      32 configs drawn per problem (--explore), into one new CSV
 # (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)
 set -u
 OUT=${OUT:-results/gpu_check}
@@ -53,6 +55,14 @@ collect)
     --max-configs 96 --time-limit 240 --out "$OUT/h100_train_extra_int8.csv" 2>&1 | tail -16
   timeout 280 python3 -m kernels model collect --shapes data/perf/shapes_train_extra.txt --dtypes bf16 \
     --max-configs 96 --time-limit 240 --out "$OUT/h100_train_extra_bf16.csv" 2>&1 | tail -16
+  ;;
+explore)
+  # train, thin, then extra shape lists into one file; each list gets what is left of ~270 s
+  for shapes in train data/perf/shapes_train_thin.txt data/perf/shapes_train_extra.txt; do
+    left=$((270 - SECONDS)); [ "$left" -gt 20 ] || break
+    timeout $((left + 30)) python3 -m kernels model collect --shapes "$shapes" --dtypes int8 --explore --resume \
+      --max-configs 64 --time-limit "$left" --out "$OUT/h100_explore_int8.csv" 2>&1 | tail -4
+  done
   ;;
 fast)
   timeout 560 python3 -m bench.fast_preset --data data/perf/h100_heldout_bf16.csv data/perf/h100_heldout_int8.csv \

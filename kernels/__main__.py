@@ -130,7 +130,7 @@ def _model_collect(args) -> int:
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
     n = collect(shapes, dtypes, args.out, backends=backends, max_configs=args.max_configs or None,
-                bench_ms=args.bench_ms, time_limit_s=args.time_limit, resume=args.resume)
+                bench_ms=args.bench_ms, time_limit_s=args.time_limit, resume=args.resume, explore=args.explore)
     print(f"wrote {n} rows to {args.out}", file=sys.stderr)
     return 0 if n else 1
 
@@ -301,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--max-configs", type=int, default=48,
                      help="per problem: the default list plus this many sampled from the exhaustive space "
                           "(0 = all; default 48)")
+    col.add_argument("--explore", action="store_true",
+                     help="half of --max-configs from the performance model's top picks, the rest drawn per problem "
+                          "(default: drawn by name, the same names on every shape)")
     col.add_argument("--limit-shapes", type=int, default=0, help="only the first N shapes of the list")
     col.add_argument("--bench-ms", type=float, default=10.0, help="measurement budget per candidate (default 10)")
     col.add_argument("--time-limit", type=float, default=None, help="start no new problem after this many seconds")

@@ -7,7 +7,9 @@ In order, per backend:
 2. name filters (`kernels.config.only` / `skip`, regexes, re.search), never applied to aten (the baseline);
 3. the benchmark space (`kernels.config.benchmark_space`): `all`; `default` (as many as the backend's default list);
    an integer k (the performance model's top k); `sample:N` (the default list plus N chosen by a stable hash of the
-   name: the same names on every shape, for collecting training data). Lookup-table choices are always kept.
+   name: the same names on every shape, for collecting training data); `explore:N` (the default list, the model's
+   top N/2 and the rest of N by a hash salted with the problem: training data where the model ranks, and beyond the
+   names `sample` always draws). Lookup-table choices are always kept.
 Dropped candidates are summarized in notes (counts), not listed one by one; lookup-table choices that cannot run are
 listed with the reason.
 """
@@ -150,6 +152,8 @@ def _benchmark_space(problem, backend_name, choices: list[Choice], out: Narrowed
         return choices
     if isinstance(space, str) and space.startswith("sample:"):
         return _sample(problem, backend_name, choices, int(space.split(":")[1]), out)
+    if isinstance(space, str) and space.startswith("explore:"):
+        return _explore(problem, backend_name, choices, int(space.split(":")[1]), out)
     k = _default_count(problem, backend_name, choices) if space == "default" else int(space)
     if len(choices) <= k:
         return choices
@@ -241,3 +245,28 @@ def fingerprint_extra() -> dict:
     if config.only or config.skip:
         extra["only"], extra["skip"] = list(config.only), list(config.skip)
     return extra
+
+
+def _explore(problem, backend_name, choices, count, out: Narrowed) -> list[Choice]:
+    """The default list, the performance model's top count/2 and count - count/2 others by a hash salted with the
+    problem. Why: `sample` draws the same names on every shape (a hash of the name alone), so the H100 int8 data held
+    520 of ~2700 configs and the model's favourites on new shapes were configs it had never seen timed (1024x8192x512:
+    five unseen `triton_int8_mm` tiles predicted 28-32 us, the best measured 27.8 us ranked 71st). Timing the model's
+    own top picks teaches it where it is wrong; the salted draw covers the rest of the space over many problems."""
+    from backends import get_backend
+    from kernels.perf_model import model_for, top_k
+
+    defaults = {c.name for c in get_backend(backend_name).choices(problem, "default")[0]}
+    model, why = model_for(problem)
+    ranked = top_k(model, problem, choices, max(1, count // 2))
+    favourites = {choices[i].name for i in ranked}
+    salt = problem.key()
+    others = sorted((c for c in choices if c.name not in defaults and c.name not in favourites),
+                    key=lambda c: hashlib.sha256(f"{salt}|{c.name}".encode()).hexdigest())
+    drawn = {c.name for c in others[:max(0, count - len(favourites))]}
+    chosen = defaults | favourites | drawn
+    kept = [c for c in choices if c.name in chosen]
+    out.notes.append(f"{backend_name}: benchmarking {len(kept)} of {len(choices)} candidates (the default list, the "
+                     f"{model.name} model's top {len(favourites)} and {len(drawn)} drawn by a hash salted with the "
+                     f"problem; benchmark space explore:{count}){f'; {why}' if why else ''}")
+    return kept

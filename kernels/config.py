@@ -105,22 +105,24 @@ def _parse_preset(text: str) -> str:
 
 
 def _parse_benchmark_space(value: str | int) -> str | int:
-    """'all', 'default', a positive integer k (top-k by the performance model) or 'sample:N' (N candidates chosen by a
-    stable hash of their names, plus the default list: for collecting training data)."""
+    """'all', 'default', a positive integer k (top-k by the performance model), 'sample:N' (N candidates chosen by a
+    stable hash of their names, plus the default list) or 'explore:N' (the performance model's top N/2 plus N/2
+    chosen by a hash salted with the problem, plus the default list). The last two collect training data."""
+    usage = "benchmark space must be all, default, a positive integer, sample:N or explore:N"
     if isinstance(value, bool):
-        raise ValueError(f"benchmark space must be all, default, an integer or sample:N, got {value!r}")
+        raise ValueError(f"{usage}, got {value!r}")
     if isinstance(value, int):
         return _positive_int(value)
     text = str(value).strip().lower()
     if text in ("all", "default"):
         return text
-    if text.startswith("sample:"):
-        return f"sample:{_positive_int(text.split(':', 1)[1])}"
+    for prefix in ("sample:", "explore:"):
+        if text.startswith(prefix):
+            return f"{prefix}{_positive_int(text.split(':', 1)[1])}"
     try:
         return _positive_int(text)
     except ValueError:
-        raise ValueError(f"benchmark space must be all, default, a positive integer or sample:N, got {value!r}") \
-            from None
+        raise ValueError(f"{usage}, got {value!r}") from None
 
 
 def _parse_perf_model(text: str) -> str:
@@ -180,7 +182,7 @@ class Config:
     # "fast": exhaustive search space, benchmark only the performance model's top FAST_TOP_K (explicit settings win)
     preset = _Setting("KERNELS_PRESET", lambda: "", _parse_preset)
     search_space = _Setting("KERNELS_SEARCH_SPACE", _default_search_space, _parse_space)
-    # which of the searched candidates are built and benchmarked: all | default | k (model top-k) | sample:N
+    # which of the searched candidates are built and benchmarked: all | default | k (model top-k) | sample:N | explore:N
     benchmark_space = _Setting("KERNELS_BENCHMARK_SPACE", _default_benchmark_space, _parse_benchmark_space)
     # ranks candidates for a top-k benchmark space: auto (learned when fresh for this GPU/triton, else analytic),
     # analytic, learned, or a path to a learned model's .json

@@ -136,10 +136,11 @@ def _done(path: Path) -> set[tuple]:
 
 def collect(shapes: list[tuple[int, int, int]], dtypes: list[str], out: str | os.PathLike, *,
             backends: tuple[str, ...] = ("aten", "triton"), max_configs: int | None = 48, bench_ms: float = 10.0,
-            time_limit_s: float | None = None, resume: bool = False,
+            time_limit_s: float | None = None, resume: bool = False, explore: bool = False,
             progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> int:
     """Tune every (dtype, shape) with the exhaustive search space and the benchmark space `sample:max_configs`
-    (or `all` when max_configs is None), appending every candidate's timing to `out` after each problem (so an
+    (`explore:max_configs` with `explore`: the model's favourites among them; `all` when max_configs is None),
+    appending every candidate's timing to `out` after each problem (so an
     interrupted run keeps what it measured; `resume` skips problems already in the file). Returns rows written."""
     import torch
 
@@ -157,7 +158,7 @@ def collect(shapes: list[tuple[int, int, int]], dtypes: list[str], out: str | os
         progress("no CUDA GPU: tuning on CPU through the Triton interpreter; these times are NOT GPU data")
     saved = dict(config._overrides)
     config.search_space = "exhaustive"
-    config.benchmark_space = f"sample:{max_configs}" if max_configs else "all"
+    config.benchmark_space = f"{'explore' if explore else 'sample'}:{max_configs}" if max_configs else "all"
     config.bench_budget_ms = bench_ms
     config.backends = backends
     config.lut = ""

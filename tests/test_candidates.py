@@ -157,6 +157,32 @@ def test_default_benchmark_space_and_sample_are_deterministic():
     assert defaults <= {c.name for c in a} and len(a) == len(defaults) + 7
 
 
+def test_explore_space_times_the_models_favourites_and_a_draw_per_problem():
+    from kernels.perf_model import model_for, top_k
+
+    config.search_space = "exhaustive"
+    config.benchmark_space = "explore:20"
+    p, q = problem(), problem(m=512, n=1024, k=8192)
+    cands_p, cands_q = triton_choices(p, "exhaustive"), triton_choices(q, "exhaustive")
+    a = narrow(p, "triton", cands_p)
+    again = narrow(p, "triton", list(reversed(cands_p)))
+    names = {c.name for c in a.kept}
+    assert names == {c.name for c in again.kept}                       # deterministic, order-free
+    defaults = {c.name for c in triton_choices(p, "default")}
+    model, _ = model_for(p)
+    favourites = {cands_p[i].name for i in top_k(model, p, cands_p, 10)}
+    assert defaults <= names and favourites <= names
+    assert len(names) == len(defaults | favourites) + 10               # the rest of the 20 drawn
+    assert any("explore:20" in n for n in a.notes)
+    drawn_p = names - defaults - favourites
+    b = narrow(q, "triton", cands_q)
+    favourites_q = {cands_q[i].name for i in top_k(model_for(q)[0], q, cands_q, 10)}
+    drawn_q = {c.name for c in b.kept} - {c.name for c in triton_choices(q, "default")} - favourites_q
+    assert drawn_p != drawn_q                                           # salted by the problem, unlike sample:N
+    with pytest.raises(ValueError):
+        config.benchmark_space = "explore:0"
+
+
 def test_settings_parse_and_preset():
     assert config.search_space == "default" and config.benchmark_space == "all"
     config.preset = "fast"

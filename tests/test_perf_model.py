@@ -199,6 +199,10 @@ def test_collect_on_cpu_writes_rows_and_resumes(tmp_path):
     assert collect([(16, 16, 32)], ["int8"], out, max_configs=1, bench_ms=1.0, resume=True,
                    progress=lines.append) == 0
     assert get_backend("triton") is not None
+    explored = tmp_path / "e.csv"
+    assert collect([(16, 16, 32)], ["int8"], explored, max_configs=2, bench_ms=1.0, explore=True,
+                   progress=lines.append) > 1
+    assert config.benchmark_space == "all"
 
 
 def test_regret_as_tuning_runs_it_counts_aten_on_both_sides():
