@@ -32,26 +32,35 @@ def _log2(x: float) -> float:
     return math.log2(max(x, 1e-12))
 
 
-def features(problem: GemmProblem, choice: Choice) -> list[float] | None:
-    """BASE_FEATURES for one candidate; None when it has no tile (aten)."""
-    from kernels.perf_model import estimate_of, gpu_spec, tile_of
+def problem_features(problem: GemmProblem) -> tuple:
+    """What `features` needs of the problem alone: computed once per problem when ranking thousands of choices."""
+    from kernels.perf_model import gpu_spec
+
+    return (gpu_spec(problem.arch, problem.device_name), _log2(problem.m), _log2(problem.n), _log2(problem.k),
+            float(problem.elem_bytes), float(problem.out_bytes),
+            # a leading dimension off 16 bytes costs vector loads (int8 1234x4321x2345: a 10x spread the tile
+            # features alone did not see)
+            float(problem.leading_dim_aligned("a")), float(problem.leading_dim_aligned("b")))
+
+
+def features(problem: GemmProblem, choice: Choice, per_problem: tuple | None = None) -> list[float] | None:
+    """BASE_FEATURES for one candidate; None when it has no tile (aten). `per_problem`: problem_features(problem),
+    where the caller has it."""
+    from kernels.perf_model import estimate_of, tile_of
 
     tile = tile_of(problem, choice)
     if tile is None:
         return None
-    spec = gpu_spec(problem.arch, problem.device_name)
+    spec, log_m, log_n, log_k, elem_bytes, out_bytes, a_aligned, b_aligned = per_problem or problem_features(problem)
     est = estimate_of(problem, tile)
     m, n, k = problem.m, problem.n, problem.k
-    return [_log2(m), _log2(n), _log2(k), _log2(tile.block_m), _log2(tile.block_n), _log2(tile.block_k),
+    return [log_m, log_n, log_k, _log2(tile.block_m), _log2(tile.block_n), _log2(tile.block_k),
             float(tile.stages), _log2(tile.warps), _log2(tile.group_m), _log2(tile.split_k), float(tile.wgmma),
-            float(problem.elem_bytes), float(problem.out_bytes), _log2(est.tiles), _log2(est.waves),
+            elem_bytes, out_bytes, _log2(est.tiles), _log2(est.waves),
             est.wave_efficiency, _log2(est.blocks_per_sm), _log2(est.k_iters),
             est.smem_bytes / spec.smem_per_sm, m / (-(-m // tile.block_m) * tile.block_m),
             n / (-(-n // tile.block_n) * tile.block_n), k / (est.k_iters * tile.block_k * tile.split_k),
-            est.mma_fraction, math.log(est.ms),
-            # a leading dimension off 16 bytes costs vector loads (int8 1234x4321x2345: a 10x spread the tile
-            # features alone did not see)
-            float(problem.leading_dim_aligned("a")), float(problem.leading_dim_aligned("b"))]
+            est.mma_fraction, math.log(est.ms), a_aligned, b_aligned]
 
 
 def _minor(version: str) -> str:
@@ -102,8 +111,8 @@ class LearnedModel:
         """How many of the choices (aten aside) are of templates this model was not trained on."""
         return sum(1 for c in choices if c.backend != "aten" and not self.knows(c))
 
-    def vector(self, problem: GemmProblem, choice: Choice) -> list[float] | None:
-        base = features(problem, choice)
+    def vector(self, problem: GemmProblem, choice: Choice, per_problem: tuple | None = None) -> list[float] | None:
+        base = features(problem, choice, per_problem)
         if base is None:
             return None
         return base + [1.0 if choice.template == t else 0.0 for t in self.templates]
@@ -111,35 +120,37 @@ class LearnedModel:
     def predict(self, problem: GemmProblem, choices: Sequence[Choice]) -> list[float | None]:
         """Learned times (the members' geometric mean) for templates it was trained on; the analytic estimate for
         the others."""
-        from kernels.perf_model import AnalyticModel
-
-        out = AnalyticModel().predict(problem, choices)
         where, log_ms = self._learned_log_ms(problem, choices)
-        for i, v in zip(where, log_ms.mean(0).exp().tolist()):
-            out[i] = v
-        return out
+        return self._with_analytic(problem, choices, where, log_ms.mean(0).exp().tolist())
 
     def predict_members(self, problem: GemmProblem, choices: Sequence[Choice]) -> list[list[float | None]]:
         """One list of times per member, as `predict` (top_k ranks by the fastest member)."""
+        where, log_ms = self._learned_log_ms(problem, choices)
+        return [self._with_analytic(problem, choices, where, member) for member in log_ms.exp().tolist()]
+
+    @staticmethod
+    def _with_analytic(problem: GemmProblem, choices: Sequence[Choice], where: list[int],
+                       learned_ms: list[float]) -> list[float | None]:
+        """The learned times at `where`, the analytic estimate for the other choices (only those are estimated: a new
+        shape ranks thousands of choices)."""
         from kernels.perf_model import AnalyticModel
 
-        analytic = AnalyticModel().predict(problem, choices)
-        where, log_ms = self._learned_log_ms(problem, choices)
-        outs = []
-        for member in log_ms.exp().tolist():
-            out = list(analytic)
-            for i, v in zip(where, member):
-                out[i] = v
-            outs.append(out)
-        return outs
+        out: list[float | None] = [None] * len(choices)
+        for i, v in zip(where, learned_ms):
+            out[i] = v
+        rest = sorted(set(range(len(choices))) - set(where))
+        for i, v in zip(rest, AnalyticModel().predict(problem, [choices[i] for i in rest]) if rest else []):
+            out[i] = v
+        return out
 
     def _learned_log_ms(self, problem: GemmProblem, choices: Sequence[Choice]):
         """(indices of the choices this model predicts, their log milliseconds per member [members, len(indices)])."""
         import torch
 
         rows, where = [], []
+        per_problem = problem_features(problem)
         for i, c in enumerate(choices):
-            v = self.vector(problem, c) if c.template in self.templates else None
+            v = self.vector(problem, c, per_problem) if c.template in self.templates else None
             if v is not None:
                 rows.append(v)
                 where.append(i)

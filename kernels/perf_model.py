@@ -250,6 +250,7 @@ class AnalyticModel:
 
     def predict(self, problem: GemmProblem, choices: Sequence[Choice]) -> list[float | None]:
         spec = gpu_spec(problem.arch, problem.device_name)
+        misaligned_factor = MISALIGNED_OPERAND_FACTOR ** misaligned_operands(problem)
         out: list[float | None] = []
         for choice in choices:
             if choice.backend == "aten":
@@ -265,7 +266,7 @@ class AnalyticModel:
             if is_padded(choice):
                 ms += pad_copy_ms(problem, spec)
             else:
-                ms *= MISALIGNED_OPERAND_FACTOR ** misaligned_operands(problem)
+                ms *= misaligned_factor
             out.append(ms)
         return out
 
@@ -329,10 +330,16 @@ def top_k(model: PerfModel, problem: GemmProblem, choices: Sequence[Choice], k: 
     knows = getattr(model, "knows", lambda choice: True)
     trained = [knows(c) for c in choices]
     known = [s if t else None for s, t in zip(scores, trained)]
-    analytic = AnalyticModel().predict(problem, choices)
     if all(s is None for s in known):
-        return top_k(AnalyticModel(), problem, choices, k, pred=analytic)
+        return top_k(AnalyticModel(), problem, choices, k)
     learned = _fastest_first(known)
+    # the analytic estimate of every choice only where it has a share of the places; otherwise of the unseen
+    # templates and the learned favourite alone (a new shape ranks thousands of choices)
+    needed = range(len(choices)) if analytic_share > 0 else sorted({i for i, t in enumerate(trained) if not t}
+                                                                   | {learned[0]})
+    analytic: list[float | None] = [None] * len(choices)
+    for i, ms in zip(needed, AnalyticModel().predict(problem, [choices[i] for i in needed])):
+        analytic[i] = ms
     unseen_ms = [ms if c.backend != "aten" and not t else None for ms, c, t in zip(analytic, choices, trained)]
     unseen = [i for i in _fastest_first(unseen_ms) if unseen_ms[i] is not None][:1]
     if not (unseen and analytic[learned[0]] is not None and unseen_ms[unseen[0]] <= HEDGE_RATIO * analytic[learned[0]]):
