@@ -11,6 +11,7 @@
 #                                      the new rows are data/perf/h100_train_extra2_int8.csv and h100_train_extra_bf16.csv
 #   bash bench/gpu_check.sh explore    issue 6: every int8 training problem again, at the shipped model's top 32 plus
 #                                      32 configs drawn per problem (--explore), into one new CSV
+#   bash bench/gpu_check.sh exhaustive issue 6: the fast preset against a full exhaustive benchmark (74-150 s a problem)
 # (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)
 set -u
 OUT=${OUT:-results/gpu_check}
@@ -63,6 +64,11 @@ explore)
     timeout $((left + 30)) python3 -m kernels model collect --shapes "$shapes" --dtypes int8 --explore --resume \
       --max-configs 64 --time-limit "$left" --out "$OUT/h100_explore_int8.csv" 2>&1 | tail -4
   done
+  ;;
+exhaustive)
+  timeout 560 python3 -m bench.exhaustive_reference --time-limit-s 400 --json "$OUT/exhaustive_reference.json" \
+    --problems int8:4000x4000x320,int8:768x768x768,int8:640x2560x10240,bf16:4096x128x4096,bf16:768x768x768 \
+    2>&1 | grep -v Warning | tee "$OUT/exhaustive_reference.txt" | tail -8
   ;;
 fast)
   timeout 560 python3 -m bench.fast_preset --data data/perf/h100_heldout_bf16.csv data/perf/h100_heldout_int8.csv \

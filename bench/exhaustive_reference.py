@@ -1,0 +1,97 @@
+"""Issue 6's reference done in full: the fast preset's winner against a full exhaustive benchmark (every candidate of
+the exhaustive search space built and timed), in one process, the two winners then timed side by side three times.
+
+    python -m bench.exhaustive_reference --problems int8:4000x4000x320,bf16:96x22016x4096 --time-limit-s 250
+
+A full exhaustive tune took 74-150 s per problem on the H100 (1,673-2,667 candidates); the datasets behind
+`bench.fast_preset` hold a 48-96-config sample, which the fast preset beats at geomean ~0.9x, so only this says how far
+the fast preset is from the true optimum.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+
+def parse_problems(text: str) -> list[tuple[str, str, int, int, int]]:
+    """'int8:4000x4000x320,bf16:96x22016x4096' -> [(op, dtype, m, n, k), ...]."""
+    out = []
+    for item in text.split(","):
+        dtype, _, shape = item.strip().partition(":")
+        parts = shape.lower().split("x")
+        if dtype not in ("bf16", "fp16", "int8") or len(parts) != 3 or not all(p.isdigit() and int(p) > 0
+                                                                                  for p in parts):
+            raise argparse.ArgumentTypeError(f"expected DTYPE:MxNxK (bf16, fp16 or int8), got {item!r}")
+        out.append(("int_mm" if dtype == "int8" else "mm", dtype, *map(int, parts)))
+    return out
+
+
+def compare(problem, backends: tuple[str, ...], repeats: int = 3, budget_ms: float = 80.0) -> dict:
+    """Tune `problem` with the fast preset, then with every exhaustive candidate; the winners' side-by-side ratios."""
+    from bench.fast_preset import _tuned
+    from kernels.config import config
+    from kernels.timing import measure_together, user_call
+    from kernels.verify import make_inputs, timing_sets
+
+    saved = dict(config._overrides)
+    try:
+        config._overrides.clear()
+        config.preset = "fast"
+        fast = _tuned(problem, backends)
+        config.benchmark_space = "all"
+        full = _tuned(problem, backends)
+    finally:
+        config._overrides.clear()
+        config._overrides.update(saved)
+    ratios = []
+    if fast["winner"] != full["winner"]:
+        a, b = make_inputs(problem, "cuda", seed=1)
+        sets = timing_sets(problem, "cuda", (a, b), seed=2)
+        for _ in range(repeats):
+            t = measure_together({"fast": user_call(fast["runner"].launch, sets),
+                                  "full": user_call(full["runner"].launch, sets)}, len(sets), "cuda", budget_ms)
+            ratios.append(t["fast"].median_ms / t["full"].median_ms)
+    for r in (fast, full):
+        r.pop("runner")
+    return {"fast": fast, "exhaustive": full, "side_by_side": ratios}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--problems", type=parse_problems, required=True, help="DTYPE:MxNxK,... (bf16, fp16, int8)")
+    ap.add_argument("--backends", default="aten,triton")
+    ap.add_argument("--time-limit-s", type=float, default=250.0, help="start no new problem after this")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    import torch
+
+    from bench.fast_preset import _problem
+
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (a full exhaustive tune under the interpreter would take hours)")
+    os.environ["KERNELS_CACHE_DIR"] = tempfile.mkdtemp(prefix="kernels_exhaustive_")
+    rows, start = [], time.perf_counter()
+    for op, dtype, m, n, k in args.problems:
+        if time.perf_counter() - start > args.time_limit_s:
+            print(f"time limit: stopping before {dtype} {m}x{n}x{k}", flush=True)
+            break
+        backends = tuple(args.backends.split(","))
+        row = {"problem": [op, dtype, m, n, k], **compare(_problem(op, dtype, m, n, k), backends)}
+        rows.append(row)
+        f, e = row["fast"], row["exhaustive"]
+        print(f"{op} {dtype} {m}x{n}x{k}: fast {f['winner']} {f['ms'] * 1e3:.1f} us ({f['benchmarks']} timed, "
+              f"{f['seconds']:.1f} s) | exhaustive {e['winner']} {e['ms'] * 1e3:.1f} us ({e['benchmarks']} timed, "
+              f"{e['compiles']} compiles, {e['seconds']:.1f} s) | fast/exhaustive side by side x"
+              f"{len(row['side_by_side']) or 3}: {[round(r, 3) for r in row['side_by_side']] or 'same choice'}",
+              flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
