@@ -31,10 +31,9 @@ def parse_problems(text: str) -> list[tuple[str, str, int, int, int]]:
 
 def compare(problem, backends: tuple[str, ...], repeats: int = 3, budget_ms: float = 80.0) -> dict:
     """Tune `problem` with the fast preset, then with every exhaustive candidate; the winners' side-by-side ratios."""
-    from bench.fast_preset import _tuned
+    from bench.fast_preset import _tuned, timed_together
     from kernels.config import config
-    from kernels.timing import measure_together, user_call
-    from kernels.verify import make_inputs, timing_sets
+    from kernels.verify import make_inputs
 
     saved = dict(config._overrides)
     try:
@@ -48,12 +47,10 @@ def compare(problem, backends: tuple[str, ...], repeats: int = 3, budget_ms: flo
         config._overrides.update(saved)
     ratios = []
     if fast["winner"] != full["winner"]:
-        a, b = make_inputs(problem, "cuda", seed=1)
-        sets = timing_sets(problem, "cuda", (a, b), seed=2)
+        first = make_inputs(problem, "cuda", seed=1)
         for _ in range(repeats):
-            t = measure_together({"fast": user_call(fast["runner"].launch, sets),
-                                  "full": user_call(full["runner"].launch, sets)}, len(sets), "cuda", budget_ms)
-            ratios.append(t["fast"].median_ms / t["full"].median_ms)
+            fast_ms, full_ms = timed_together(problem, first, fast["runner"].launch, full["runner"].launch, budget_ms)
+            ratios.append(fast_ms / full_ms)
     for r in (fast, full):
         r.pop("runner")
     return {"fast": fast, "exhaustive": full, "side_by_side": ratios}
@@ -73,12 +70,12 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (a full exhaustive tune under the interpreter would take hours)")
     os.environ["KERNELS_CACHE_DIR"] = tempfile.mkdtemp(prefix="kernels_exhaustive_")
+    backends = tuple(args.backends.split(","))
     rows, start = [], time.perf_counter()
     for op, dtype, m, n, k in args.problems:
         if time.perf_counter() - start > args.time_limit_s:
             print(f"time limit: stopping before {dtype} {m}x{n}x{k}", flush=True)
             break
-        backends = tuple(args.backends.split(","))
         row = {"problem": [op, dtype, m, n, k], **compare(_problem(op, dtype, m, n, k), backends)}
         rows.append(row)
         f, e = row["fast"], row["exhaustive"]

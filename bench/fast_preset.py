@@ -45,8 +45,7 @@ def _side_by_side(problem, fast_runner, best_choice) -> dict:
     the way tuning re-times its finalists: the ratio without another run's clocks and host in it."""
     from backends import get_backend
     from kernels.config import config
-    from kernels.timing import measure_together, user_call
-    from kernels.verify import make_inputs, reference, timing_sets, verify_launch
+    from kernels.verify import make_inputs, reference, verify_launch
 
     if best_choice.name == fast_runner.choice.name:
         return {"fast_ms": None, "best_ms": None, "ratio": 1.0, "note": "same choice"}
@@ -60,13 +59,22 @@ def _side_by_side(problem, fast_runner, best_choice) -> dict:
     why = verify_launch(outcome.runner.launch, problem, a, b, reference(problem, a, b))
     if why is not None:
         return {"error": f"dataset best failed verification: {why}"}
-    sets = timing_sets(problem, device, (a, b), seed=2)
-    n_sets = len(sets)
-    timed = measure_together({"fast": user_call(fast_runner.launch, sets),
-                              "best": user_call(outcome.runner.launch, sets)}, n_sets, device,
-                             2 * config.bench_budget_ms)
-    fast, best = timed["fast"].median_ms, timed["best"].median_ms
+    fast, best = timed_together(problem, (a, b), fast_runner.launch, outcome.runner.launch,
+                                2 * config.bench_budget_ms)
     return {"fast_ms": fast, "best_ms": best, "ratio": fast / best}
+
+
+def timed_together(problem, first: tuple, launch_a, launch_b, budget_ms: float) -> tuple[float, float]:
+    """Median ms per user call of two launches re-timed side by side (measure_together, tuning's final round) over
+    the rotated input sets that start with `first`."""
+    from kernels.timing import measure_together, user_call
+    from kernels.verify import timing_sets
+
+    device = "cuda" if problem.device == "cuda" else "cpu"
+    sets = timing_sets(problem, device, first, seed=2)
+    timed = measure_together({"a": user_call(launch_a, sets), "b": user_call(launch_b, sets)}, len(sets), device,
+                             budget_ms)
+    return timed["a"].median_ms, timed["b"].median_ms
 
 
 def _geomean(values: list[float]) -> float:

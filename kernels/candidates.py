@@ -223,13 +223,18 @@ def _sample(problem, backend_name, choices, count, out: Narrowed) -> list[Choice
     from backends import get_backend
 
     defaults = {c.name for c in get_backend(backend_name).choices(problem, "default")[0]}
-    others = sorted((c for c in choices if c.name not in defaults),
-                    key=lambda c: hashlib.sha256(c.name.encode()).hexdigest())
-    chosen = {c.name for c in others[:count]} | defaults
-    kept = [c for c in choices if c.name in chosen]
+    drawn = _drawn(choices, defaults, count)
+    kept = [c for c in choices if c.name in defaults | drawn]
     out.notes.append(f"{backend_name}: benchmarking {len(kept)} of {len(choices)} candidates (the default list plus "
-                     f"{min(count, len(others))} sampled by name hash; benchmark space sample:{count})")
+                     f"{len(drawn)} sampled by name hash; benchmark space sample:{count})")
     return kept
+
+
+def _drawn(choices: list[Choice], excluded: set[str], count: int, salt: str = "") -> set[str]:
+    """Names of `count` choices outside `excluded`, first by a stable hash of the name (salted: `salt|name`)."""
+    key = (lambda c: hashlib.sha256(f"{salt}|{c.name}".encode()).hexdigest()) if salt else \
+        (lambda c: hashlib.sha256(c.name.encode()).hexdigest())
+    return {c.name for c in sorted((c for c in choices if c.name not in excluded), key=key)[:max(0, count)]}
 
 
 def fingerprint_extra() -> dict:
@@ -260,10 +265,7 @@ def _explore(problem, backend_name, choices, count, out: Narrowed) -> list[Choic
     model, why = model_for(problem)
     ranked = top_k(model, problem, choices, max(1, count // 2))
     favourites = {choices[i].name for i in ranked}
-    salt = problem.key()
-    others = sorted((c for c in choices if c.name not in defaults and c.name not in favourites),
-                    key=lambda c: hashlib.sha256(f"{salt}|{c.name}".encode()).hexdigest())
-    drawn = {c.name for c in others[:max(0, count - len(favourites))]}
+    drawn = _drawn(choices, defaults | favourites, count - len(favourites), salt=problem.key())
     chosen = defaults | favourites | drawn
     kept = [c for c in choices if c.name in chosen]
     out.notes.append(f"{backend_name}: benchmarking {len(kept)} of {len(choices)} candidates (the default list, the "

@@ -344,7 +344,8 @@ class Family:
         outside = outside_hints(sizes, [hw.sizes for hw in usable])
         # (Keeping a 16-row tile below the smallest hint, with nothing smaller to tune, was tried: the M=16 hint's
         # split-K ran M=1..7 at 0.99-1.02x, but when a 16x32 tile won that hint it ran M=1 at 1.47x. Aten is no sure
-        # thing there either: 1.04-1.14x in one H100 sweep, up to 1.72x in another. Open: a hint below 16.)
+        # thing there either: 1.04-1.14x in one H100 sweep, up to 1.72x in another. So the default hints start at 2,
+        # and this rule only fires for M below half of a user's smallest hint.)
         if aten and usable[best].choice.backend != "aten" and outside:
             notes.append(f"outside the hints: served by hint {usable[aten[0]].label}'s aten winner instead of the "
                          f"nearest hint {usable[best].label}'s {usable[best].choice.name} (cuBLAS picks per call)")

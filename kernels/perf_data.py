@@ -140,8 +140,8 @@ def collect(shapes: list[tuple[int, int, int]], dtypes: list[str], out: str | os
             progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> int:
     """Tune every (dtype, shape) with the exhaustive search space and the benchmark space `sample:max_configs`
     (`explore:max_configs` with `explore`: the model's favourites among them; `all` when max_configs is None),
-    appending every candidate's timing to `out` after each problem (so an
-    interrupted run keeps what it measured; `resume` skips problems already in the file). Returns rows written."""
+    appending every candidate's timing to `out` after each problem (so an interrupted run keeps what it measured;
+    `resume` skips problems already in the file). Returns rows written."""
     import torch
 
     from kernels.autotune import tune

@@ -1,5 +1,6 @@
-"""bench.exhaustive_reference on CPU: its problem list parses and it refuses to run without a GPU (the full
-exhaustive tune it makes is GPU work; bench/gpu_check.sh exhaustive runs it)."""
+"""bench.exhaustive_reference on CPU: its problem list parses, it refuses to run without a GPU (the full exhaustive
+tune it makes is GPU work; bench/gpu_check.sh exhaustive runs it), and the side-by-side it shares with
+bench.fast_preset times both launches."""
 import argparse
 
 import pytest
@@ -21,3 +22,25 @@ def test_refuses_without_a_gpu():
     with pytest.raises(SystemExit) as e:
         er.main(["--problems", "int8:64x64x64"])
     assert e.value.code == 2
+
+
+def test_timed_together_times_both_launches_over_the_rotated_sets():
+    """The side-by-side both bench.fast_preset and bench.exhaustive_reference judge by, on CPU."""
+    from bench.fast_preset import timed_together
+    from kernels.problem import GemmProblem
+    from kernels.verify import make_inputs
+
+    a = torch.randn(16, 32)
+    b = torch.randn(32, 8)
+    problem = GemmProblem.from_tensors("mm", a, b)
+    seen = {"a": 0, "b": 0}
+
+    def launch(name):
+        def run(x, y, out):
+            seen[name] += 1
+            return x @ y
+        return run
+
+    fast_ms, other_ms = timed_together(problem, make_inputs(problem, "cpu", seed=1), launch("a"), launch("b"), 1.0)
+    assert fast_ms > 0 and other_ms > 0
+    assert seen["a"] > 0 and seen["a"] == seen["b"]
