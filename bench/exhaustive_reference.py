@@ -29,8 +29,11 @@ def parse_problems(text: str) -> list[tuple[str, str, int, int, int]]:
     return out
 
 
-def compare(problem, backends: tuple[str, ...], repeats: int = 3, budget_ms: float = 80.0) -> dict:
-    """Tune `problem` with the fast preset, then with every exhaustive candidate; the winners' side-by-side ratios."""
+def compare(problem, backends: tuple[str, ...], repeats: int = 3, budget_ms: float = 80.0,
+            truth_csv: str | None = None) -> dict:
+    """Tune `problem` with the fast preset, then with every exhaustive candidate; the winners' side-by-side ratios.
+    `truth_csv`: every exhaustive candidate's timing is appended there (the dataset format of `model collect`), the
+    offline ground truth `python -m kernels model eval` scores a model's top k against."""
     from bench.fast_preset import _tuned, timed_together
     from kernels.config import config
     from kernels.verify import make_inputs
@@ -51,8 +54,13 @@ def compare(problem, backends: tuple[str, ...], repeats: int = 3, budget_ms: flo
         for _ in range(repeats):
             fast_ms, full_ms = timed_together(problem, first, fast["runner"].launch, full["runner"].launch, budget_ms)
             ratios.append(fast_ms / full_ms)
+    if truth_csv:
+        from kernels.perf_data import append_rows, run_env, selection_rows
+
+        append_rows(truth_csv, selection_rows(full["selection"], run_env()))
     for r in (fast, full):
         r.pop("runner")
+        r.pop("selection")
     return {"fast": fast, "exhaustive": full, "side_by_side": ratios}
 
 
@@ -62,6 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default="aten,triton")
     ap.add_argument("--time-limit-s", type=float, default=250.0, help="start no new problem after this")
     ap.add_argument("--json")
+    ap.add_argument("--truth-csv", help="append every exhaustive candidate's timing here (dataset CSV)")
     args = ap.parse_args(argv)
     import torch
 
@@ -76,7 +85,8 @@ def main(argv=None) -> int:
         if time.perf_counter() - start > args.time_limit_s:
             print(f"time limit: stopping before {dtype} {m}x{n}x{k}", flush=True)
             break
-        row = {"problem": [op, dtype, m, n, k], **compare(_problem(op, dtype, m, n, k), backends)}
+        row = {"problem": [op, dtype, m, n, k], **compare(_problem(op, dtype, m, n, k), backends,
+                                                                       truth_csv=args.truth_csv)}
         rows.append(row)
         f, e = row["fast"], row["exhaustive"]
         print(f"{op} {dtype} {m}x{n}x{k}: fast {f['winner']} {f['ms'] * 1e3:.1f} us ({f['benchmarks']} timed, "
@@ -84,9 +94,10 @@ def main(argv=None) -> int:
               f"{e['compiles']} compiles, {e['seconds']:.1f} s) | fast/exhaustive side by side x"
               f"{len(row['side_by_side']) or 3}: {[round(r, 3) for r in row['side_by_side']] or 'same choice'}",
               flush=True)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fh, indent=1)
+        if args.json:          # after each problem: a run stopped by its caller keeps what it measured
+            with open(args.json, "w") as fh:
+                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fh,
+                          indent=1)
     return 0
 
 

@@ -102,7 +102,7 @@ def _tuned(problem, backends) -> dict:
     return {"winner": sel.winner, "ms": sel.timings[sel.winner], "seconds": seconds,
             "compiles": after["compiles"] - before["compiles"],
             "benchmarks": after["benchmarks"] - before["benchmarks"], "notes": list(sel.notes),
-            "runner": runners[sel.winner]}
+            "runner": runners[sel.winner], "selection": sel}
 
 
 def _ranking() -> dict:
@@ -147,6 +147,7 @@ def main(argv=None) -> int:
             rows.append({"problem": list(key), "error": f"{type(e).__name__}: {e}"})
             continue
         runner = fast.pop("runner")
+        fast.pop("selection")
         row = {"problem": list(key), "model": model.name, "model_note": why, **{f"fast_{k2}": v for k2, v in
                fast.items()}, "dataset_best_ms": ref[key]["best_ms"], "dataset_best": ref[key]["best"],
                "dataset_candidates": ref[key]["candidates"], "ratio": fast["ms"] / ref[key]["best_ms"]}
@@ -157,6 +158,7 @@ def main(argv=None) -> int:
         # another M with the same N, K: its binaries are the ones just built (M is a runtime argument)
         new_shape = _tuned(_problem(op, dtype, m + 16, n, k), backends)
         new_shape.pop("runner")
+        new_shape.pop("selection")
         row["new_shape"] = new_shape
         rows.append(row)
         same = row["same_run"]

@@ -12,6 +12,8 @@
 #   bash bench/gpu_check.sh explore    issue 6: every int8 training problem again, at the shipped model's top 32 plus
 #                                      32 configs drawn per problem (--explore), into one new CSV
 #   bash bench/gpu_check.sh exhaustive issue 6: the fast preset against a full exhaustive benchmark (74-150 s a problem)
+#   bash bench/gpu_check.sh truth      issue 6: every exhaustive candidate timed on int8 held-out problems, into a CSV
+#                                      (offline ground truth: `model eval` then scores top-k over the whole space)
 # (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)
 set -u
 OUT=${OUT:-results/gpu_check}
@@ -66,9 +68,17 @@ explore)
   done
   ;;
 exhaustive)
-  timeout 560 python3 -m bench.exhaustive_reference --time-limit-s 400 --json "$OUT/exhaustive_reference.json" \
-    --problems int8:4000x4000x320,int8:768x768x768,int8:640x2560x10240,bf16:4096x128x4096,bf16:768x768x768 \
+  # EXHAUSTIVE_S (default 400): start no new problem after this; the stage ends by EXHAUSTIVE_S + 160 s
+  limit=${EXHAUSTIVE_S:-400}
+  timeout $((limit + 160)) python3 -m bench.exhaustive_reference --time-limit-s "$limit" \
+    --json "$OUT/exhaustive_reference.json" --truth-csv "$OUT/exhaustive_truth.csv" \
+    --problems int8:640x2560x10240,bf16:4096x128x4096,int8:1234x4321x2345,bf16:768x768x768,int8:200x5120x5120 \
     2>&1 | grep -v Warning | tee "$OUT/exhaustive_reference.txt" | tail -8
+  ;;
+truth)
+  timeout 570 python3 -m kernels model collect --dtypes int8 --max-configs 0 --time-limit 420 \
+    --shapes 4000x4000x320,1024x8192x512,768x768x768,3000x2000x1000,8192x1024x1024,1234x4321x2345,200x5120x5120,64x64x65536 \
+    --out "$OUT/h100_heldout_full_int8.csv" 2>&1 | grep -v Warning | tail -12
   ;;
 fast)
   timeout 560 python3 -m bench.fast_preset --data data/perf/h100_heldout_bf16.csv data/perf/h100_heldout_int8.csv \

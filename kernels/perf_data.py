@@ -118,7 +118,8 @@ def read_dataset(paths: Iterable[str | os.PathLike]) -> tuple[list[Row], list[st
     return rows, bad
 
 
-def _env() -> dict:
+def run_env() -> dict:
+    """The versions and date a dataset row records beside its timing."""
     import torch
 
     from kernels.autotune import _package_version
@@ -162,7 +163,7 @@ def collect(shapes: list[tuple[int, int, int]], dtypes: list[str], out: str | os
     config.bench_budget_ms = bench_ms
     config.backends = backends
     config.lut = ""
-    env = _env()
+    env = run_env()
     todo = [(d, s) for d in dtypes for s in shapes if (d, *s) not in done]
     start = time.perf_counter()
     written = 0

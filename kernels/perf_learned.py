@@ -92,6 +92,7 @@ class LearnedModel:
                            torch.tensor(layer["b"], dtype=torch.float64)) for layer in member]
                          for member in params["members"]]
         self._y = (float(params["y_mean"]), float(params["y_std"]))
+        self.winners = [(tuple(w["class"]), tuple(w["mnk"]), tuple(w["best"])) for w in params.get("winners", ())]
 
     def stale_for(self, problem: GemmProblem) -> str:
         """'' when this model was trained on the problem's GPU with this Triton minor version, else why not."""
@@ -110,6 +111,14 @@ class LearnedModel:
     def unseen(self, choices: Sequence[Choice]) -> int:
         """How many of the choices (aten aside) are of templates this model was not trained on."""
         return sum(1 for c in choices if c.backend != "aten" and not self.knows(c))
+
+    def neighbour_winners(self, problem: GemmProblem, neighbours: int) -> list[str]:
+        """The fastest measured choice of each of the `neighbours` training problems nearest to `problem` (same
+        problem_class; distance in log2 M, N, K), nearest first."""
+        cls, here = problem_class(problem), (_log2(problem.m), _log2(problem.n), _log2(problem.k))
+        near = sorted((math.dist(here, tuple(map(_log2, mnk))), mnk, best) for c, mnk, best in self.winners
+                      if c == cls and best)
+        return [best[0] for _, _, best in near[:neighbours]]
 
     def vector(self, problem: GemmProblem, choice: Choice, per_problem: tuple | None = None) -> list[float] | None:
         base = features(problem, choice, per_problem)
@@ -175,6 +184,30 @@ class LearnedModel:
 
 
 # -- training ------------------------------------------------------------------------------------------------------
+WINNERS_PER_PROBLEM = 3
+
+
+def problem_class(problem: GemmProblem) -> tuple:
+    """What two problems must share for one's measured winners to be a candidate list for the other: the op, the
+    dtypes, the layouts and whether each leading dimension is 16-byte aligned (which decides the templates that apply)."""
+    return (problem.op, problem.dtype, problem.out_dtype, problem.layout_a, problem.layout_b,
+            int(problem.leading_dim_aligned("a")), int(problem.leading_dim_aligned("b")))
+
+
+def winners_of(rows: list[tuple[GemmProblem, Choice, float]]) -> list[dict]:
+    """Per training problem (class and M, N, K), the names of its WINNERS_PER_PROBLEM fastest measured choices (a
+    choice timed in several files counts at its fastest), in a stable order."""
+    fastest: dict[tuple, dict[str, float]] = {}
+    for problem, choice, ms in rows:
+        if choice.backend == "aten" or not (ms > 0):
+            continue
+        times = fastest.setdefault((problem_class(problem), (problem.m, problem.n, problem.k)), {})
+        times[choice.name] = min(ms, times.get(choice.name, math.inf))
+    return [{"class": list(cls), "mnk": list(mnk),
+             "best": [n for n, _ in sorted(times.items(), key=lambda t: (t[1], t[0]))[:WINNERS_PER_PROBLEM]]}
+            for (cls, mnk), times in sorted(fastest.items())]
+
+
 def fit(rows: list[tuple[GemmProblem, Choice, float]], meta: dict, *, seed: int = 0, steps: int = 1500,
         hidden: int = 48, lr: float = 3e-3, weight_decay: float = 1e-4, members: int = 5) -> dict:
     """Parameters of `members` MLPs (seeds seed, seed+1, ...) fitted to (problem, choice, measured ms). Same data +
@@ -210,7 +243,8 @@ def fit(rows: list[tuple[GemmProblem, Choice, float]], meta: dict, *, seed: int 
                                                              hidden=hidden, members=members,
                                                              train_rmse_log=round(rmse, 6)),
             "features": names, "templates": templates, "x_mean": mean.tolist(), "x_std": std.tolist(),
-            "y_mean": y_mean, "y_std": y_std, "members": [layers for layers, _ in trained]}
+            "y_mean": y_mean, "y_std": y_std, "members": [layers for layers, _ in trained],
+            "winners": winners_of(rows)}
 
 
 def _train_member(xn, yn, sizes: list[int], seed: int, steps: int, lr: float, weight_decay: float):

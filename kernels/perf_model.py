@@ -300,6 +300,18 @@ ENSEMBLE_PICKS = "mean"
 # aten is as fast: 1.001 / 1.016 with aten beside them either way), H100 int8 and H200 bf16 unchanged.
 HEDGE_FAMILIES = 2
 HEDGE_RATIO = 2.0
+# The MLP interpolates poorly between its ~90 training problems: for int8 4000x4000x320 it predicted 60.9 us for the
+# tile measured at 38.5 us (and moving K from 320 to 256 moved its BK=128 predictions from 39 to 68 us), so its top 5
+# held none of the fast tiles (1.125x the full exhaustive optimum on the H100). The measured winners of the nearest
+# training problems are a prior that needs no interpolation: NEIGHBOUR_PLACES of the top k go to the winners of the
+# NEIGHBOURS nearest training problems of the same class (perf_learned.problem_class), the nearest first. On held-out
+# H100 int8 problems with every exhaustive candidate timed (data/perf/h100_heldout_full_int8.csv, 5 problems) top-5
+# regret went 1.038 / 1.125 -> 1.014 / 1.048 (geomean / worst, aten beside the picks; the same for 2, 3 or 5
+# neighbours, where ordering the winners by the model's prediction gave 1.014, 1.010, 1.028: it trusts the model
+# where it is wrong); on the sampled held-out sets (fewer of the winners were timed there) int8 1.009 / 1.084 and bf16
+# 1.002 / 1.029 before and after.
+NEIGHBOURS = 3
+NEIGHBOUR_PLACES = 2
 
 
 def analytic_share_for(problem: GemmProblem) -> float:
@@ -314,7 +326,8 @@ def top_k(model: PerfModel, problem: GemmProblem, choices: Sequence[Choice], k: 
     predictions over the templates it was trained on, a share of the places for the analytic model's favourites (its
     errors are different ones; default per dtype, analytic_share_for), and one place for the best of the templates it
     has not seen where the analytic model puts that within HEDGE_RATIO of the learned favourite (the learned model
-    predicts those by the analytic estimate, another scale than its own). `ensemble` says how a learned ensemble
+    predicts those by the analytic estimate, another scale than its own), and NEIGHBOUR_PLACES for the measured winners
+    of the training problems nearest to this one (neighbour_picks). `ensemble` says how a learned ensemble
     ranks: "optimistic" (by its fastest member's prediction) or "mean" (by the members' mean); default
     ENSEMBLE_PICKS. `pred`: the model's predictions for `choices`, where the caller has them."""
     if analytic_share is None:
@@ -345,12 +358,27 @@ def top_k(model: PerfModel, problem: GemmProblem, choices: Sequence[Choice], k: 
     if not (unseen and analytic[learned[0]] is not None and unseen_ms[unseen[0]] <= HEDGE_RATIO * analytic[learned[0]]):
         unseen = []
     n_analytic = max(1, round(analytic_share * k)) if analytic_share > 0 else 0
-    places = max(1, k - n_analytic - len(unseen))
+    nearby = neighbour_picks(model, problem, choices, NEIGHBOUR_PLACES) if k > 2 else []
+    places = max(1, k - n_analytic - len(unseen) - len(nearby))
     picked = _merge(family_heads(choices, known, HEDGE_FAMILIES, HEDGE_RATIO), learned, places) + unseen
     # the analytic share goes to trained templates too: the unseen ones have had their one place
     analytic_known = [ms if t else None for ms, t in zip(analytic, trained)]
     fill = ([i for i in _fastest_first(analytic_known) if analytic_known[i] is not None] if analytic_share > 0 else [])
-    return _merge(picked, fill + learned + ranked, k)
+    return _merge(picked + nearby, fill + learned + ranked, k)
+
+
+def neighbour_picks(model: PerfModel, problem: GemmProblem, choices: Sequence[Choice], places: int) -> list[int]:
+    """Indices of at most `places` distinct choices that won one of the NEIGHBOURS training problems nearest to
+    `problem` (a learned model's memory of its data), the nearest problem's first."""
+    winners = getattr(model, "neighbour_winners", None)
+    if winners is None:
+        return []
+    index = {c.name: i for i, c in enumerate(choices)}
+    found: list[int] = []
+    for name in winners(problem, NEIGHBOURS):
+        if name in index and index[name] not in found:
+            found.append(index[name])
+    return found[:places]
 
 
 def family_heads(choices: Sequence[Choice], pred: Sequence[float | None], families: int, ratio: float) -> list[int]:

@@ -366,3 +366,48 @@ def test_learned_member_predictions_average_to_the_prediction():
     for i in range(1, len(cands)):
         assert math.exp(sum(math.log(m[i]) for m in members) / 3) == pytest.approx(mean[i])
         assert len({m[i] for m in members}) == 3                              # members differ by their seed
+
+
+def test_learned_model_keeps_each_training_problems_winners_and_finds_the_nearest_of_its_class():
+    rows = synthetic_rows(SYN_TRAIN[:3], 20)
+    meta = {"gpu": "SYNTHETIC-GPU", "triton": perf_learned._triton_version()}
+    params = perf_learned.fit(rows, meta, steps=30, members=1)
+    winners = {tuple(w["mnk"]): w["best"] for w in params["winners"]}
+    assert set(winners) == set(SYN_TRAIN[:3])
+    for mnk, best in winners.items():
+        timed = sorted((t, c.name) for p, c, t in rows if (p.m, p.n, p.k) == mnk)
+        assert best == [name for _, name in timed[:perf_learned.WINNERS_PER_PROBLEM]]
+    model = perf_learned.LearnedModel(json.loads(json.dumps(params)))      # as saved and loaded
+    near_1024 = problem(1100, 1000, 960, gpu="SYNTHETIC-GPU")
+    assert model.neighbour_winners(near_1024, 1) == [winners[(1024, 1024, 1024)][0]]
+    assert model.neighbour_winners(near_1024, 3) == [winners[s][0] for s in [(1024, 1024, 1024), (512, 512, 512),
+                                                                             (2048, 2048, 2048)]]
+    col_b = GemmProblem(**{**near_1024.__dict__, "stride_b": (1, 960)})     # another layout: another template set
+    assert model.neighbour_winners(col_b, 3) == []
+    del params["winners"]                                                   # a model saved before winners existed
+    assert perf_learned.LearnedModel(params).neighbour_winners(near_1024, 3) == []
+
+
+def test_top_k_gives_the_nearest_training_problems_winners_places_even_when_predicted_slow():
+    from kernels.perf_model import NEIGHBOUR_PLACES, top_k
+
+    p = problem()
+    cands = [Choice("triton", "triton_mm", "bf16", c) for c in candidate_configs(p, "triton_mm", "exhaustive")][:40]
+
+    class Remembers:          # predicts the analytic times; remembers three winners it predicts among the slowest
+        name = "learned"
+
+        def predict(self, p, choices):
+            return AnalyticModel().predict(p, choices)
+
+        def neighbour_winners(self, p, n):
+            return [slowest[0].name, slowest[1].name, slowest[2].name, "not_a_candidate"][:n]
+
+    pred = AnalyticModel().predict(p, cands)
+    slowest = sorted(cands, key=lambda c: -pred[cands.index(c)])
+    picked = top_k(Remembers(), p, cands, 5, analytic_share=0)
+    assert len(picked) == len(set(picked)) == 5
+    winners = [cands.index(c) for c in slowest[:3]]
+    # the nearest problems' winners get the places, however slow the model expects them
+    assert sorted(i for i in picked if i in winners) == sorted(winners[:NEIGHBOUR_PLACES])
+    assert not set(top_k(Remembers(), p, cands, 2, analytic_share=0)) & set(winners)   # k <= 2: the model's own
