@@ -68,11 +68,13 @@ explore)
   done
   ;;
 exhaustive)
-  # EXHAUSTIVE_S (default 400): start no new problem after this; the stage ends by EXHAUSTIVE_S + 160 s
+  # EXHAUSTIVE_S (default 400): start no new problem after this; the stage ends by EXHAUSTIVE_S + 160 s.
+  # EXHAUSTIVE_PROBLEMS: DTYPE:MxNxK,... instead of the list below (the first int8 problem compiles ~3,600 kernels)
   limit=${EXHAUSTIVE_S:-400}
+  problems=${EXHAUSTIVE_PROBLEMS:-int8:640x2560x10240,bf16:4096x128x4096,int8:1234x4321x2345,bf16:768x768x768,int8:200x5120x5120}
   timeout $((limit + 160)) python3 -m bench.exhaustive_reference --time-limit-s "$limit" \
     --json "$OUT/exhaustive_reference.json" --truth-csv "$OUT/exhaustive_truth.csv" \
-    --problems int8:640x2560x10240,bf16:4096x128x4096,int8:1234x4321x2345,bf16:768x768x768,int8:200x5120x5120 \
+    --problems "$problems" \
     2>&1 | grep -v Warning | tee "$OUT/exhaustive_reference.txt" | tail -8
   ;;
 truth)

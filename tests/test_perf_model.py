@@ -411,3 +411,27 @@ def test_top_k_gives_the_nearest_training_problems_winners_places_even_when_pred
     # the nearest problems' winners get the places, however slow the model expects them
     assert sorted(i for i in picked if i in winners) == sorted(winners[:NEIGHBOUR_PLACES])
     assert not set(top_k(Remembers(), p, cands, 2, analytic_share=0)) & set(winners)   # k <= 2: the model's own
+
+
+def test_the_neighbour_place_comes_out_of_the_analytic_share_while_that_keeps_one():
+    from kernels.perf_model import top_k
+
+    p = problem()
+    cands = [Choice("triton", "triton_mm", "bf16", c) for c in candidate_configs(p, "triton_mm", "exhaustive")][:40]
+    pred = AnalyticModel().predict(p, cands)
+    fastest = sorted(range(len(cands)), key=lambda i: (pred[i], i))
+
+    class ReversedRemembers:   # ranks opposite to the analytic model; remembers one mid-field winner
+        name = "learned"
+
+        def predict(self, p, choices):
+            return [-t for t in AnalyticModel().predict(p, choices)]
+
+        def neighbour_winners(self, p, n):
+            return [cands[fastest[20]].name]
+
+    picked = top_k(ReversedRemembers(), p, cands, 5, analytic_share=0.4)
+    # 3 learned (the analytic model's slowest), the winner, 1 analytic favourite (the share was 2)
+    assert sorted(picked) == sorted([fastest[-1], fastest[-2], fastest[-3], fastest[20], fastest[0]])
+    picked = top_k(ReversedRemembers(), p, cands, 5, analytic_share=0)
+    assert sorted(picked) == sorted([fastest[-1], fastest[-2], fastest[-3], fastest[-4], fastest[20]])
