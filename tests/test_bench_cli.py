@@ -71,3 +71,23 @@ def test_fast_preset_times_its_winner_beside_the_dataset_best():
     assert _side_by_side(p, winner.runner, winner.choice)["ratio"] == 1.0
     unbuildable = Choice("triton", "triton_mm", "fp16", None)          # no config: the template cannot render
     assert "did not build" in _side_by_side(p, winner.runner, unbuildable)["error"]
+
+
+def test_fast_preset_summary_splits_new_shapes_by_whether_their_picks_were_built():
+    from bench.fast_preset import summarize
+
+    def row(dtype, ratio, same, seconds, compiles):
+        return {"problem": ["mm", dtype, 64, 64, 64], "ratio": ratio, "same_run": {"ratio": same},
+                "fast_benchmarks": 6, "dataset_candidates": 60,
+                "new_shape": {"seconds": seconds, "compiles": compiles}}
+
+    rows = [row("bf16", 0.9, 1.0, 0.5, 0), row("bf16", 1.1, 1.02, 0.7, 0), row("bf16", 1.0, 0.95, 2.0, 3),
+            {"problem": ["int_mm", "int8", 8, 8, 8], "error": "no candidate"}]
+    s = summarize(rows)
+    assert list(s) == ["bf16"]
+    b = s["bf16"]
+    assert b["problems"] == 3 and b["worst"] == 1.1 and b["same_run_worst"] == 1.02
+    assert b["geomean"] == pytest.approx((0.9 * 1.1 * 1.0) ** (1 / 3))
+    assert (b["new_shape_warm"], b["new_shape_warm_max_s"], b["new_shape_compiled"], b["new_shape_compiled_max_s"]) \
+        == (2, 0.7, 1, 2.0)
+    assert b["timed_dataset"] / b["timed_fast"] == 10
