@@ -12,8 +12,8 @@
 #   bash bench/gpu_check.sh explore    issue 6: every int8 training problem again, at the shipped model's top 32 plus
 #                                      32 configs drawn per problem (--explore), into one new CSV
 #   bash bench/gpu_check.sh exhaustive issue 6: the fast preset against a full exhaustive benchmark (74-150 s a problem)
-#   bash bench/gpu_check.sh truth      issue 6: every exhaustive candidate timed on int8 held-out problems, into a CSV
-#                                      (offline ground truth: `model eval` then scores top-k over the whole space)
+#   bash bench/gpu_check.sh truth      issue 6: every exhaustive candidate timed on the held-out problems not yet in
+#                                      data/perf/h100_heldout_full_*.csv.gz (offline ground truth for `model eval`)
 # (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)
 set -u
 OUT=${OUT:-results/gpu_check}
@@ -78,9 +78,15 @@ exhaustive)
     2>&1 | grep -v Warning | tee "$OUT/exhaustive_reference.txt" | tail -8
   ;;
 truth)
-  timeout 570 python3 -m kernels model collect --dtypes int8 --max-configs 0 --time-limit 420 \
-    --shapes 4000x4000x320,1024x8192x512,768x768x768,3000x2000x1000,8192x1024x1024,1234x4321x2345,200x5120x5120,64x64x65536 \
-    --out "$OUT/h100_heldout_full_int8.csv" 2>&1 | grep -v Warning | tail -12
+  # TRUTH_DTYPE (int8 or bf16, default int8): the held-out list, resumed against the committed ground truth (problems
+  # already there are skipped); only the new problems' rows come back, as $OUT/h100_heldout_full_<dtype>_new.csv.gz
+  # (append them to data/perf/h100_heldout_full_<dtype>.csv.gz). Each problem takes 20-190 s on the H100.
+  dtype=${TRUTH_DTYPE:-int8}; truth=/tmp/h100_heldout_full_$dtype.csv
+  gzip -dc "data/perf/h100_heldout_full_$dtype.csv.gz" > "$truth"
+  before=$(wc -l < "$truth")
+  timeout 570 python3 -m kernels model collect --dtypes "$dtype" --max-configs 0 --time-limit "${TRUTH_S:-420}" \
+    --shapes heldout --resume --out "$truth" 2>&1 | grep -v Warning | tail -12
+  { head -1 "$truth"; tail -n +$((before + 1)) "$truth"; } | gzip > "$OUT/h100_heldout_full_${dtype}_new.csv.gz"
   ;;
 fast)
   timeout 560 python3 -m bench.fast_preset --data data/perf/h100_heldout_bf16.csv data/perf/h100_heldout_int8.csv \

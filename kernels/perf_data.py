@@ -5,6 +5,7 @@ timing code) over a shape list with an exhaustive search space and appends every
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import os
 import sys
@@ -98,10 +99,11 @@ def append_rows(path: str | os.PathLike, rows: Iterable[dict]) -> None:
 
 
 def read_dataset(paths: Iterable[str | os.PathLike]) -> tuple[list[Row], list[str]]:
-    """Rows of one or more dataset files, and a line per row that could not be read (skipped)."""
+    """Rows of one or more dataset files (plain or gzip-compressed CSV: `.gz`), and a line per row that could not be
+    read (skipped)."""
     rows, bad = [], []
     for path in paths:
-        with open(path, newline="") as f:
+        with (gzip.open(path, "rt", newline="") if str(path).endswith(".gz") else open(path, newline="")) as f:
             for i, rec in enumerate(csv.DictReader(f), 2):
                 try:
                     sa = tuple(int(x) for x in rec["stride_a"].split(":"))

@@ -307,8 +307,8 @@ HEDGE_RATIO = 2.0
 # NEIGHBOURS nearest training problems of the same class (perf_learned.problem_class), the nearest first, out of the
 # analytic share while that keeps one place (bf16: 1 analytic, 1 neighbour, 3 learned; int8: 1 neighbour, 4 learned).
 # Top-5 regret (geomean / worst, aten beside the picks) on H100 held-out problems with every exhaustive candidate timed
-# (data/perf/h100_heldout_full_*.csv): int8 (5 problems) 1.038 / 1.125 -> 1.014 / 1.048; int8 640x2560x10240 and bf16
-# 4096x128x4096 1.000 before and after. Two places taken from the learned ones put bf16 4096x128x4096 at 1.120 (its
+# (data/perf/h100_heldout_full_*.csv.gz): int8 (9 problems) 1.025 / 1.125 -> 1.010 / 1.048; bf16 (6) 1.010 / 1.060
+# before and after. Two places taken from the learned ones put bf16 4096x128x4096 at 1.120 (its
 # second-ranked learned pick was the optimum); ordering the winners by the model's prediction instead of by distance
 # moved with the neighbour count (1.014 / 1.010 / 1.028 for 2 / 3 / 5): it trusts the model where it is wrong. On the
 # sampled held-out sets: int8 1.009 / 1.084 before and after, bf16 1.002 / 1.029 -> 1.0015 / 1.029.

@@ -147,6 +147,10 @@ def test_dataset_csv_round_trip_and_cli_train_eval(tmp_path, capsys):
     back, bad = read_dataset([path])
     assert len(back) == len(rows) and len(bad) == 1 and set(COLUMNS) >= {"gpu", "ms"}
     assert back[0].choice.name == rows[0]["name"] and back[-1].ms is None
+    import gzip
+    packed = tmp_path / "synthetic.csv.gz"                  # committed ground-truth files are gzip-compressed
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert read_dataset([packed]) == (back, [b.replace(str(path), str(packed)) for b in bad])
     out = tmp_path / "model.json"
     assert main(["model", "train", "--data", str(path), "--out", str(out), "--steps", "60",
                  "--holdout-frac", "0.25", "--note", "SYNTHETIC test data"]) == 0
