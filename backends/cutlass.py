@@ -105,10 +105,9 @@ def load_library(path: Path) -> LoadedKernel:
 
 
 def _leading_dim(problem: GemmProblem, which: str) -> int:
-    stride, layout = (problem.stride_a, problem.layout_a) if which == "a" else (problem.stride_b, problem.layout_b)
-    # a size-1 dimension's stride is arbitrary: any value >= 1 is a valid leading dimension there
-    lead = stride[0] if layout == "row" else stride[1]
-    return max(lead, 1)
+    # a size-1 dimension's stride is arbitrary: any value >= 1 is a valid leading dimension there (strided operands
+    # never get here: the CUTLASS heuristics offer no kernel for them)
+    return max(problem.leading_dim(which) or 1, 1)
 
 
 def _needs_staging(out: torch.Tensor, n: int, align_c: int) -> bool:

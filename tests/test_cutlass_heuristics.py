@@ -158,3 +158,12 @@ def test_ranked_cut_is_one_summary_line_not_one_row_per_candidate():
     assert chosen
     assert not any("ranked below" in why for name, why in skipped.items() if name != "cutlass (ranked cut)")
     assert re.match(r"\d+ more candidates ranked below the 3 built", skipped["cutlass (ranked cut)"])
+
+
+def test_launch_leading_dimensions_follow_the_layout_and_stay_positive():
+    from backends.cutlass import _leading_dim
+
+    p = problem(m=64, n=32, k=48, la="row", lb="col", stride_a=(56, 1), stride_b=(1, 40))
+    assert (_leading_dim(p, "a"), _leading_dim(p, "b")) == (56, 40)
+    one_row = problem(m=1, n=32, k=48, stride_a=(0, 1))          # a broadcast row: its stride is arbitrary
+    assert _leading_dim(one_row, "a") == 1
