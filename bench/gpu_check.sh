@@ -80,7 +80,7 @@ exhaustive)
 truth)
   # TRUTH_DTYPE (int8 or bf16, default int8): the held-out list, resumed against the committed ground truth (problems
   # already there are skipped); only the new problems' rows come back, as $OUT/h100_heldout_full_<dtype>_new.csv.gz
-  # (append them to data/perf/h100_heldout_full_<dtype>.csv.gz). Each problem takes 20-190 s on the H100.
+  # (append: gzip -dc NEW | tail -n +2 | gzip >> data/perf/h100_heldout_full_<dtype>.csv.gz). 20-190 s a problem.
   dtype=${TRUTH_DTYPE:-int8}; truth=/tmp/h100_heldout_full_$dtype.csv
   gzip -dc "data/perf/h100_heldout_full_$dtype.csv.gz" > "$truth"
   before=$(wc -l < "$truth")
