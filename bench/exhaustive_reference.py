@@ -34,7 +34,7 @@ def compare(problem, backends: tuple[str, ...], repeats: int = 3, budget_ms: flo
     """Tune `problem` with the fast preset, then with every exhaustive candidate; the winners' side-by-side ratios.
     `truth_csv`: every exhaustive candidate's timing is appended there (the dataset format of `model collect`), the
     offline ground truth `python -m kernels model eval` scores a model's top k against."""
-    from bench.fast_preset import _tuned, timed_together
+    from bench.fast_preset import tuned, timed_together
     from kernels.config import config
     from kernels.verify import make_inputs
 
@@ -42,9 +42,9 @@ def compare(problem, backends: tuple[str, ...], repeats: int = 3, budget_ms: flo
     try:
         config._overrides.clear()
         config.preset = "fast"
-        fast = _tuned(problem, backends)
+        fast = tuned(problem, backends)
         config.benchmark_space = "all"
-        full = _tuned(problem, backends)
+        full = tuned(problem, backends)
     finally:
         config._overrides.clear()
         config._overrides.update(saved)
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from bench.fast_preset import _problem
+    from bench.fast_preset import cuda_problem
 
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (a full exhaustive tune under the interpreter would take hours)")
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         if time.perf_counter() - start > args.time_limit_s:
             print(f"time limit: stopping before {dtype} {m}x{n}x{k}", flush=True)
             break
-        row = {"problem": [op, dtype, m, n, k], **compare(_problem(op, dtype, m, n, k), backends,
+        row = {"problem": [op, dtype, m, n, k], **compare(cuda_problem(op, dtype, m, n, k), backends,
                                                                        truth_csv=args.truth_csv)}
         rows.append(row)
         f, e = row["fast"], row["exhaustive"]

@@ -104,7 +104,8 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
 
 
-def _problem(op: str, dtype: str, m: int, n: int, k: int):
+def cuda_problem(op: str, dtype: str, m: int, n: int, k: int):
+    """The GemmProblem of row-major (m, k) x (k, n) operands of `dtype` on this GPU."""
     from kernels.problem import DTYPES_BY_NAME, GemmProblem
 
     t = DTYPES_BY_NAME[dtype]
@@ -113,7 +114,9 @@ def _problem(op: str, dtype: str, m: int, n: int, k: int):
     return GemmProblem.from_tensors(op, a, b)
 
 
-def _tuned(problem, backends) -> dict:
+def tuned(problem, backends) -> dict:
+    """Tune `problem` under the current config: winner, its time, seconds, compiles and benchmarks it cost, notes;
+    plus "runner" and "selection" (objects, for the caller to use and pop before writing JSON)."""
     from kernels import counters
     from kernels.autotune import tune
 
@@ -162,10 +165,10 @@ def main(argv=None) -> int:
         if time.perf_counter() - start > args.time_limit_s:
             break
         per_dtype[dtype] = per_dtype.get(dtype, 0) + 1
-        problem = _problem(op, dtype, m, n, k)
+        problem = cuda_problem(op, dtype, m, n, k)
         model, why = model_for(problem)
         try:
-            fast = _tuned(problem, backends)
+            fast = tuned(problem, backends)
         except Exception as e:  # noqa: BLE001 - one failing problem is a row, not the end of the run
             rows.append({"problem": list(key), "error": f"{type(e).__name__}: {e}"})
             continue
@@ -179,7 +182,7 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - the side-by-side is a second opinion, not the row
             row["same_run"] = {"error": f"{type(e).__name__}: {e}"}
         # another M with the same N, K: its binaries are the ones just built (M is a runtime argument)
-        new_shape = _tuned(_problem(op, dtype, m + 16, n, k), backends)
+        new_shape = tuned(cuda_problem(op, dtype, m + 16, n, k), backends)
         new_shape.pop("runner")
         new_shape.pop("selection")
         row["new_shape"] = new_shape

@@ -92,7 +92,7 @@ class LearnedModel:
                            torch.tensor(layer["b"], dtype=torch.float64)) for layer in member]
                          for member in params["members"]]
         self._y = (float(params["y_mean"]), float(params["y_std"]))
-        self.winners = [(tuple(w["class"]), tuple(w["mnk"]), tuple(w["best"])) for w in params.get("winners", ())]
+        self.winners = [(tuple(w["class"]), tuple(w["mnk"]), w["winner"]) for w in params.get("winners", ())]
 
     def stale_for(self, problem: GemmProblem) -> str:
         """'' when this model was trained on the problem's GPU with this Triton minor version, else why not."""
@@ -116,9 +116,9 @@ class LearnedModel:
         """The fastest measured choice of each of the `neighbours` training problems nearest to `problem` (same
         problem_class; distance in log2 M, N, K), nearest first."""
         cls, here = problem_class(problem), (_log2(problem.m), _log2(problem.n), _log2(problem.k))
-        near = sorted((math.dist(here, tuple(map(_log2, mnk))), mnk, best) for c, mnk, best in self.winners
-                      if c == cls and best)
-        return [best[0] for _, _, best in near[:neighbours]]
+        near = sorted((math.dist(here, tuple(map(_log2, mnk))), mnk, winner) for c, mnk, winner in self.winners
+                      if c == cls)
+        return [winner for _, _, winner in near[:neighbours]]
 
     def vector(self, problem: GemmProblem, choice: Choice, per_problem: tuple | None = None) -> list[float] | None:
         base = features(problem, choice, per_problem)
@@ -184,9 +184,6 @@ class LearnedModel:
 
 
 # -- training ------------------------------------------------------------------------------------------------------
-WINNERS_PER_PROBLEM = 3
-
-
 def problem_class(problem: GemmProblem) -> tuple:
     """What two problems must share for one's measured winners to be a candidate list for the other: the op, the
     dtypes, the layouts and whether each leading dimension is 16-byte aligned (which decides the templates that apply)."""
@@ -195,16 +192,15 @@ def problem_class(problem: GemmProblem) -> tuple:
 
 
 def winners_of(rows: list[tuple[GemmProblem, Choice, float]]) -> list[dict]:
-    """Per training problem (class and M, N, K), the names of its WINNERS_PER_PROBLEM fastest measured choices (a
-    choice timed in several files counts at its fastest), in a stable order."""
+    """Per training problem (class and M, N, K), the name of its fastest measured choice (a choice timed in several
+    files counts at its fastest; ties by name), in a stable order."""
     fastest: dict[tuple, dict[str, float]] = {}
     for problem, choice, ms in rows:
         if choice.backend == "aten" or not (ms > 0):
             continue
         times = fastest.setdefault((problem_class(problem), (problem.m, problem.n, problem.k)), {})
         times[choice.name] = min(ms, times.get(choice.name, math.inf))
-    return [{"class": list(cls), "mnk": list(mnk),
-             "best": [n for n, _ in sorted(times.items(), key=lambda t: (t[1], t[0]))[:WINNERS_PER_PROBLEM]]}
+    return [{"class": list(cls), "mnk": list(mnk), "winner": min(times, key=lambda n: (times[n], n))}
             for (cls, mnk), times in sorted(fastest.items())]
 
 

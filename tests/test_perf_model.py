@@ -376,16 +376,15 @@ def test_learned_model_keeps_each_training_problems_winners_and_finds_the_neares
     rows = synthetic_rows(SYN_TRAIN[:3], 20)
     meta = {"gpu": "SYNTHETIC-GPU", "triton": perf_learned._triton_version()}
     params = perf_learned.fit(rows, meta, steps=30, members=1)
-    winners = {tuple(w["mnk"]): w["best"] for w in params["winners"]}
+    winners = {tuple(w["mnk"]): w["winner"] for w in params["winners"]}
     assert set(winners) == set(SYN_TRAIN[:3])
-    for mnk, best in winners.items():
-        timed = sorted((t, c.name) for p, c, t in rows if (p.m, p.n, p.k) == mnk)
-        assert best == [name for _, name in timed[:perf_learned.WINNERS_PER_PROBLEM]]
+    for mnk, winner in winners.items():
+        assert winner == min((t, c.name) for p, c, t in rows if (p.m, p.n, p.k) == mnk)[1]
     model = perf_learned.LearnedModel(json.loads(json.dumps(params)))      # as saved and loaded
     near_1024 = problem(1100, 1000, 960, gpu="SYNTHETIC-GPU")
-    assert model.neighbour_winners(near_1024, 1) == [winners[(1024, 1024, 1024)][0]]
-    assert model.neighbour_winners(near_1024, 3) == [winners[s][0] for s in [(1024, 1024, 1024), (512, 512, 512),
-                                                                             (2048, 2048, 2048)]]
+    assert model.neighbour_winners(near_1024, 1) == [winners[(1024, 1024, 1024)]]
+    assert model.neighbour_winners(near_1024, 3) == [winners[s] for s in [(1024, 1024, 1024), (512, 512, 512),
+                                                                          (2048, 2048, 2048)]]
     col_b = GemmProblem(**{**near_1024.__dict__, "stride_b": (1, 960)})     # another layout: another template set
     assert model.neighbour_winners(col_b, 3) == []
     del params["winners"]                                                   # a model saved before winners existed
