@@ -81,15 +81,21 @@ truth)
   # TRUTH_DTYPE (int8 or bf16, default int8): the held-out list, resumed against the committed ground truth (problems
   # already there are skipped); only the new problems' rows come back, as $OUT/h100_heldout_full_<dtype>_new.csv.gz
   # (append: gzip -dc NEW | tail -n +2 | gzip >> data/perf/h100_heldout_full_<dtype>.csv.gz). 20-190 s a problem.
+  # A warm machine keeps the last call's rows in /tmp: resume from them unless the committed file is ahead.
   dtype=${TRUTH_DTYPE:-int8}; truth=/tmp/h100_heldout_full_$dtype.csv
-  gzip -dc "data/perf/h100_heldout_full_$dtype.csv.gz" > "$truth"
-  before=$(wc -l < "$truth")
-  timeout 570 python3 -m kernels model collect --dtypes "$dtype" --max-configs 0 --time-limit "${TRUTH_S:-420}" \
-    --shapes heldout --resume --out "$truth" 2>&1 | grep -v Warning | tail -12
+  committed=data/perf/h100_heldout_full_$dtype.csv.gz; before=$(gzip -dc "$committed" | wc -l)
+  if [ ! -f "$truth" ] || [ "$(wc -l < "$truth")" -lt "$before" ]; then gzip -dc "$committed" > "$truth"; fi
+  timeout "${TRUTH_TIMEOUT:-570}" python3 -m kernels model collect --dtypes "$dtype" --max-configs 0 \
+    --time-limit "${TRUTH_S:-420}" --shapes heldout --resume --out "$truth" 2>&1 | grep -v Warning \
+    | tee "$OUT/truth_$dtype.txt" | tail -16
   { head -1 "$truth"; tail -n +$((before + 1)) "$truth"; } | gzip > "$OUT/h100_heldout_full_${dtype}_new.csv.gz"
   ;;
 fast)
-  timeout 560 python3 -m bench.fast_preset --data data/perf/h100_heldout_bf16.csv data/perf/h100_heldout_int8.csv \
-    --time-limit-s 500 --json "$OUT/fast_preset.json" 2>&1 | tee "$OUT/fast_preset.txt" | tail -60
+  # FAST_DATA: the reference datasets (default the 48-96-config samples; the full-exhaustive ground truth is
+  # data/perf/h100_heldout_full_{bf16,int8}.csv.gz); FAST_S (default 500): start no new problem after this
+  data=${FAST_DATA:-data/perf/h100_heldout_bf16.csv data/perf/h100_heldout_int8.csv}; limit=${FAST_S:-500}
+  # shellcheck disable=SC2086 - $data is a list of paths
+  timeout $((limit + 60)) python3 -m bench.fast_preset --data $data \
+    --time-limit-s "$limit" --json "$OUT/fast_preset.json" 2>&1 | tee "$OUT/fast_preset.txt" | tail -60
   ;;
 esac
