@@ -70,3 +70,29 @@ def test_final_round_keeps_a_clear_winner_and_big_problems_untouched(final_round
     assert final_round({"tile": 0.0114, "aten": 0.0119}, {"tile": 0.014, "aten": 0.0054})[0] == "tile"
     config.host_bound_tolerance = 0
     assert final_round({"tile": 0.0116, "aten": 0.0119}, {"tile": 0.014, "aten": 0.0054})[0] == "tile"  # rule off
+
+
+def test_small_calls_send_every_close_first_pass_to_the_final_round(monkeypatch):
+    """First passes of calls under 0.1 ms are host jitter: a tile 1.3x slower than the best first pass is still in the
+    final round, past retime_top; one beyond tune_cutoff is not, nor are any past the cap; big calls keep the top 3."""
+    tiles = [Choice("triton", "triton_mm", "bf16", GemmConfig(16 * (i + 1), 64, 64, 3, 4)) for i in range(12)]
+    choices = {c.name: c for c in tiles}
+    finalists: list[set] = []
+
+    def together(fns, *a, **k):
+        finalists.append(set(fns))
+        return {n: Timing(0.01, 0.01, 0.01, 10, 1) for n in fns}
+    monkeypatch.setattr(autotune, "measure_together", together)
+    monkeypatch.setattr(autotune, "_user_call", lambda runner, sets: runner)
+    monkeypatch.setattr(autotune, "device_time_ms", lambda runner, n_sets: 0.005)
+
+    def final_round(first_pass_ms):
+        timings = {c.name: t for c, t in zip(tiles, first_pass_ms)}
+        autotune._pick_winner(None, timings, choices, {n: n for n in timings}, [], 1, "cuda",
+                              {n: {} for n in timings}, [])
+        return sorted(tiles.index(choices[n]) for n in finalists[-1])
+
+    assert config.retime_top == 3 and config.tune_cutoff == 1.25
+    assert final_round([0.0135, 0.014, 0.0145, 0.0165, 0.018]) == [0, 1, 2, 3]            # 16.5 us: 1.22x the best
+    assert final_round([0.0135 + 0.0001 * i for i in range(12)]) == list(range(autotune.HOST_BOUND_FINALISTS))
+    assert final_round([0.5, 0.51, 0.52, 0.53, 0.54]) == [0, 1, 2]                          # not host bound
