@@ -91,3 +91,29 @@ def test_fast_preset_summary_splits_new_shapes_by_whether_their_picks_were_built
     assert (b["new_shape_warm"], b["new_shape_warm_max_s"], b["new_shape_compiled"], b["new_shape_compiled_max_s"]) \
         == (2, 0.7, 1, 2.0)
     assert b["timed_dataset"] / b["timed_fast"] == 10
+
+
+def test_host_bound_diag_reports_every_timed_choice_fastest_first_with_its_rounds():
+    from types import SimpleNamespace
+
+    from bench.host_bound_diag import report
+
+    sel = SimpleNamespace(
+        timings={"slow": 0.0165, "fast": 0.0119, "broken": "failed verification: max error 3.0"},
+        details={"fast": {"first_pass_ms": 0.0145, "retimed_ms": 0.0119, "gpu_ms": 0.0106}, "slow": {}},
+        notes=["triton: benchmarking 5 of 1179 candidates"])
+    lines = report(sel)
+    assert lines[0].split()[:2] == ["fast", "11.90"] and "first_pass_ms 14.50" in lines[0] and "gpu_ms 10.60" in lines[0]
+    assert lines[1].split()[:2] == ["slow", "16.50"] and "first_pass_ms" not in lines[1]
+    assert lines[2] == "   broken: failed verification: max error 3.0"
+    assert lines[3] == "   note: triton: benchmarking 5 of 1179 candidates"
+
+
+def test_host_bound_diag_needs_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    from bench.host_bound_diag import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--problems", "int8:64x64x65536"])
+    assert e.value.code == 2
