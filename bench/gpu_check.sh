@@ -61,7 +61,8 @@ collect)
   ;;
 explore)
   # train, thin, then extra shape lists into one file; each list gets what is left of ~270 s
-  for shapes in train data/perf/shapes_train_thin.txt data/perf/shapes_train_extra.txt; do
+  # (EXPLORE_SHAPES: other lists, e.g. data/perf/shapes_train_skinny.txt, the eleventh session's)
+  for shapes in ${EXPLORE_SHAPES:-train data/perf/shapes_train_thin.txt data/perf/shapes_train_extra.txt}; do
     left=$((270 - SECONDS)); [ "$left" -gt 20 ] || break
     timeout $((left + 30)) python3 -m kernels model collect --shapes "$shapes" --dtypes int8 --explore --resume \
       --max-configs 64 --time-limit "$left" --out "$OUT/h100_explore_int8.csv" 2>&1 | tail -4

@@ -103,7 +103,8 @@ def test_host_bound_diag_reports_every_timed_choice_fastest_first_with_its_round
         details={"fast": {"first_pass_ms": 0.0145, "retimed_ms": 0.0119, "gpu_ms": 0.0106}, "slow": {}},
         notes=["triton: benchmarking 5 of 1179 candidates"])
     lines = report(sel)
-    assert lines[0].split()[:2] == ["fast", "11.90"] and "first_pass_ms 14.50" in lines[0] and "gpu_ms 10.60" in lines[0]
+    assert lines[0].split()[:2] == ["fast", "11.90"]
+    assert "first_pass_ms 14.50" in lines[0] and "gpu_ms 10.60" in lines[0]
     assert lines[1].split()[:2] == ["slow", "16.50"] and "first_pass_ms" not in lines[1]
     assert lines[2] == "   broken: failed verification: max error 3.0"
     assert lines[3] == "   note: triton: benchmarking 5 of 1179 candidates"
