@@ -3,9 +3,9 @@ the exhaustive search space built and timed), in one process, the two winners th
 
     python -m bench.exhaustive_reference --problems int8:4000x4000x320,bf16:96x22016x4096 --time-limit-s 250
 
-A full exhaustive tune took 74-150 s per problem on the H100 (1,673-2,667 candidates); the datasets behind
-`bench.fast_preset` hold a 48-96-config sample, which the fast preset beats at geomean ~0.9x, so only this says how far
-the fast preset is from the true optimum.
+A full exhaustive tune took 20-190 s per problem on the H100 (900-2,700 candidates). Where the full exhaustive timings
+are already on file (`data/perf/h100_heldout_full_*.csv.gz`, `bash bench/gpu_check.sh truth`), `bench.fast_preset
+--data` on those files makes the same comparison without tuning every candidate again.
 """
 from __future__ import annotations
 

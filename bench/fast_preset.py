@@ -5,6 +5,9 @@ new shape whose binaries are already built (same N, K; another M) is tuned and t
 
     python -m bench.fast_preset --data data/perf/h100_heldout_bf16.csv data/perf/h100_heldout_int8.csv --json out.json
 
+With the full-exhaustive files (`data/perf/h100_heldout_full_{bf16,int8}.csv.gz`) the dataset's best is the full
+exhaustive benchmark's winner.
+
 The dataset's times come from another process (and an older launch path), so each winner is also timed side by
 side with the dataset's best choice, built now, in this run ("same_run"): that ratio is the one to judge by.
 """

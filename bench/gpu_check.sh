@@ -5,7 +5,8 @@
 #   bash bench/gpu_check.sh tests      the core, dynamic and isolation GPU tests (54 mm tunes need ~300 s)
 #   bash bench/gpu_check.sh templates  tests/test_gpu_templates.py, in two runs (~3 min on the H100)
 #   bash bench/gpu_check.sh dynamic    issue 7's sweeps over 64 M for both (K, N)
-#   bash bench/gpu_check.sh fast       issue 6: KERNELS_PRESET=fast on the held-out problems
+#   bash bench/gpu_check.sh fast       issue 6: KERNELS_PRESET=fast on the held-out problems (FAST_DATA: against the
+#                                      full-exhaustive files, ~160 s for both dtypes on the H100)
 #   bash bench/gpu_check.sh collect    issue 6: the extra list's problems at 96 sampled configs (int8 appended to a
 #                                      copy of h100_train_extra_int8.csv, bf16 a new CSV). Ran in the eighth session:
 #                                      the new rows are data/perf/h100_train_extra2_int8.csv and h100_train_extra_bf16.csv
