@@ -130,23 +130,21 @@ class LearnedModel:
         """Learned times (the members' geometric mean) for templates it was trained on; the analytic estimate for
         the others."""
         where, log_ms = self._learned_log_ms(problem, choices)
-        return self._with_analytic(problem, choices, where, log_ms.mean(0).exp().tolist())
+        return _filled(self._analytic_rest(problem, choices, where), where, log_ms.mean(0).exp().tolist())
 
     def predict_members(self, problem: GemmProblem, choices: Sequence[Choice]) -> list[list[float | None]]:
         """One list of times per member, as `predict` (top_k ranks by the fastest member)."""
         where, log_ms = self._learned_log_ms(problem, choices)
-        return [self._with_analytic(problem, choices, where, member) for member in log_ms.exp().tolist()]
+        rest = self._analytic_rest(problem, choices, where)
+        return [_filled(rest, where, member) for member in log_ms.exp().tolist()]
 
     @staticmethod
-    def _with_analytic(problem: GemmProblem, choices: Sequence[Choice], where: list[int],
-                       learned_ms: list[float]) -> list[float | None]:
-        """The learned times at `where`, the analytic estimate for the other choices (only those are estimated: a new
-        shape ranks thousands of choices)."""
+    def _analytic_rest(problem: GemmProblem, choices: Sequence[Choice], where: list[int]) -> list[float | None]:
+        """The analytic estimate of the choices not at `where` (None there): only those are estimated, as a new
+        shape ranks thousands of choices."""
         from kernels.perf_model import AnalyticModel
 
         out: list[float | None] = [None] * len(choices)
-        for i, v in zip(where, learned_ms):
-            out[i] = v
         rest = sorted(set(range(len(choices))) - set(where))
         for i, v in zip(rest, AnalyticModel().predict(problem, [choices[i] for i in rest]) if rest else []):
             out[i] = v
@@ -183,10 +181,19 @@ class LearnedModel:
         return torch.stack(outs)
 
 
+def _filled(base: list[float | None], where: list[int], values: list[float]) -> list[float | None]:
+    """A copy of `base` with `values` at the indices `where`."""
+    out = list(base)
+    for i, v in zip(where, values):
+        out[i] = v
+    return out
+
+
 # -- training ------------------------------------------------------------------------------------------------------
 def problem_class(problem: GemmProblem) -> tuple:
     """What two problems must share for one's measured winners to be a candidate list for the other: the op, the
-    dtypes, the layouts and whether each leading dimension is 16-byte aligned (which decides the templates that apply)."""
+    dtypes, the layouts and whether each leading dimension is 16-byte aligned (which decides the templates that
+    apply)."""
     return (problem.op, problem.dtype, problem.out_dtype, problem.layout_a, problem.layout_b,
             int(problem.leading_dim_aligned("a")), int(problem.leading_dim_aligned("b")))
 
