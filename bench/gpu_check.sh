@@ -12,7 +12,7 @@
 #                                      the new rows are data/perf/h100_train_extra2_int8.csv and h100_train_extra_bf16.csv
 #   bash bench/gpu_check.sh explore    issue 6: every int8 training problem again, at the shipped model's top 32 plus
 #                                      32 configs drawn per problem (--explore), into one new CSV
-#   bash bench/gpu_check.sh exhaustive issue 6: the fast preset against a full exhaustive benchmark (74-150 s a problem)
+#   bash bench/gpu_check.sh exhaustive issue 6: the fast preset against a full exhaustive benchmark (20-190 s a problem)
 #   bash bench/gpu_check.sh truth      issue 6: every exhaustive candidate timed on the held-out problems not yet in
 #                                      data/perf/h100_heldout_full_*.csv.gz (offline ground truth for `model eval`)
 # (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)

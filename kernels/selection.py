@@ -7,6 +7,8 @@ from kernels.choice import Choice
 from kernels.problem import GemmProblem
 
 SCHEMA_VERSION = 1
+# the times tuning's final round adds to a finalist's details (kernels.autotune._pick_winner)
+ROUND_KEYS = ("first_pass_ms", "retimed_ms", "gpu_ms")
 
 
 @dataclass
@@ -53,14 +55,17 @@ class Selection:
                    tune_seconds=float(data.get("tune_seconds", 0.0)), created=float(data.get("created", 0.0)),
                    fingerprint=data.get("fingerprint", {}), notes=list(data.get("notes", [])))
 
-    def table(self) -> str:
-        """The AUTOTUNE table: timed choices sorted by time with % of best, then the failures."""
+    def table(self, rounds: bool = False) -> str:
+        """The AUTOTUNE table: timed choices sorted by time with % of best, then the failures. `rounds`: each timed
+        choice's first-pass, re-timed (final round) and GPU times in us, where tuning took them."""
         ranked = self.ranked()
         best = ranked[0][1] if ranked else float("nan")
         lines = [f"AUTOTUNE {self.problem.short()} -> {self.winner} ({self.source}, {self.tune_seconds:.2f} s)"]
         for name, t in ranked:
             mark = "*" if name == self.winner else " "
-            lines.append(f" {mark} {name:<52} {t * 1e3:10.2f} us  {100 * best / t:6.1f}%")
+            d = self.details.get(name, {}) if rounds else {}
+            extra = "".join(f"  {key} {d[key] * 1e3:.2f}" for key in ROUND_KEYS if key in d)
+            lines.append(f" {mark} {name:<52} {t * 1e3:10.2f} us  {100 * best / t:6.1f}%{extra}")
         for name, why in self.failures().items():
             lines.append(f"   {name:<52} {why[:160]}")
         lines.extend(f"   note: {n}" for n in self.notes)
