@@ -15,6 +15,8 @@
 #   bash bench/gpu_check.sh exhaustive issue 6: the fast preset against a full exhaustive benchmark (20-190 s a problem)
 #   bash bench/gpu_check.sh truth      issue 6: every exhaustive candidate timed on the held-out problems not yet in
 #                                      data/perf/h100_heldout_full_*.csv.gz (offline ground truth for `model eval`)
+#   bash bench/gpu_check.sh relabel    issue 6: GPU time of the short problems' candidates (`model relabel`): the
+#                                      held-out ones' 96 fastest, then every candidate of the training files' ones
 # (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)
 set -u
 OUT=${OUT:-results/gpu_check}
@@ -91,6 +93,17 @@ truth)
     --time-limit "${TRUTH_S:-420}" --shapes heldout --resume --out "$truth" 2>&1 | grep -v Warning \
     | tee "$OUT/truth_$dtype.txt" | tail -16
   { head -1 "$truth"; tail -n +$((before + 1)) "$truth"; } | gzip > "$OUT/h100_heldout_full_${dtype}_new.csv.gz"
+  ;;
+relabel)
+  # RELABEL_S (default 480): start no new problem after this. Held-out first (the offline ground truth for scoring),
+  # then training, the shortest problems first; a warm machine resumes from its /tmp files. Both come back gzipped.
+  limit=${RELABEL_S:-480}; held=/tmp/h100_heldout_gpu.csv; train=/tmp/h100_train_gpu.csv
+  timeout $((limit + 60)) python3 -m kernels model relabel --top 96 --time-limit $((limit / 4)) --out "$held" \
+    --data data/perf/h100_heldout_full_int8.csv.gz data/perf/h100_heldout_full_bf16.csv.gz 2>&1 | tail -16
+  left=$((limit - SECONDS)); [ "$left" -gt 20 ] && \
+    timeout $((left + 60)) python3 -m kernels model relabel --time-limit "$left" --out "$train" \
+      --data data/perf/h100_train_*.csv data/perf/h100_explore_*.csv 2>&1 | tail -70
+  for f in "$held" "$train"; do [ -f "$f" ] && gzip -c "$f" > "$OUT/$(basename "$f").gz"; done
   ;;
 fast)
   # FAST_DATA: the reference datasets (default the 48-96-config samples; the full-exhaustive ground truth is

@@ -135,12 +135,23 @@ def _model_collect(args) -> int:
     return 0 if n else 1
 
 
-def _load_rows(paths, gpu: str | None):
+def _model_relabel(args) -> int:
+    from kernels.perf_relabel import relabel
+
+    n = relabel(args.data, args.out, below_ms=args.below_us / 1e3, top=args.top or None,
+                time_limit_s=args.time_limit)
+    print(f"wrote {n} rows to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _load_rows(paths, gpu: str | None, for_training: bool = False):
+    """This GPU's rows of the dataset files, each problem's labels as kernels.perf_data.gpu_labelled gives them."""
     from collections import Counter
 
-    from kernels.perf_data import read_dataset
+    from kernels.perf_data import gpu_labelled, read_dataset
 
     rows, bad = read_dataset(paths)
+    rows = gpu_labelled(rows, keep_unlabelled=not for_training)
     for line in bad[:10]:
         print(f"skipped row {line}", file=sys.stderr)
     gpus = Counter(r.gpu for r in rows if r.ms is not None)
@@ -175,7 +186,7 @@ def _model_train(args) -> int:
     from kernels import perf_learned
     from kernels.perf_eval import problem_key
 
-    rows, gpu = _load_rows(args.data, args.gpu)
+    rows, gpu = _load_rows(args.data, args.gpu, for_training=True)
     held: set = set()
     if args.holdout_frac > 0:
         keys = sorted({problem_key(r) for r in rows}, key=lambda t: hashlib.sha256(repr(t).encode()).hexdigest())
@@ -213,7 +224,7 @@ def _model_cv(args) -> int:
     ensemble picks. Folds run in parallel processes (--jobs); each fit is the single-threaded, seeded one."""
     from kernels.perf_eval import cv_fold, geomean, problem_key
 
-    rows, gpu = _load_rows(args.data, args.gpu)
+    rows, gpu = _load_rows(args.data, args.gpu, for_training=True)
     dtypes = {d.strip() for d in args.dtypes.split(",")} if args.dtypes else None
     problems = sorted({problem_key(r) for r in rows if dtypes is None or r.problem.dtype in dtypes})
     shares = [float(x) for x in args.shares.split(",")]
@@ -309,6 +320,13 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--time-limit", type=float, default=None, help="start no new problem after this many seconds")
     col.add_argument("--resume", action="store_true", help="append to --out, skipping problems already there")
     col.add_argument("--out", required=True, help="dataset CSV to write")
+    rel = model.add_parser("relabel", help="(GPU) GPU time of every candidate of a dataset's short problems")
+    rel.add_argument("--data", nargs="+", required=True, help="dataset CSV file(s) collected on this GPU")
+    rel.add_argument("--out", required=True, help="dataset CSV to append to (problems already there are skipped)")
+    rel.add_argument("--below-us", type=float, default=25.0,
+                     help="relabel problems whose fastest call is under this many us (default 25)")
+    rel.add_argument("--top", type=int, default=0, help="only the N fastest candidates per problem (default all)")
+    rel.add_argument("--time-limit", type=float, default=None, help="start no new problem after this many seconds")
     for name, helptext in (("train", "fit the learned model"), ("eval", "score the models on a dataset"),
                            ("cv", "leave-one-problem-out cross-validation of the learned model and the top-k blend")):
         p = model.add_parser(name, help=helptext)
@@ -347,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fastpath_build(args)
     if args.command == "lut":
         return _lut_export(args) if args.lut_command == "export" else _lut_check(args)
-    if args.model_command == "collect":
-        return _model_collect(args)
+    if args.model_command in ("collect", "relabel"):
+        return _model_collect(args) if args.model_command == "collect" else _model_relabel(args)
     return {"train": _model_train, "eval": _model_eval, "cv": _model_cv}[args.model_command](args)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import math
 import os
 import sys
 import time
@@ -18,7 +19,9 @@ from kernels.choice import Choice
 from kernels.problem import GemmProblem
 
 COLUMNS = ("gpu", "arch", "device", "triton", "torch", "kernels", "date", "op", "dtype", "out_dtype", "precision",
-           "m", "n", "k", "stride_a", "stride_b", "backend", "template", "name", "choice", "ms", "status")
+           "m", "n", "k", "stride_a", "stride_b", "backend", "template", "name", "choice", "ms", "status", "gpu_ms")
+# gpu_ms: GPU time per call with the host taken out (kernels.timing.device_time_ms), written by `model relabel` for
+# problems whose calls are short enough for host cost to set `ms`; empty elsewhere (and in files older than it)
 
 # training shapes: square, skinny (decode-like M), large K, odd sizes
 TRAIN_SHAPES = ((512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (16, 4096, 4096),
@@ -64,6 +67,7 @@ class Row:
     gpu: str
     triton: str
     date: str
+    gpu_ms: float | None = None
 
 
 def selection_rows(sel, env: dict) -> list[dict]:
@@ -85,15 +89,21 @@ def selection_rows(sel, env: dict) -> list[dict]:
 
 
 def append_rows(path: str | os.PathLike, rows: Iterable[dict]) -> None:
+    """Append to a dataset CSV, in the columns of its header when it has one (a file written before a column was
+    added stays readable: the new column is left out of it)."""
     path = Path(path)
     new = not path.exists() or path.stat().st_size == 0
     path.parent.mkdir(parents=True, exist_ok=True)
+    columns = COLUMNS
+    if not new:
+        with open(path, newline="") as f:
+            columns = tuple(next(csv.reader(f), COLUMNS))
     with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=columns)
         if new:
             writer.writeheader()
         for row in rows:
-            writer.writerow({c: row.get(c, "") for c in COLUMNS})
+            writer.writerow({c: row.get(c, "") for c in columns})
         f.flush()
         os.fsync(f.fileno())
 
@@ -114,10 +124,45 @@ def read_dataset(paths: Iterable[str | os.PathLike]) -> tuple[list[Row], list[st
                                           device_name=rec["gpu"], precision=rec["precision"])
                     choice = Choice.from_dict(json.loads(rec["choice"]))
                     ms = float(rec["ms"]) if rec["status"] == "ok" else None
-                    rows.append(Row(problem, choice, ms, rec["status"], rec["gpu"], rec["triton"], rec["date"]))
+                    gpu_ms = float(rec["gpu_ms"]) if rec.get("gpu_ms") and ms is not None else None
+                    rows.append(Row(problem, choice, ms, rec["status"], rec["gpu"], rec["triton"], rec["date"],
+                                    gpu_ms))
                 except (KeyError, ValueError, TypeError, AttributeError) as e:
                     bad.append(f"{path}:{i}: {type(e).__name__}: {e}")
     return rows, bad
+
+
+def problem_of(row: Row) -> tuple:
+    """What makes two rows the same problem: op, dtype, M, N, K and the operand strides."""
+    p = row.problem
+    return (p.op, p.dtype, p.out_dtype, p.m, p.n, p.k, p.stride_a, p.stride_b)
+
+
+def gpu_labelled(rows: list[Row], keep_unlabelled: bool) -> list[Row]:
+    """Rows with `ms` set to what a model should rank by: in problems that have GPU times (`model relabel`), each
+    candidate's GPU time (its fastest where several rows time it), the host-set call time being noise there; other
+    problems' rows as they are. A relabelled problem's candidates without a GPU time are dropped, or, with
+    `keep_unlabelled`, kept at their call time: an upper bound of their GPU time (for scoring picks, never for
+    training)."""
+    from dataclasses import replace
+
+    labelled = {problem_of(r) for r in rows if r.gpu_ms is not None}
+    best: dict[tuple, Row] = {}
+    out: list[Row] = []
+    for r in rows:
+        key = problem_of(r)
+        if key not in labelled:
+            out.append(r)
+            continue
+        if r.gpu_ms is None and not keep_unlabelled:
+            continue
+        cand = replace(r, ms=r.gpu_ms) if r.gpu_ms is not None else r
+        name = (key, r.choice.name)
+        held = best.get(name)
+        # a GPU time beats a call time; among like ones the faster counts
+        if held is None or (held.gpu_ms is None, held.ms or math.inf) > (cand.gpu_ms is None, cand.ms or math.inf):
+            best[name] = cand
+    return out + list(best.values())
 
 
 def run_env() -> dict:

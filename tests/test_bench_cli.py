@@ -91,6 +91,20 @@ def test_fast_preset_summary_splits_new_shapes_by_whether_their_picks_were_built
     assert (b["new_shape_warm"], b["new_shape_warm_max_s"], b["new_shape_compiled"], b["new_shape_compiled_max_s"]) \
         == (2, 0.7, 1, 2.0)
     assert b["timed_dataset"] / b["timed_fast"] == 10
+    assert b["gpu_time_problems"] == 0 and b["judged_worst"] == 1.02
+
+
+def test_fast_preset_summary_judges_short_calls_by_gpu_time():
+    """Where the side-by-side has GPU times (calls under 0.1 ms) they judge the pick; elsewhere the call times do."""
+    from bench.fast_preset import summarize
+
+    rows = [{"problem": ["mm", "bf16", 24, 64, 64], "ratio": 1.2, "fast_benchmarks": 6, "dataset_candidates": 60,
+             "same_run": {"ratio": 0.98, "gpu_ratio": 1.2}, "new_shape": {"seconds": 0.5, "compiles": 0}},
+            {"problem": ["mm", "bf16", 4096, 64, 64], "ratio": 1.0, "fast_benchmarks": 6, "dataset_candidates": 60,
+             "same_run": {"ratio": 1.05}, "new_shape": {"seconds": 0.5, "compiles": 0}}]
+    b = summarize(rows)["bf16"]
+    assert b["same_run_worst"] == 1.05 and b["gpu_time_problems"] == 1
+    assert b["judged_worst"] == 1.2 and b["judged_geomean"] == pytest.approx((1.2 * 1.05) ** 0.5)
 
 
 def test_selection_table_with_rounds_lists_every_timed_choice_fastest_first_with_its_round_times():

@@ -1,0 +1,93 @@
+"""GPU-time labels (kernels.perf_relabel, kernels.perf_data.gpu_labelled): what training and scoring rank a short
+problem's candidates by, the relabel run through the interpreter with a stand-in GPU timer, and the dataset's
+backward-compatible `gpu_ms` column."""
+import csv
+
+from kernels.choice import Choice
+from kernels.heuristics import GemmConfig
+from kernels.perf_data import COLUMNS, Row, append_rows, collect, gpu_labelled, read_dataset
+from kernels.perf_relabel import plan, relabel
+from kernels.problem import GemmProblem
+
+GPU = "NVIDIA H100 80GB HBM3"
+
+
+def _problem(m, n, k):
+    return GemmProblem(op="mm", m=m, n=n, k=k, dtype="bf16", out_dtype="bf16", stride_a=(k, 1), stride_b=(n, 1),
+                       align_a=16, align_b=16, device="cuda", arch=90, device_name=GPU)
+
+
+def _row(p, bm, ms, gpu_ms=None, backend="triton"):
+    choice = (Choice("aten", "aten_mm", "bf16") if backend == "aten"
+              else Choice("triton", "triton_mm", "bf16", GemmConfig(bm, 64, 64, 3, 4)))
+    return Row(p, choice, ms, "ok", GPU, "3.6.0", "2026-11-23", gpu_ms)
+
+
+def test_gpu_labels_replace_call_times_only_in_relabelled_problems():
+    short, long = _problem(24, 6144, 1536), _problem(4096, 4096, 4096)
+    rows = [_row(short, 32, 0.0101), _row(short, 64, 0.0100), _row(short, 128, 0.0130),     # the collected file
+            _row(short, 32, 0.0101, 0.0087), _row(short, 64, 0.0100, 0.0095),               # the relabel file
+            _row(long, 128, 0.5), _row(long, 64, 0.7)]
+    train = gpu_labelled(rows, keep_unlabelled=False)
+    by = {(r.problem.m, r.choice.config.block_m): r.ms for r in train}
+    # the short problem ranks by GPU time (32 beats 64, the reverse of the call times); 128 has none: not trained on
+    assert by == {(24, 32): 0.0087, (24, 64): 0.0095, (4096, 128): 0.5, (4096, 64): 0.7}
+    assert len(train) == 4
+    scored = {(r.problem.m, r.choice.config.block_m): r.ms for r in gpu_labelled(rows, keep_unlabelled=True)}
+    # scoring keeps 128 at its call time: an upper bound of its GPU time
+    assert scored[(24, 128)] == 0.0130 and scored[(24, 32)] == 0.0087
+
+
+def test_plan_picks_short_problems_fastest_first_with_aten():
+    short, shorter, long = _problem(64, 64, 4096), _problem(16, 16, 16), _problem(4096, 4096, 4096)
+    rows = [_row(short, 32, 0.020), _row(short, 64, 0.018), _row(short, 16, 0.030), _row(short, 0, 0.05, None, "aten"),
+            _row(shorter, 32, 0.009), _row(long, 128, 0.5), _row(short, 64, 0.017)]
+    todo = plan(rows, GPU, 0.025, top=2)
+    assert [key[3:6] for key, _ in todo] == [(16, 16, 16), (64, 64, 4096)]
+    names = [r.choice.name for r in todo[1][1]]
+    assert names == [_row(short, 64, 0).choice.name, _row(short, 32, 0).choice.name, "aten_mm"]
+    assert todo[1][1][0].ms == 0.017                # a candidate timed twice: its fastest call
+    assert plan(rows, "another GPU", 0.025, None) == []
+
+
+def test_relabel_on_cpu_writes_gpu_times_and_resumes(tmp_path):
+    """Through the interpreter (int8 is exact there), with a stand-in timer: the rows it writes carry `gpu_ms`, read
+    back as the labels of that problem."""
+    data, out = tmp_path / "d.csv", tmp_path / "g.csv"
+    assert collect([(16, 16, 32)], ["int8"], data, max_configs=2, bench_ms=1.0, progress=lambda s: None) > 1
+    calls = []
+
+    def timer(call, n_sets):
+        call(0)
+        calls.append(n_sets)
+        return 0.001 * len(calls)
+
+    lines = []
+    n = relabel([str(data)], str(out), below_ms=1e9, gpu_time=timer, progress=lines.append)
+    rows, bad = read_dataset([out])
+    assert n == len(rows) > 1 and not bad and calls
+    timed = [r for r in rows if r.gpu_ms is not None]
+    assert {r.choice.backend for r in timed} >= {"triton", "aten"} and len(timed) == len(calls)
+    assert all(r.ms is not None for r in timed)          # the collected call time stays beside the GPU time
+    assert any("GPU-timed" in line for line in lines)
+    source, _ = read_dataset([data])
+    merged = gpu_labelled(source + rows, keep_unlabelled=False)
+    assert sorted(r.ms for r in merged) == sorted(r.gpu_ms for r in timed)
+    assert relabel([str(data)], str(out), below_ms=1e9, gpu_time=timer, progress=lines.append) == 0
+
+
+def test_append_keeps_an_older_files_columns(tmp_path):
+    """A file written before `gpu_ms` existed gets rows in its own columns, and reads back."""
+    old = tmp_path / "old.csv"
+    cols = [c for c in COLUMNS if c != "gpu_ms"]
+    with open(old, "w", newline="") as f:
+        csv.writer(f).writerow(cols)
+    p = _problem(16, 16, 16)
+    row = {c: "" for c in COLUMNS} | dict(gpu=GPU, arch=90, device="cuda", op="mm", dtype="bf16", out_dtype="bf16",
+                                           m=16, n=16, k=16, stride_a="16:1", stride_b="16:1", backend="aten",
+                                           choice='{"backend":"aten","template":"aten_mm","dtype":"bf16"}',
+                                           ms="0.01", status="ok", gpu_ms="0.005")
+    append_rows(old, [row])
+    rows, bad = read_dataset([old])
+    assert not bad and len(rows) == 1 and rows[0].ms == 0.01 and rows[0].gpu_ms is None
+    assert rows[0].problem.m == p.m
