@@ -95,12 +95,16 @@ truth)
   { head -1 "$truth"; tail -n +$((before + 1)) "$truth"; } | gzip > "$OUT/h100_heldout_full_${dtype}_new.csv.gz"
   ;;
 relabel)
-  # RELABEL_S (default 480): start no new problem after this. Held-out first (the offline ground truth for scoring),
-  # then training, the shortest problems first; a warm machine resumes from its /tmp files. Both come back gzipped.
+  # RELABEL_S (default 480): start no new problem after this. Held-out first (the offline ground truth for scoring:
+  # RELABEL_TOP fastest calls of each, default 96, 0 = every candidate; RELABEL_HELD_US: problems under it, default
+  # 25), then the training files' problems, every candidate, the shortest first (RELABEL_TRAIN=0 skips them). A warm
+  # machine resumes from its /tmp files. Both come back gzipped.
   limit=${RELABEL_S:-480}; held=/tmp/h100_heldout_gpu.csv; train=/tmp/h100_train_gpu.csv
-  timeout $((limit + 60)) python3 -m kernels model relabel --top 96 --time-limit $((limit / 4)) --out "$held" \
+  held_s=$limit; [ "${RELABEL_TRAIN:-1}" = 0 ] || held_s=$((limit / 4))
+  timeout $((limit + 60)) python3 -m kernels model relabel --top "${RELABEL_TOP:-96}" --time-limit "$held_s" \
+    --below-us "${RELABEL_HELD_US:-25}" --out "$held" \
     --data data/perf/h100_heldout_full_int8.csv.gz data/perf/h100_heldout_full_bf16.csv.gz 2>&1 | tail -16
-  left=$((limit - SECONDS)); [ "$left" -gt 20 ] && \
+  left=$((limit - SECONDS)); [ "${RELABEL_TRAIN:-1}" != 0 ] && [ "$left" -gt 20 ] && \
     timeout $((left + 60)) python3 -m kernels model relabel --time-limit "$left" --out "$train" \
       --data data/perf/h100_train_*.csv data/perf/h100_explore_*.csv 2>&1 | tail -70
   for f in "$held" "$train"; do [ -f "$f" ] && gzip -c "$f" > "$OUT/$(basename "$f").gz"; done

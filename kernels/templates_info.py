@@ -47,6 +47,11 @@ TEMPLATE_CONFIG_LISTS = {
     "triton_tma_int8_mm": "persistent_mm_configs",
 }
 
+# templates whose call is one kernel launch: their host cost per call is the same, so on a short problem their GPU
+# times rank them as their calls rank when the GPU is the bottleneck (kernels.perf_data.gpu_labelled). The others
+# launch more (kmajor: transpose + mm; padded: pad + mm; decompose_k: bmm + reduce) or are a library (aten).
+SINGLE_LAUNCH_TEMPLATES = frozenset({"triton_mm", "triton_int8_mm", "triton_tma_mm", "triton_tma_int8_mm", "split_k"})
+
 # lower is simpler: among candidates whose times tie within noise, the simplest wins
 TEMPLATE_COMPLEXITY = {
     "aten_mm": 0,
