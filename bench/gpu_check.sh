@@ -112,9 +112,11 @@ relabel)
 fast)
   # FAST_DATA: the reference datasets (default the 48-96-config samples; the full-exhaustive ground truth is
   # data/perf/h100_heldout_full_{bf16,int8}.csv.gz); FAST_S (default 500): start no new problem after this
+  # FAST_TAG: a suffix for the output files (e.g. a run with KERNELS_PERF_MODEL=<another model's .json>)
   data=${FAST_DATA:-data/perf/h100_heldout_bf16.csv data/perf/h100_heldout_int8.csv}; limit=${FAST_S:-500}
+  tag=${FAST_TAG:+_$FAST_TAG}
   # shellcheck disable=SC2086 - $data is a list of paths
   timeout $((limit + 60)) python3 -m bench.fast_preset --data $data \
-    --time-limit-s "$limit" --json "$OUT/fast_preset.json" 2>&1 | tee "$OUT/fast_preset.txt" | tail -60
+    --time-limit-s "$limit" --json "$OUT/fast_preset$tag.json" 2>&1 | tee "$OUT/fast_preset$tag.txt" | tail -60
   ;;
 esac
