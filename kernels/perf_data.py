@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kernels.choice import Choice
 from kernels.problem import GemmProblem
+from kernels.timing import LAUNCH_GAP_MS
 
 COLUMNS = ("gpu", "arch", "device", "triton", "torch", "kernels", "date", "op", "dtype", "out_dtype", "precision",
            "m", "n", "k", "stride_a", "stride_b", "backend", "template", "name", "choice", "ms", "status", "gpu_ms")
@@ -138,9 +139,6 @@ def problem_of(row: Row) -> tuple:
     return (p.op, p.dtype, p.out_dtype, p.m, p.n, p.k, p.stride_a, p.stride_b)
 
 
-# what a one-launch call costs beyond its kernel when the GPU is the bottleneck: the 10th percentile of call - GPU
-# time over the one-launch candidates relabelled on the H100 (0.93-1.39 us per template, 2026-11-23)
-LAUNCH_GAP_MS = 0.0012
 
 
 def gpu_labelled(rows: list[Row], keep_unlabelled: bool) -> list[Row]:

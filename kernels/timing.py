@@ -149,6 +149,11 @@ def _side_stream() -> "torch.cuda.Stream":
     return stream
 
 
+# what a one-launch call costs beyond its kernel when the GPU is the bottleneck: the 10th percentile of call - GPU
+# time over the one-launch candidates relabelled on the H100 (0.93-1.39 us per template, 2026-11-23)
+LAUNCH_GAP_MS = 0.0012
+
+
 def device_time_ms(call: Call, n_sets: int, reps: int = 20, replays: int = 10) -> float | None:
     """GPU time per call with the host taken out: `reps` calls (rotating input sets) captured in a CUDA graph and
     replayed. None when the call cannot be captured (that is data, not an error: the caller falls back to the

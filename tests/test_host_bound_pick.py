@@ -96,3 +96,35 @@ def test_small_calls_send_every_close_first_pass_to_the_final_round(monkeypatch)
     assert final_round([0.0135, 0.014, 0.0145, 0.0165, 0.018]) == [0, 1, 2, 3]            # 16.5 us: 1.22x the best
     assert final_round([0.0135 + 0.0001 * i for i in range(12)]) == list(range(autotune.HOST_BOUND_FINALISTS))
     assert final_round([0.5, 0.51, 0.52, 0.53, 0.54]) == [0, 1, 2]                          # not host bound
+
+
+def test_host_set_calls_on_one_launch_path_are_ranked_by_gpu_time():
+    """bf16 768^3 on the H100: two triton_mm tiles ran 15.2 us per call side by side (host-set), 5.5 and 7.7 us on the
+    GPU; a final round that saw them 5% apart by call time must still rank them by GPU time."""
+    call = {"tile_a": 0.0140, "tile_b": 0.0147, "tma": 0.0146, "aten": 0.0145, "far": 0.0190}
+    gpu = {"tile_a": 0.0077, "tile_b": 0.0055, "tma": 0.0050, "aten": 0.0046, "far": 0.0050}
+    path = {"tile_a": "triton_mm", "tile_b": "triton_mm", "tma": "triton_tma_mm", "far": "triton_mm"}
+    # tile_b joins (same path, both waiting on the host, within the cutoff); the TMA tile (another host path), aten
+    # (a library call) and the tile beyond the cutoff do not
+    assert sorted(gpu_ranked_contenders(call, gpu, 0.03, path, 1.25)) == ["tile_a", "tile_b"]
+    assert gpu_ranked_contenders(call, gpu, 0.03) == []                      # no host paths: the 3% rule alone
+    gpu_bound = dict(gpu, tile_a=0.0130)                                     # the fastest call waits on its kernel
+    assert gpu_ranked_contenders(call, gpu_bound, 0.03, path, 1.25) == []
+    b_gpu_bound = dict(gpu, tile_b=0.0140)                                   # tile_b's call is its kernel's time
+    assert gpu_ranked_contenders(call, b_gpu_bound, 0.03, path, 1.25) == []
+
+
+def test_final_round_picks_the_gpu_faster_of_two_host_set_tiles(monkeypatch):
+    slow = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64, 128, 5, 4))
+    fast = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64, 64, 4, 4))
+    choices = {slow.name: slow, fast.name: fast}
+    call = {slow.name: 0.0140, fast.name: 0.0147}
+    gpu = {slow.name: 0.0077, fast.name: 0.0055}
+    monkeypatch.setattr(autotune, "measure_together", lambda fns, *a, **k: {
+        n: Timing(t, t, t, 10, 1) for n, t in call.items()})
+    monkeypatch.setattr(autotune, "_user_call", lambda runner, sets: runner)
+    monkeypatch.setattr(autotune, "device_time_ms", lambda runner, n_sets: gpu[runner])
+    notes: list[str] = []
+    winner = autotune._pick_winner(None, dict(call), choices, {n: n for n in call}, [], 1, "cuda",
+                                   {n: {} for n in call}, notes)
+    assert winner == fast.name and "waiting on the host" in notes[0]
