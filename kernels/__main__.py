@@ -261,6 +261,8 @@ def _model_eval(args) -> int:
     from kernels import perf_learned
 
     rows, gpu = _load_rows(args.data, args.gpu)
+    if args.dtypes:
+        rows = [r for r in rows if r.problem.dtype in {d.strip() for d in args.dtypes.split(",")}]
     learned = None
     if args.model:
         learned, why = perf_learned.load(args.model)
@@ -353,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--note", help="free text stored in the model's meta")
         else:
             p.add_argument("--model", help="learned model parameters (.json); without it only the analytic model")
+            p.add_argument("--dtypes", help="score only problems of these dtypes (comma list)")
     return parser
 
 

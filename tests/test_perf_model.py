@@ -161,6 +161,8 @@ def test_dataset_csv_round_trip_and_cli_train_eval(tmp_path, capsys):
     assert params["meta"]["note"] == "SYNTHETIC test data"
     assert main(["model", "eval", "--data", str(path), "--model", str(out)]) == 0
     assert "top-5 regret" in capsys.readouterr().out
+    assert main(["model", "eval", "--data", str(path), "--model", str(out), "--dtypes", "int8"]) == 0
+    assert "0 problems" in capsys.readouterr().out          # the synthetic data is all bf16
     assert main(["model", "cv", "--data", str(path), "--steps", "30", "--shares", "0,0.4", "--members", "2",
                  "--jobs", "2"]) == 0
     text = capsys.readouterr().out
