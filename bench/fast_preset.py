@@ -26,7 +26,7 @@ import time
 import torch
 
 from kernels.autotune import HOST_BOUND_MAX_MS
-from kernels.templates_info import SINGLE_LAUNCH_TEMPLATES
+from kernels.templates_info import one_launch
 
 
 def _reference(paths: list[str]) -> dict[tuple, dict]:
@@ -74,9 +74,8 @@ def _side_by_side(problem, fast_runner, best_choice) -> dict:
     fast, best = timed_together(problem, (a, b), fast_runner.launch, outcome.runner.launch,
                                 2 * config.bench_budget_ms)
     row = {"fast_ms": fast, "best_ms": best, "ratio": fast / best}
-    one_launch = all(c.backend != "aten" and c.template in SINGLE_LAUNCH_TEMPLATES
-                     for c in (fast_runner.choice, best_choice))
-    if device == "cuda" and one_launch and min(fast, best) < HOST_BOUND_MAX_MS:
+    if device == "cuda" and one_launch(fast_runner.choice) and one_launch(best_choice) \
+            and min(fast, best) < HOST_BOUND_MAX_MS:
         # calls this short are host-set, and two one-launch calls cost the host the same: their kernels' own times
         # rank them (kernels.perf_data.gpu_labelled's rule; a second launch's host cost shows only in call time)
         fast_gpu, best_gpu = gpu_times(problem, (a, b), fast_runner.launch, outcome.runner.launch)

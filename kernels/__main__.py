@@ -151,14 +151,14 @@ def _load_rows(paths, gpu: str | None, for_training: bool = False):
     from kernels.perf_data import gpu_labelled, read_dataset
 
     rows, bad = read_dataset(paths)
-    rows = gpu_labelled(rows, keep_unlabelled=not for_training)
     for line in bad[:10]:
         print(f"skipped row {line}", file=sys.stderr)
     gpus = Counter(r.gpu for r in rows if r.ms is not None)
     if gpu is None and len(gpus) > 1:
         raise SystemExit(f"the data comes from several GPUs {dict(gpus)}: choose one with --gpu")
     gpu = gpu or (next(iter(gpus)) if gpus else "")
-    return [r for r in rows if r.gpu == gpu], gpu
+    # labelled after the GPU filter: gpu_labelled keeps one row per problem and candidate, whatever GPU timed it
+    return gpu_labelled([r for r in rows if r.gpu == gpu], keep_unlabelled=not for_training), gpu
 
 
 def _report(rows, top_k: int, learned, title: str) -> None:
@@ -368,9 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fastpath_build(args)
     if args.command == "lut":
         return _lut_export(args) if args.lut_command == "export" else _lut_check(args)
-    if args.model_command in ("collect", "relabel"):
-        return _model_collect(args) if args.model_command == "collect" else _model_relabel(args)
-    return {"train": _model_train, "eval": _model_eval, "cv": _model_cv}[args.model_command](args)
+    return {"collect": _model_collect, "relabel": _model_relabel, "train": _model_train, "eval": _model_eval,
+            "cv": _model_cv}[args.model_command](args)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from kernels.config import config
 from kernels.errors import NoCandidateError
 from kernels.problem import GemmProblem
 from kernels.selection import Selection
-from kernels.templates_info import SINGLE_LAUNCH_TEMPLATES, template_tree_hash
+from kernels.templates_info import one_launch, template_tree_hash
 from kernels.timing import LAUNCH_GAP_MS, device_time_ms, measure, measure_together, user_call
 from kernels.verify import make_inputs, reference, timing_sets, verify_launch
 from kernels.version import __version__
@@ -204,9 +204,10 @@ def gpu_ranked_contenders(call_ms: dict[str, float], gpu_ms: dict[str, float | N
     def host_set(n: str) -> bool:
         return gpu_ms.get(n) is not None and call_ms[n] - gpu_ms[n] > HOST_SET_GAP_MS
 
-    path = (host_path or {}).get(fastest)
+    host_path = host_path or {}
+    path = host_path.get(fastest)
     if path and host_set(fastest):
-        close += [n for n, t in call_ms.items() if n not in close and (host_path or {}).get(n) == path
+        close += [n for n, t in call_ms.items() if n not in close and host_path.get(n) == path
                   and t <= best * cutoff and host_set(n)]
     if len(close) < 2 or any(gpu_ms.get(n) is None for n in close):
         return []
@@ -241,8 +242,7 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
         gpu_ms = {n: device_time_ms(_user_call(verified[n], sets), n_sets) for n in final_ms}
         for n, g in gpu_ms.items():
             details[n]["gpu_ms"] = g
-        host_path = {n: choices[n].template for n in final_ms
-                     if choices[n].backend != "aten" and choices[n].template in SINGLE_LAUNCH_TEMPLATES}
+        host_path = {n: choices[n].template for n in final_ms if one_launch(choices[n])}
         close = gpu_ranked_contenders(final_ms, gpu_ms, config.host_bound_tolerance, host_path, config.tune_cutoff)
         if close:
             fastest_gpu = min(gpu_ms[n] for n in close)

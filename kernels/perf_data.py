@@ -139,8 +139,6 @@ def problem_of(row: Row) -> tuple:
     return (p.op, p.dtype, p.out_dtype, p.m, p.n, p.k, p.stride_a, p.stride_b)
 
 
-
-
 def gpu_labelled(rows: list[Row], keep_unlabelled: bool) -> list[Row]:
     """Rows with `ms` set to what a model should rank by. In problems with GPU times (`model relabel`): a one-launch
     candidate's GPU time plus LAUNCH_GAP_MS -- its call time when the GPU is the bottleneck; the host-set call times
@@ -151,7 +149,7 @@ def gpu_labelled(rows: list[Row], keep_unlabelled: bool) -> list[Row]:
     training)."""
     from dataclasses import replace
 
-    from kernels.templates_info import SINGLE_LAUNCH_TEMPLATES
+    from kernels.templates_info import one_launch
 
     labelled = {problem_of(r) for r in rows if r.gpu_ms is not None}
     best: dict[tuple, tuple[tuple, Row]] = {}
@@ -161,7 +159,7 @@ def gpu_labelled(rows: list[Row], keep_unlabelled: bool) -> list[Row]:
         if key not in labelled:
             out.append(r)
             continue
-        by_gpu = r.choice.template in SINGLE_LAUNCH_TEMPLATES and r.choice.backend != "aten"
+        by_gpu = one_launch(r.choice)
         if by_gpu and r.gpu_ms is not None:
             cand, rank = replace(r, ms=r.gpu_ms + LAUNCH_GAP_MS), 0
         elif by_gpu and not keep_unlabelled:
@@ -186,11 +184,13 @@ def run_env() -> dict:
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
 
 
-def _done(path: Path) -> set[tuple]:
+def problems_in(path: Path, key: Callable[[Row], tuple]) -> set[tuple]:
+    """`key` of every row of the dataset file at `path` (none when it does not exist yet): what a resumed run
+    skips."""
     if not path.exists():
         return set()
     rows, _ = read_dataset([path])
-    return {(r.problem.dtype, r.problem.m, r.problem.n, r.problem.k) for r in rows}
+    return {key(r) for r in rows}
 
 
 def collect(shapes: list[tuple[int, int, int]], dtypes: list[str], out: str | os.PathLike, *,
@@ -211,7 +211,7 @@ def collect(shapes: list[tuple[int, int, int]], dtypes: list[str], out: str | os
     out = Path(out)
     if not resume and out.exists():
         out.unlink()
-    done = _done(out) if resume else set()
+    done = problems_in(out, lambda r: (r.problem.dtype, r.problem.m, r.problem.n, r.problem.k)) if resume else set()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         progress("no CUDA GPU: tuning on CPU through the Triton interpreter; these times are NOT GPU data")

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kernels.perf_data import Row, append_rows, problem_of, read_dataset, run_env
+from kernels.perf_data import Row, append_rows, problem_of, problems_in, read_dataset, run_env
 
 # problems whose fastest call (aten aside) is under this are relabelled: the host floor is 10-15 us per call on the
 # lent H100s, and a problem this close to it has candidates at the floor
@@ -37,20 +37,11 @@ def plan(rows: list[Row], gpu: str, below_ms: float, top: int | None) -> list[tu
     todo = []
     for key, per in groups.items():
         timed = sorted(per.values(), key=lambda r: (r.ms, r.choice.name))
-        best = min((r.ms for r in timed if r.choice.backend != "aten"), default=math.inf)
-        if best >= below_ms:
+        ours = [r for r in timed if r.choice.backend != "aten"]
+        if not ours or ours[0].ms >= below_ms:
             continue
-        keep = [r for r in timed if r.choice.backend != "aten"][:top] if top else \
-            [r for r in timed if r.choice.backend != "aten"]
-        todo.append((best, key, keep + [r for r in timed if r.choice.backend == "aten"]))
+        todo.append((ours[0].ms, key, ours[:top or None] + [r for r in timed if r.choice.backend == "aten"]))
     return [(key, keep) for _, key, keep in sorted(todo, key=lambda t: (t[0], t[1]))]
-
-
-def _done(path: Path) -> set[tuple]:
-    if not path.exists():
-        return set()
-    rows, _ = read_dataset([path])
-    return {problem_of(r) for r in rows}
 
 
 def relabel_problem(rows: list[Row], gpu_time: Callable, device: str) -> list[dict]:
@@ -127,7 +118,7 @@ def relabel(paths: list[str], out: str, *, below_ms: float = DEFAULT_BELOW_MS, t
     rows, bad = read_dataset(paths)
     for line in bad[:5]:
         progress(f"skipped row {line}")
-    done = _done(Path(out))
+    done = problems_in(Path(out), problem_of)
     todo = [(k, rs) for k, rs in plan(rows, gpu, below_ms, top) if k not in done]
     progress(f"{len(todo)} problems of {gpu} under {below_ms * 1e3:.0f} us to relabel ({len(done)} already in {out})")
     start, written = time.perf_counter(), 0

@@ -52,6 +52,11 @@ TEMPLATE_CONFIG_LISTS = {
 # launch more (kmajor: transpose + mm; padded: pad + mm; decompose_k: bmm + reduce) or are a library (aten).
 SINGLE_LAUNCH_TEMPLATES = frozenset({"triton_mm", "triton_int8_mm", "triton_tma_mm", "triton_tma_int8_mm", "split_k"})
 
+
+def one_launch(choice) -> bool:
+    """Whether a choice's call is one kernel launch of ours (SINGLE_LAUNCH_TEMPLATES; aten never: a library call)."""
+    return choice.backend != "aten" and choice.template in SINGLE_LAUNCH_TEMPLATES
+
 # lower is simpler: among candidates whose times tie within noise, the simplest wins
 TEMPLATE_COMPLEXITY = {
     "aten_mm": 0,

@@ -110,3 +110,24 @@ def test_append_keeps_an_older_files_columns(tmp_path):
     rows, bad = read_dataset([old])
     assert not bad and len(rows) == 1 and rows[0].ms == 0.01 and rows[0].gpu_ms is None
     assert rows[0].problem.m == p.m
+
+
+def test_cli_labels_only_the_chosen_gpus_rows(tmp_path):
+    """`model train/eval --gpu X` on data from two GPUs: another GPU's GPU times never label X's problems."""
+    import json
+
+    from kernels.__main__ import _load_rows
+
+    path = tmp_path / "two_gpus.csv"
+    cfg = GemmConfig(32, 64, 64, 3, 4)
+    choice = Choice("triton", "triton_mm", "bf16", cfg)
+
+    def rec(gpu, ms, gpu_ms=""):
+        return {c: "" for c in COLUMNS} | dict(gpu=gpu, arch=90, device="cuda", op="mm", dtype="bf16",
+                                               out_dtype="bf16", m=24, n=64, k=64, stride_a="64:1",
+                                               stride_b="64:1", backend="triton", template="triton_mm",
+                                               name=choice.name, choice=json.dumps(choice.as_dict()), ms=str(ms),
+                                               status="ok", gpu_ms=str(gpu_ms))
+    append_rows(path, [rec(GPU, 0.010), rec("NVIDIA H200", 0.011, 0.004)])
+    rows, gpu = _load_rows([str(path)], GPU, for_training=True)
+    assert gpu == GPU and [(r.gpu, r.ms) for r in rows] == [(GPU, 0.010)]
