@@ -163,7 +163,15 @@ def tuned(problem, backends) -> dict:
     return {"winner": sel.winner, "ms": sel.timings[sel.winner], "seconds": seconds,
             "compiles": after["compiles"] - before["compiles"],
             "benchmarks": after["benchmarks"] - before["benchmarks"], "notes": list(sel.notes),
+            "stages": dict(sel.stage_seconds), "finalists": finalists(sel),
             "runner": runners[sel.winner], "selection": sel}
+
+
+def finalists(sel) -> dict[str, dict]:
+    """The final round's first-pass, re-timed and GPU times per finalist (ms): what a surprising pick is read by."""
+    from kernels.selection import ROUND_KEYS
+
+    return {n: {k: d[k] for k in ROUND_KEYS if k in d} for n, d in sel.details.items() if "retimed_ms" in d}
 
 
 def _ranking() -> dict:
@@ -230,7 +238,8 @@ def main(argv=None) -> int:
         print(f"{op} {dtype} {m}x{n}x{k}: fast {fast['winner']} {fast['ms'] * 1e3:.1f} us vs dataset best "
               f"{ref[key]['best']} {ref[key]['best_ms'] * 1e3:.1f} us{gpu_label} = {row['ratio']:.3f}x ({same_text}); "
               f"{fast['compiles']} compiles, {fast['benchmarks']} timed of {ref[key]['candidates']}, "
-              f"{fast['seconds']:.1f} s; M+16 {new_shape['seconds']:.2f} s ({new_shape['compiles']} compiles)",
+              f"{fast['seconds']:.1f} s; M+16 {new_shape['seconds']:.2f} s ({new_shape['compiles']} compiles; "
+              f"{', '.join(f'{k} {v:.2f}' for k, v in new_shape['stages'].items())})",
               flush=True)
     summary = summarize(rows)
     for dtype, s in summary.items():

@@ -5,6 +5,7 @@ Knows nothing about toolchains: backends hand back Runners; a failure anywhere i
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import time
@@ -63,9 +64,25 @@ def candidates(backend: Backend, problem: GemmProblem) -> tuple[list[Choice], di
     return narrowed.kept, skipped, narrowed.notes
 
 
+class StageClock:
+    """Seconds per tuning stage, summed over entries (candidates and build run once per backend)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+
+
 def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, dict[str, Runner]]:
     """Tune one problem; returns the Selection and the runners that passed verification (for dispatch)."""
     start = time.perf_counter()
+    clock = StageClock()
     device = _device_of(problem)
     timings: dict[str, float | str] = {}
     choices = {}
@@ -79,13 +96,16 @@ def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, di
             if not ok:
                 notes.append(f"{name} unavailable: {why}")
                 continue
-            cands, skipped, narrow_notes = candidates(backend, problem)
+            with clock("candidates"):
+                cands, skipped, narrow_notes = candidates(backend, problem)
             notes.extend(narrow_notes)
             for cname, why in skipped.items():
                 timings[cname] = f"unsupported: {why}"
             for c in cands:
                 choices[c.name] = c
-            for outcome in backend.build(problem, cands):
+            with clock("build"):
+                outcomes = backend.build(problem, cands)
+            for outcome in outcomes:
                 if outcome.runner is None:
                     timings[outcome.choice.name] = outcome.error or "build failed"
                 else:
@@ -94,37 +114,40 @@ def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, di
             notes.append(f"{name} failed: {type(e).__name__}: {e}")
 
     details: dict[str, dict] = {}
-    isolated_ok = _measure_isolated(problem, runners, timings, details)
+    with clock("isolated"):
+        isolated_ok = _measure_isolated(problem, runners, timings, details)
 
-    a, b = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
-    ref = reference(problem, a, b)
-    verified: dict[str, Runner] = {}
-    for cname, runner in runners.items():
-        if runner.isolated:
-            continue
-        why = verify_launch(runner.launch, problem, a, b, ref)
-        if why is None:
-            verified[cname] = runner
-        else:
-            timings[cname] = why
-    del ref
+    with clock("verify"):
+        a, b = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
+        ref = reference(problem, a, b)
+        verified: dict[str, Runner] = {}
+        for cname, runner in runners.items():
+            if runner.isolated:
+                continue
+            why = verify_launch(runner.launch, problem, a, b, ref)
+            if why is None:
+                verified[cname] = runner
+            else:
+                timings[cname] = why
+        del ref
 
     if verified or isolated_ok:
-        sets = timing_sets(problem, device, (a, b), seed=1)
-        n_sets = len(sets)
-        best = float("inf")
-        for cname, runner in list(verified.items()):
-            try:
-                t = measure(_user_call(runner, sets), n_sets, device, config.bench_budget_ms,
-                            stop_above_ms=best * config.tune_cutoff)
-                best = min(best, t.median_ms)
-                counters.bump("benchmarks")
-                timings[cname] = t.median_ms
-                details[cname] = t.as_dict()
-            except Exception as e:  # noqa: BLE001
-                timings[cname] = f"crashed while timing: {type(e).__name__}: {str(e)[:300]}"
+        with clock("first_pass"):
+            sets = timing_sets(problem, device, (a, b), seed=1)
+            n_sets = len(sets)
+            best = float("inf")
+            for cname, runner in list(verified.items()):
+                try:
+                    t = measure(_user_call(runner, sets), n_sets, device, config.bench_budget_ms,
+                                stop_above_ms=best * config.tune_cutoff)
+                    best = min(best, t.median_ms)
+                    counters.bump("benchmarks")
+                    timings[cname] = t.median_ms
+                    details[cname] = t.as_dict()
+                except Exception as e:  # noqa: BLE001
+                    timings[cname] = f"crashed while timing: {type(e).__name__}: {str(e)[:300]}"
         verified.update(isolated_ok)   # verified and timed in a child; safe to re-time here beside the rest
-        winner = _pick_winner(problem, timings, choices, verified, sets, n_sets, device, details, notes)
+        winner = _pick_winner(problem, timings, choices, verified, sets, n_sets, device, details, notes, clock)
         del sets
     else:
         winner = None
@@ -134,7 +157,8 @@ def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, di
         raise NoCandidateError(problem.short(), failures)
 
     sel = Selection(problem=problem, winner=winner, choices=choices, timings=timings, details=details,
-                    source="tuned", tune_seconds=time.perf_counter() - start, created=time.time(), notes=notes)
+                    source="tuned", tune_seconds=time.perf_counter() - start, created=time.time(), notes=notes,
+                    stage_seconds={k: round(v, 4) for k, v in clock.seconds.items()})
     counters.bump("tunes")
     if config.verbose:
         print(sel.table(), file=sys.stderr)
@@ -214,8 +238,10 @@ def gpu_ranked_contenders(call_ms: dict[str, float], gpu_ms: dict[str, float | N
     return close
 
 
-def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, details, notes) -> str | None:
+def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, details, notes,
+                 clock: StageClock | None = None) -> str | None:
     """Re-time the fastest few together, then let the simplest win among those within the tie tolerance."""
+    clock = clock or StageClock()
     ranked = sorted((t, n) for n, t in timings.items() if isinstance(t, float))
     if not ranked:
         return None
@@ -227,8 +253,9 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
     if simplest not in top:
         top.append(simplest)
     if len(top) > 1:
-        final = measure_together({n: _user_call(verified[n], sets) for n in top}, n_sets, device,
-                                 config.bench_budget_ms * len(top))
+        with clock("final_round"):
+            final = measure_together({n: _user_call(verified[n], sets) for n in top}, n_sets, device,
+                                     config.bench_budget_ms * len(top))
         for n, t in final.items():
             details[n]["first_pass_ms"] = timings[n]
             details[n]["retimed_ms"] = t.median_ms
@@ -239,7 +266,8 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
     fastest = min(final_ms, key=final_ms.get)
     best = final_ms[fastest]
     if device == "cuda" and len(final_ms) > 1 and best < HOST_BOUND_MAX_MS and config.host_bound_tolerance > 0:
-        gpu_ms = {n: device_time_ms(_user_call(verified[n], sets), n_sets) for n in final_ms}
+        with clock("gpu_time"):
+            gpu_ms = {n: device_time_ms(_user_call(verified[n], sets), n_sets) for n in final_ms}
         for n, g in gpu_ms.items():
             details[n]["gpu_ms"] = g
         host_path = {n: choices[n].template for n in final_ms if one_launch(choices[n])}

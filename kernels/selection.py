@@ -23,6 +23,8 @@ class Selection:
     created: float = 0.0
     fingerprint: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # where tune_seconds went: stage -> seconds (kernels.autotune.TUNE_STAGES), for `explain` and the benchmarks
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def winner_choice(self) -> Choice:
@@ -40,7 +42,7 @@ class Selection:
         return {"schema": SCHEMA_VERSION, "problem": asdict(self.problem), "winner": self.winner,
                 "choices": {n: c.as_dict() for n, c in self.choices.items()}, "timings": self.timings,
                 "details": self.details, "tune_seconds": self.tune_seconds, "created": self.created,
-                "fingerprint": self.fingerprint, "notes": self.notes}
+                "fingerprint": self.fingerprint, "notes": self.notes, "stage_seconds": self.stage_seconds}
 
     @classmethod
     def from_dict(cls, data: dict, source: str) -> "Selection":
@@ -53,14 +55,17 @@ class Selection:
         return cls(problem=GemmProblem.from_dict(data["problem"]), winner=data["winner"], choices=choices,
                    timings=timings, details=data.get("details", {}), source=source,
                    tune_seconds=float(data.get("tune_seconds", 0.0)), created=float(data.get("created", 0.0)),
-                   fingerprint=data.get("fingerprint", {}), notes=list(data.get("notes", [])))
+                   fingerprint=data.get("fingerprint", {}), notes=list(data.get("notes", [])),
+                   stage_seconds={k: float(v) for k, v in data.get("stage_seconds", {}).items()})
 
     def table(self, rounds: bool = False) -> str:
         """The AUTOTUNE table: timed choices sorted by time with % of best, then the failures. `rounds`: each timed
         choice's first-pass, re-timed (final round) and GPU times in us, where tuning took them."""
         ranked = self.ranked()
         best = ranked[0][1] if ranked else float("nan")
-        lines = [f"AUTOTUNE {self.problem.short()} -> {self.winner} ({self.source}, {self.tune_seconds:.2f} s)"]
+        stages = ", ".join(f"{k} {v:.2f}" for k, v in self.stage_seconds.items())
+        lines = [f"AUTOTUNE {self.problem.short()} -> {self.winner} ({self.source}, {self.tune_seconds:.2f} s"
+                 f"{': ' + stages if stages else ''})"]
         for name, t in ranked:
             mark = "*" if name == self.winner else " "
             d = self.details.get(name, {}) if rounds else {}

@@ -18,7 +18,8 @@ needs_interp = pytest.mark.skipif(not interpret_mode(), reason="exercised throug
 
 def selection(winner="aten_mm"):
     return Selection(problem=problem(), winner=winner, choices={winner: Choice("aten", winner, "bf16")},
-                     timings={winner: 0.5, "triton_mm_x": "compile failed: boom"}, created=1.0)
+                     timings={winner: 0.5, "triton_mm_x": "compile failed: boom"}, created=1.0,
+                     stage_seconds={"build": 0.25, "first_pass": 0.125})
 
 
 def test_put_get_roundtrip_and_key_mismatch(tmp_path):
@@ -26,6 +27,7 @@ def test_put_get_roundtrip_and_key_mismatch(tmp_path):
     store.put("k1", selection())
     got = store.get("k1")
     assert got.winner == "aten_mm" and got.source == "disk" and got.timings["triton_mm_x"].startswith("compile")
+    assert got.stage_seconds == {"build": 0.25, "first_pass": 0.125}
     assert store.get("k2") is None
 
 

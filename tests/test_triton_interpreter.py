@@ -96,6 +96,10 @@ def test_kernels_mm_end_to_end_tunes_and_explains(la, lb):
     assert any(n.startswith("triton_mm_fp16_") for n in sel.timings) and "aten_mm" in sel.timings
     assert isinstance(sel.timings[sel.winner], float)
     assert "AUTOTUNE" in sel.table()
+    # where the tune's time went, stage by stage, adds up to no more than the whole
+    assert {"candidates", "build", "verify", "first_pass", "final_round"} <= set(sel.stage_seconds)
+    assert 0 < sum(sel.stage_seconds.values()) <= sel.tune_seconds
+    assert "first_pass" in sel.table().splitlines()[0]
 
 
 def test_int_mm_end_to_end_including_small_m():
