@@ -164,6 +164,7 @@ def tuned(problem, backends) -> dict:
             "compiles": after["compiles"] - before["compiles"],
             "benchmarks": after["benchmarks"] - before["benchmarks"], "notes": list(sel.notes),
             "stages": dict(sel.stage_seconds), "finalists": finalists(sel),
+            "timed": {n: t for n, t in sel.timings.items() if isinstance(t, float)},
             "runner": runners[sel.winner], "selection": sel}
 
 

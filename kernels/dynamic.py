@@ -42,7 +42,7 @@ from kernels.perf_model import gpu_spec
 from kernels.problem import GemmProblem
 from kernels.selection import Selection
 from kernels.templates_info import TEMPLATE_OPS
-from kernels.timing import measure, measure_together, user_call
+from kernels.timing import measure_interleaved, measure_together, user_call
 from kernels.verify import make_inputs, reference, timing_sets, verify_launch
 
 STORE_SCHEMA = 1
@@ -625,16 +625,21 @@ def benchmark_choices(problem: GemmProblem, choices: list[Choice]) -> dict[str, 
         sets = timing_sets(problem, device, (a, b), seed=1)
         n_sets = len(sets)
         calls = {n: user_call(fn, sets) for n, fn in launches.items()}
-        # As tuning does: a first pass, then only the contenders re-timed side by side. Interleaved with choices
-        # several times slower (a small hint's tile at a large M), a compute-bound tile was timed faster than it runs
-        # beside its real rivals (clocks, we think: not measured): H100, K=11008, N=4096, M=5334, the 128x256 TMA
-        # tile took 725 us in the bucket's benchmark beside 4.4 ms split-K tiles and 815 us in the sweep beside aten
-        # (aten: 719 and 730 us), so it won a bucket it then served at 1.12x.
-        best = float("inf")
-        for n, call in calls.items():
-            t = measure(call, n_sets, device, config.dynamic_bench_ms, stop_above_ms=best * config.tune_cutoff)
-            results[n] = t.median_ms
-            best = min(best, t.median_ms)
+        # As tuning does: an interleaved first pass, then only the contenders re-timed side by side. Interleaved
+        # with choices several times slower (a small hint's tile at a large M), a compute-bound tile was timed faster
+        # than it runs beside its real rivals (clocks, we think: not measured): H100, K=11008, N=4096, M=5334, the
+        # 128x256 TMA tile took 725 us in the bucket's benchmark beside 4.4 ms split-K tiles and 815 us in the sweep
+        # beside aten (aten: 719 and 730 us), so it won a bucket it then served at 1.12x. The first pass's cutoff
+        # sends such choices out after a few rounds, and the final round has the contenders alone.
+        timed, crashed = measure_interleaved(calls, n_sets, device, config.dynamic_bench_ms,
+                                             cutoff=config.tune_cutoff)
+        for n, why in crashed.items():
+            results[n] = f"crashed while timing: {why}"
+            del calls[n]
+        results.update({n: t.median_ms for n, t in timed.items()})
+        if not calls:
+            return results
+        best = min(results[n] for n in calls)
         counters.bump("benchmarks", len(calls))
         # the simplest choice (aten) always joins the final round, as in tuning: H100, K=4096, N=12288, M=129, aten's
         # first pass came out at ~2x its time in the per-M tune, and left out, a tile won the bucket and ran 1.25-1.34x

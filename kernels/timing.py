@@ -92,19 +92,65 @@ class Sampler:
 
 
 def measure(call: Call, n_sets: int, device: str, budget_ms: float, min_samples: int = 5,
-            max_samples: int = 50, stop_above_ms: float | None = None) -> Timing:
+            max_samples: int | None = None, stop_above_ms: float | None = None) -> Timing:
     """Median of up to `budget_ms` of samples. With `stop_above_ms`, a candidate whose median after `min_samples`
     is already above it stops there: it is out of the running, and the full budget is spent on contenders."""
     sampler = Sampler(call, n_sets, device)
     est = sampler.plan()
     per_sample = max(est * sampler.calls_per_sample, 1e-3)
+    if max_samples is None:
+        max_samples = 50 if device == "cuda" else 3
     n = int(min(max_samples, max(min_samples, budget_ms // per_sample)))
-    if device != "cuda":
-        n = min(n, 3)
     samples = [sampler.sample() for _ in range(min(n, min_samples))]
     if stop_above_ms is None or statistics.median(samples) <= stop_above_ms:
         samples += [sampler.sample() for _ in range(n - len(samples))]
     return summarize(samples, sampler.calls_per_sample)
+
+
+def measure_interleaved(calls: dict[str, Call], n_sets: int, device: str, budget_ms: float,
+                        cutoff: float | None = None, min_samples: int = 5,
+                        max_samples: int | None = None) -> tuple[dict[str, Timing], dict[str, str]]:
+    """Tuning's first pass: each candidate gets the samples `measure` would give it, but round by round, one sample
+    of every candidate still running per round (rotating who goes first), so drift -- clocks ramping up after a
+    build, a busy host -- hits all of them alike instead of whichever was being timed then. Timed one after another,
+    int8 1024x8192x512's two-launch tiles (28 us in a final round) first-passed above 40 us on the H100 and left
+    the running. With `cutoff`, a candidate whose median after `min_samples` is above `cutoff` times the best
+    median stops there. Returns (timings, failures: name -> what its call raised)."""
+    if max_samples is None:
+        max_samples = 50 if device == "cuda" else 3
+    samplers: dict[str, Sampler] = {}
+    wanted: dict[str, int] = {}
+    failed: dict[str, str] = {}
+    for name, call in calls.items():
+        sampler = Sampler(call, n_sets, device)
+        try:
+            est = sampler.plan()
+        except Exception as e:  # noqa: BLE001 - a failing candidate is a result, not the end of the pass
+            failed[name] = f"{type(e).__name__}: {str(e)[:300]}"
+            continue
+        per_sample = max(est * sampler.calls_per_sample, 1e-3)
+        samplers[name] = sampler
+        wanted[name] = int(min(max_samples, max(min_samples, budget_ms // per_sample)))
+    samples: dict[str, list[float]] = {name: [] for name in samplers}
+    running = list(samplers)
+    turn = 0
+    while running:
+        shift = turn % len(running)
+        for name in running[shift:] + running[:shift]:
+            try:
+                samples[name].append(samplers[name].sample())
+            except Exception as e:  # noqa: BLE001
+                failed[name] = f"{type(e).__name__}: {str(e)[:300]}"
+        turn += 1
+        running = [n for n in running if n not in failed and len(samples[n]) < wanted[n]]
+        if cutoff is not None and running:
+            medians = {n: statistics.median(v) for n, v in samples.items()
+                       if n not in failed and len(v) >= min(min_samples, wanted[n])}
+            if medians:
+                best = min(medians.values())
+                running = [n for n in running if medians.get(n, 0.0) <= best * cutoff]
+    timed = {n: summarize(v, samplers[n].calls_per_sample) for n, v in samples.items() if n not in failed and v}
+    return timed, failed
 
 
 def measure_together(calls: dict[str, Call], n_sets: int, device: str, budget_ms: float,

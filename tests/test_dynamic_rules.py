@@ -492,8 +492,8 @@ def test_similarity_keeps_aten_on_compute_bound_shapes():
 
 
 def test_bucket_benchmark_retimes_only_the_contenders(monkeypatch):
-    """A bucket's benchmark times every pool choice once, then re-times side by side only those within the tuning
-    cutoff of the best: choices several times slower are not interleaved with the contenders."""
+    """A bucket's benchmark times every pool choice in a first pass, then re-times side by side only those within the
+    tuning cutoff of the best: choices several times slower are not interleaved with the contenders."""
     from kernels import dynamic as dyn_mod
     from kernels.choice import Choice
     from kernels.heuristics import GemmConfig
@@ -512,7 +512,8 @@ def test_bucket_benchmark_retimes_only_the_contenders(monkeypatch):
     monkeypatch.setattr(dyn_mod, "timing_sets", lambda *a, **k: [(None, None)])
     monkeypatch.setattr(dyn_mod, "user_call", lambda launch, sets: launch)
     timing = lambda ms: Timing(ms, ms, ms, 5, 1)
-    monkeypatch.setattr(dyn_mod, "measure", lambda call, *a, **k: timing(speed[call]))
+    monkeypatch.setattr(dyn_mod, "measure_interleaved", lambda calls, *a, **k: (
+        {n: timing(speed[c]) for n, c in calls.items()}, {}))
     together = []
     monkeypatch.setattr(dyn_mod, "measure_together", lambda calls, *a: together.append(sorted(calls.values())) or
                         {n: timing(speed[c] * 1.01) for n, c in calls.items()})

@@ -128,3 +128,43 @@ def test_final_round_picks_the_gpu_faster_of_two_host_set_tiles(monkeypatch):
     winner = autotune._pick_winner(None, dict(call), choices, {n: n for n in call}, [], 1, "cuda",
                                    {n: {} for n in call}, notes)
     assert winner == fast.name and "waiting on the host" in notes[0]
+
+
+def test_gpu_time_is_taken_only_for_finalists_it_could_rank(monkeypatch):
+    """A finalist beyond tune_cutoff of the fastest call cannot be ranked by GPU time; capturing it only costs the
+    tune time (aten at 8x the best: 0.15 s of a new shape's tune on the H100)."""
+    tiles = [Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64 * (i + 1), 64, 4, 4)) for i in range(3)]
+    choices = {c.name: c for c in tiles}
+    call = {tiles[0].name: 0.0100, tiles[1].name: 0.0102, tiles[2].name: 0.080}
+    captured: list[str] = []
+    monkeypatch.setattr(autotune, "measure_together", lambda fns, *a, **k: {
+        n: Timing(t, t, t, 10, 1) for n, t in call.items()})
+    monkeypatch.setattr(autotune, "_user_call", lambda runner, sets: runner)
+    monkeypatch.setattr(autotune, "device_time_ms", lambda runner, n_sets: captured.append(runner) or 0.009)
+    details = {n: {} for n in call}
+    autotune._pick_winner(None, dict(call), choices, {n: n for n in call}, [], 1, "cuda", details, [])
+    assert sorted(captured) == sorted([tiles[0].name, tiles[1].name])
+    assert "gpu_ms" not in details[tiles[2].name]
+
+
+def test_tune_pauses_the_cyclic_collector_and_restores_it(monkeypatch):
+    import gc
+
+    seen = []
+    monkeypatch.setattr(autotune, "_tune", lambda problem, backends: seen.append(gc.isenabled()) or ("sel", {}))
+    assert gc.isenabled()
+    assert autotune.tune(None, ()) == ("sel", {})
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        autotune.tune(None, ())
+        assert not gc.isenabled()            # a caller that turned it off keeps it off
+    finally:
+        gc.enable()
+
+    def boom(problem, backends):
+        raise RuntimeError("tune failed")
+    monkeypatch.setattr(autotune, "_tune", boom)
+    with pytest.raises(RuntimeError):
+        autotune.tune(None, ())
+    assert gc.isenabled()

@@ -30,3 +30,73 @@ def test_device_time_is_none_when_nothing_can_be_captured():
 
     calls = []
     assert device_time_ms(lambda i: calls.append(i), 2) is None      # no CUDA: no graph, no exception
+
+
+class _FakeClock:
+    """A host clock only the timed calls move: each call advances it by its cost (deterministic timing on CPU)."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.calls = 0
+
+    def perf_counter(self):
+        return self.now
+
+    def call(self, ms, slow_first_calls=0, slow_ms=0.0):
+        def run(i):
+            self.calls += 1
+            self.now += (slow_ms if self.calls <= slow_first_calls else ms) / 1e3
+        return run
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    from kernels import timing
+
+    fake = _FakeClock()
+    monkeypatch.setattr(timing, "time", fake)
+    return fake
+
+
+def test_interleaved_first_pass_spreads_drift_over_every_candidate(clock):
+    """Two equal candidates and a host slow for the first 10 calls made, whoever makes them: timed one after the
+    other, the first absorbs all of it; interleaved, neither is ranked apart."""
+    from kernels.timing import measure_interleaved
+
+    a, b = clock.call(1.0, 10, 3.0), clock.call(1.0, 10, 3.0)
+    seq_a = measure(a, 1, "cpu", budget_ms=100, max_samples=9)
+    seq_b = measure(b, 1, "cpu", budget_ms=100, max_samples=9)
+    assert (seq_a.median_ms, seq_b.median_ms) == pytest.approx((3.0, 1.0))   # what sequential timing made of it
+
+    clock.calls = 0
+    timed, failed = measure_interleaved({"a": a, "b": b}, 1, "cpu", budget_ms=100, max_samples=9)
+    assert not failed and (timed["a"].median_ms, timed["b"].median_ms) == pytest.approx((1.0, 1.0))
+    assert timed["a"].samples == timed["b"].samples == 9
+
+
+def test_interleaved_first_pass_stops_candidates_beyond_the_cutoff(clock):
+    from kernels.timing import measure_interleaved
+
+    calls = {"fast": clock.call(1.0), "close": clock.call(1.2), "slow": clock.call(2.0)}
+    timed, _ = measure_interleaved(calls, 1, "cpu", budget_ms=100, cutoff=1.25, min_samples=3, max_samples=9)
+    assert timed["slow"].samples == 3 and timed["slow"].median_ms == pytest.approx(2.0)
+    assert timed["fast"].samples == timed["close"].samples == 9
+
+
+def test_interleaved_first_pass_reports_a_crashing_candidate_and_times_the_rest(clock):
+    from kernels.timing import measure_interleaved
+
+    count = {"n": 0}
+
+    def flaky(i):
+        count["n"] += 1
+        if count["n"] > 4:
+            raise RuntimeError("illegal memory access")
+        clock.now += 1e-3
+
+    def broken(i):
+        raise ValueError("bad launch")
+    timed, failed = measure_interleaved({"ok": clock.call(1.0), "flaky": flaky, "broken": broken}, 1, "cpu",
+                                        budget_ms=100, max_samples=9)
+    assert set(timed) == {"ok"} and timed["ok"].samples == 9
+    assert "illegal memory access" in failed["flaky"] and failed["broken"].startswith("ValueError: bad launch")
