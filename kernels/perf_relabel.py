@@ -17,10 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kernels.perf_data import Row, append_rows, problem_of, problems_in, read_dataset, run_env
+from kernels.timing import HOST_SET_MAX_MS
 
-# problems whose fastest call (aten aside) is under this are relabelled: the host floor is 10-15 us per call on the
-# lent H100s, and a problem this close to it has candidates at the floor
-DEFAULT_BELOW_MS = 0.025
+# problems whose fastest call (aten aside) is under this are relabelled
+DEFAULT_BELOW_MS = HOST_SET_MAX_MS
 
 
 def plan(rows: list[Row], gpu: str, below_ms: float, top: int | None) -> list[tuple[tuple, list[Row]]]:

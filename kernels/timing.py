@@ -198,6 +198,9 @@ def _side_stream() -> "torch.cuda.Stream":
 # what a one-launch call costs beyond its kernel when the GPU is the bottleneck: the 10th percentile of call - GPU
 # time over the one-launch candidates relabelled on the H100 (0.93-1.39 us per template, 2026-11-23)
 LAUNCH_GAP_MS = 0.0012
+# below this per call, a candidate's call time is the host's more than its kernel's: the host floor is 10-15 us per
+# call on the lent H100s, and a problem this close to it has candidates at the floor
+HOST_SET_MAX_MS = 0.025
 
 
 def device_time_ms(call: Call, n_sets: int, reps: int = 20, replays: int = 10) -> float | None:

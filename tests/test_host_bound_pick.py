@@ -168,3 +168,41 @@ def test_tune_pauses_the_cyclic_collector_and_restores_it(monkeypatch):
     with pytest.raises(RuntimeError):
         autotune.tune(None, ())
     assert gc.isenabled()
+
+
+def _screened_round(monkeypatch, first_pass, final_call, gpu):
+    """_pick_winner over triton_mm tiles named by key, with the given first-pass, final-round and GPU times (ms);
+    returns (winner key, finalist keys, keys GPU-timed)."""
+    tiles = {key: Choice("triton", "triton_mm", "bf16", GemmConfig(16 * (i + 1), 64, 128, 4, 4))
+             for i, key in enumerate(first_pass)}
+    key_of = {c.name: key for key, c in tiles.items()}
+    finalists: list[str] = []
+    captured: list[str] = []
+
+    def together(fns, *a, **k):
+        finalists.extend(key_of[n] for n in fns)
+        return {n: Timing(final_call[key_of[n]], 0, 0, 10, 1) for n in fns}
+    monkeypatch.setattr(autotune, "measure_together", together)
+    monkeypatch.setattr(autotune, "_user_call", lambda runner, sets: runner)
+    monkeypatch.setattr(autotune, "device_time_ms", lambda runner, n_sets: captured.append(key_of[runner]) or
+                        gpu[key_of[runner]])
+    timings = {tiles[key].name: t for key, t in first_pass.items()}
+    choices = {c.name: c for c in tiles.values()}
+    winner = autotune._pick_winner(None, timings, choices, {n: n for n in timings}, [], 1, "cuda",
+                                   {n: {} for n in timings}, [])
+    return key_of[winner], sorted(finalists), sorted(captured)
+
+
+def test_gpu_fastest_tile_of_a_host_set_problem_reaches_the_final_round(monkeypatch):
+    """bf16 24x6144x1536 on the H100: the tile with the lowest GPU time first-passed at 1.44x the fastest call (host
+    jitter) and left the running; the GPU-time screen brings it to the final round, where host-set calls on one
+    launch path are ranked by GPU time."""
+    first = {"a": 0.01159, "b": 0.0119, "t": 0.01438, "c": 0.01613, "d": 0.01672}
+    final = {"a": 0.01999, "b": 0.01923, "t": 0.01961, "c": 0.0195, "d": 0.0198}
+    gpu = {"a": 0.00986, "b": 0.01048, "t": 0.01274, "c": 0.01061, "d": 0.00968}
+    winner, finalists, captured = _screened_round(monkeypatch, first, final, gpu)
+    assert winner == "d" and "d" in finalists and captured == sorted(first)
+    # three times larger (no longer host-set): no screen, and the 1.44x first pass stays out
+    winner, finalists, captured = _screened_round(monkeypatch, {k: 3 * v for k, v in first.items()},
+                                                  {k: 3 * v for k, v in final.items()}, gpu)
+    assert "d" not in finalists and "d" not in captured
