@@ -268,7 +268,13 @@ def gpu_ranked_contenders(call_ms: dict[str, float], gpu_ms: dict[str, float | N
 
 def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, details, notes,
                  clock: StageClock | None = None) -> str | None:
-    """Re-time the fastest few together, then let the simplest win among those within the tie tolerance."""
+    """Re-time the fastest few together, then let the simplest win among those within the tie tolerance.
+
+    The baseline (the simplest, aten) is also kept when a challenger beats its median but not its 20th percentile:
+    interference only ever slows a call, and it does not slow all calls alike. On the H100, bf16 3000x2000x1000 ran
+    episodes of 10-30 ms in which torch.mm took 1.3-8x its 23 us (4% of its samples, against 0.7% of a Triton tile's,
+    which recovered sooner); one tune's final round measured aten above the 36 us of a TMA tile that it beat by 1.35x
+    side by side a moment later."""
     clock = clock or StageClock()
     ranked = sorted((t, n) for n, t in timings.items() if isinstance(t, float))
     if not ranked:
@@ -297,8 +303,9 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
             details[n]["retimed_ms"] = t.median_ms
             timings[n] = t.median_ms
         final_ms = {n: t.median_ms for n, t in final.items()}
+        low_ms = {n: t.p20_ms for n, t in final.items()}
     else:
-        final_ms = {top[0]: timings[top[0]]}
+        final_ms, low_ms = {top[0]: timings[top[0]]}, {}
     fastest = min(final_ms, key=final_ms.get)
     best = final_ms[fastest]
     if host_bound and len(final_ms) > 1 and best < HOST_BOUND_MAX_MS:
@@ -329,6 +336,11 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
     if winner != fastest:
         notes.append(f"{winner} chosen over faster-by-noise {fastest} (tie tolerance "
                      f"{config.tie_tolerance:.0%})")
+    if winner != simplest and simplest in low_ms and low_ms[simplest] <= low_ms[winner] * (1 + config.tie_tolerance):
+        notes.append(f"{simplest} kept over {winner}: slower by median ({final_ms[simplest] * 1e3:.1f} vs "
+                     f"{final_ms[winner] * 1e3:.1f} us) but not by its 20th percentile ({low_ms[simplest] * 1e3:.1f} "
+                     f"vs {low_ms[winner] * 1e3:.1f} us)")
+        winner = simplest
     return winner
 
 

@@ -206,3 +206,28 @@ def test_gpu_fastest_tile_of_a_host_set_problem_reaches_the_final_round(monkeypa
     winner, finalists, captured = _screened_round(monkeypatch, {k: 3 * v for k, v in first.items()},
                                                   {k: 3 * v for k, v in final.items()}, gpu)
     assert "d" not in finalists and "d" not in captured
+
+
+def test_baseline_is_kept_when_only_its_median_lost(monkeypatch):
+    """Interference episodes slow torch.mm more than a Triton tile (H100, bf16 3000x2000x1000: 1.3-8x for 10-30 ms):
+    a challenger that beats aten's median but not its 20th percentile does not win; one faster at both does."""
+    aten = Choice("aten", "aten_mm", "bf16")
+    tile = Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8))
+    choices = {aten.name: aten, tile.name: tile}
+
+    def pick(aten_ms, tile_ms):
+        final = {aten.name: Timing(aten_ms[0], aten_ms[1], aten_ms[0], 40, 1),
+                 tile.name: Timing(tile_ms[0], tile_ms[1], tile_ms[0], 40, 1)}
+        monkeypatch.setattr(autotune, "measure_together", lambda fns, *a, **k: final)
+        monkeypatch.setattr(autotune, "_user_call", lambda runner, sets: runner)
+        notes: list[str] = []
+        timings = {aten.name: aten_ms[0], tile.name: tile_ms[0]}
+        winner = autotune._pick_winner(None, timings, choices, {n: n for n in timings}, [], 1, "cuda",
+                                       {n: {} for n in timings}, notes)
+        return winner, notes
+
+    # (median, p20) in ms; above HOST_BOUND_MAX_MS, so no GPU time is taken
+    winner, notes = pick((0.400, 0.236), (0.362, 0.350))
+    assert winner == aten.name and "20th percentile" in notes[-1]
+    winner, notes = pick((0.240, 0.236), (0.200, 0.195))
+    assert winner == tile.name and not notes
