@@ -23,7 +23,7 @@ from kernels.errors import NoCandidateError
 from kernels.problem import GemmProblem
 from kernels.selection import Selection
 from kernels.templates_info import one_launch, template_tree_hash
-from kernels.timing import (HOST_SET_MAX_MS, LAUNCH_GAP_MS, device_time_ms, measure_interleaved, measure_together,
+from kernels.timing import (HOST_SET_MAX_MS, device_time_ms, measure_interleaved, measure_together,
                             user_call)
 from kernels.verify import make_inputs, reference, timing_sets, verify_launch
 from kernels.version import __version__
@@ -232,38 +232,38 @@ HOST_BOUND_SCREEN = 16
 SCREEN_SPREAD = 2.0
 
 
-# a call this much longer than its GPU time waits on the host (one launch costs LAUNCH_GAP_MS when it does not)
-HOST_SET_GAP_MS = 2 * LAUNCH_GAP_MS
-
-
-def gpu_ranked_contenders(call_ms: dict[str, float], gpu_ms: dict[str, float | None], tolerance: float,
-                          host_path: dict[str, str] | None = None, cutoff: float = 1.0) -> list[str]:
+def gpu_ranked_contenders(call_ms: dict[str, float], gpu_ms: dict[str, float | None],
+                          tolerance: float) -> list[str]:
     """Finalists within `tolerance` of the fastest user-call time, to be ranked by GPU time; [] when fewer than two
     are that close or a GPU time is unknown (the capture failed). Call times that close on a small problem are set
     by the host, whose cost per call drifts between runs by more than that (torch.mm at 12-25 us per call for one
     problem on the lent H200, 17.8-29.3 us for one split-K winner in two runs on the H100); the GPU time does not,
-    and it is what a caller whose host runs ahead (CUDA graphs, overlapped work, a faster CPU) waits for.
-
-    Where the fastest call waits on the host (HOST_SET_GAP_MS beyond its GPU time), finalists on the same host path
-    (`host_path`: name -> its one-launch template, kernels.templates_info.SINGLE_LAUNCH_TEMPLATES) that wait on it too
-    join up to `cutoff` times its call time: the same launch with the host the bottleneck costs the same, so their
-    call times differ by jitter alone (bf16 768^3 on the H100: two triton_mm tiles at 15.2 us per call side by side,
-    5.5 and 7.7 us on the GPU; the slower one had won a final round by its call time)."""
-    fastest = min(call_ms, key=call_ms.get)
-    best = call_ms[fastest]
+    and it is what a caller whose host runs ahead (CUDA graphs, overlapped work, a faster CPU) waits for."""
+    best = min(call_ms.values())
     close = [n for n, t in call_ms.items() if t <= best * (1 + tolerance)]
-
-    def host_set(n: str) -> bool:
-        return gpu_ms.get(n) is not None and call_ms[n] - gpu_ms[n] > HOST_SET_GAP_MS
-
-    host_path = host_path or {}
-    path = host_path.get(fastest)
-    if path and host_set(fastest):
-        close += [n for n, t in call_ms.items() if n not in close and host_path.get(n) == path
-                  and t <= best * cutoff and host_set(n)]
     if len(close) < 2 or any(gpu_ms.get(n) is None for n in close):
         return []
     return close
+
+
+def one_launch_lead(call_ms: dict[str, float], gpu_ms: dict[str, float | None], launches_once: set[str],
+                    cutoff: float, tie: float, complexity: dict[str, int]) -> tuple[str, list[str]] | None:
+    """(the lead, the group): among the finalists that are one launch of ours (`launches_once`) and within `cutoff`
+    of the fastest call, the one lowest on the GPU (the simplest within `tie` of it); None when fewer than two.
+
+    One launch through the same native launcher costs the host the same whatever the tile, so such a call takes
+    about max(host cost, GPU time) plus a launch gap: the GPU time orders the group as their call times would
+    without the host's jitter, which at this size spreads one path's calls by more than the tiles differ (bf16 768^3
+    on the H100: two triton_mm tiles at 15.2 us per call side by side, 5.5 and 7.7 us on the GPU, and the slower had
+    won a final round; bf16 256x256x16384: split_k split32 won by 4% of call time at 14.2 us of GPU time against
+    split16's 12.4, and side by side ran 1.01x per call)."""
+    best = min(call_ms.values())
+    group = [n for n, t in call_ms.items() if n in launches_once and t <= best * cutoff and gpu_ms.get(n) is not None]
+    if len(group) < 2:
+        return None
+    lowest = min(gpu_ms[n] for n in group)
+    lead = min((n for n in group if gpu_ms[n] <= lowest * (1 + tie)), key=lambda n: (complexity[n], gpu_ms[n]))
+    return lead, group
 
 
 def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, details, notes,
@@ -306,40 +306,53 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
         low_ms = {n: t.p20_ms for n, t in final.items()}
     else:
         final_ms, low_ms = {top[0]: timings[top[0]]}, {}
-    fastest = min(final_ms, key=final_ms.get)
-    best = final_ms[fastest]
+    calls, lows = dict(final_ms), dict(low_ms)
+    best = min(final_ms.values())
     if host_bound and len(final_ms) > 1 and best < HOST_BOUND_MAX_MS:
-        # finalists not screened (isolated ones, a slow aten) that are close enough to be ranked by it
-        # (gpu_ranked_contenders: within tune_cutoff of the fastest call); capturing aten at 8x the best call cost a
-        # new shape 0.15 s (int8 544x4096x11008 on the H100)
+        # finalists not screened (isolated ones, a slow aten) that are close enough to be ranked by it (within
+        # tune_cutoff of the fastest call); capturing aten at 8x the best call cost a new shape 0.15 s (int8
+        # 544x4096x11008 on the H100)
         with clock("gpu_time"):
             gpu_ms.update({n: device_time_ms(_user_call(verified[n], sets), n_sets) for n, t in final_ms.items()
                            if n not in gpu_ms and t <= best * max(config.tune_cutoff, 1 + config.host_bound_tolerance)})
         for n, g in gpu_ms.items():
             details[n]["gpu_ms"] = g
-        host_path = {n: choices[n].template for n in final_ms if one_launch(choices[n])}
-        close = gpu_ranked_contenders(final_ms, gpu_ms, config.host_bound_tolerance, host_path, config.tune_cutoff)
+        complexity = {n: choices[n].complexity for n in final_ms}
+        lead = one_launch_lead(final_ms, gpu_ms, {n for n in final_ms if one_launch(choices[n])},
+                               config.tune_cutoff, config.tie_tolerance, complexity)
+        if lead is not None:
+            # the group goes on as its lead, at the group's fastest call: the lead runs no slower than any of them
+            name, group = lead
+            quickest = min(group, key=final_ms.get)
+            calls = {n: t for n, t in final_ms.items() if n not in group} | {name: final_ms[quickest]}
+            lows = {n: t for n, t in low_ms.items() if n not in group} | {name: min(low_ms.get(n, final_ms[n])
+                                                                                    for n in group)}
+            if name != quickest:
+                notes.append(f"{name} chosen over {quickest}: one-launch calls under {HOST_BOUND_MAX_MS * 1e3:.0f} us "
+                             f"ranked by GPU time ({gpu_ms[name] * 1e3:.1f} vs {gpu_ms[quickest] * 1e3:.1f} us; "
+                             f"{final_ms[name] * 1e3:.1f} vs {final_ms[quickest] * 1e3:.1f} us per call)")
+        close = gpu_ranked_contenders(calls, gpu_ms, config.host_bound_tolerance)
         if close:
+            fastest = min(close, key=calls.get)
             fastest_gpu = min(gpu_ms[n] for n in close)
             tied = [n for n in close if gpu_ms[n] <= fastest_gpu * (1 + config.tie_tolerance)]
             winner = min(tied, key=lambda n: (choices[n].complexity, gpu_ms[n]))
             if winner != fastest:
-                why = (f"within {config.host_bound_tolerance:.0%} of each other"
-                       if final_ms[winner] <= best * (1 + config.host_bound_tolerance)
-                       else f"both waiting on the host on one launch path ({final_ms[winner] * 1e3:.1f} vs "
-                            f"{best * 1e3:.1f} us per call)")
-                notes.append(f"{winner} chosen over {fastest}: calls under {HOST_BOUND_MAX_MS * 1e3:.0f} us {why}, "
-                             f"ranked by GPU time ({gpu_ms[winner] * 1e3:.1f} vs {gpu_ms[fastest] * 1e3:.1f} us)")
+                notes.append(f"{winner} chosen over {fastest}: calls under {HOST_BOUND_MAX_MS * 1e3:.0f} us within "
+                             f"{config.host_bound_tolerance:.0%} of each other, ranked by GPU time "
+                             f"({gpu_ms[winner] * 1e3:.1f} vs {gpu_ms[fastest] * 1e3:.1f} us)")
             return winner
-    tied = [n for n, t in final_ms.items() if t <= best * (1 + config.tie_tolerance)]
-    winner = min(tied, key=lambda n: (choices[n].complexity, final_ms[n]))
+    fastest = min(calls, key=calls.get)
+    best = calls[fastest]
+    tied = [n for n, t in calls.items() if t <= best * (1 + config.tie_tolerance)]
+    winner = min(tied, key=lambda n: (choices[n].complexity, calls[n]))
     if winner != fastest:
         notes.append(f"{winner} chosen over faster-by-noise {fastest} (tie tolerance "
                      f"{config.tie_tolerance:.0%})")
-    if winner != simplest and simplest in low_ms and low_ms[simplest] <= low_ms[winner] * (1 + config.tie_tolerance):
-        notes.append(f"{simplest} kept over {winner}: slower by median ({final_ms[simplest] * 1e3:.1f} vs "
-                     f"{final_ms[winner] * 1e3:.1f} us) but not by its 20th percentile ({low_ms[simplest] * 1e3:.1f} "
-                     f"vs {low_ms[winner] * 1e3:.1f} us)")
+    if winner != simplest and simplest in lows and lows[simplest] <= lows[winner] * (1 + config.tie_tolerance):
+        notes.append(f"{simplest} kept over {winner}: slower by median ({calls[simplest] * 1e3:.1f} vs "
+                     f"{calls[winner] * 1e3:.1f} us) but not by its 20th percentile ({lows[simplest] * 1e3:.1f} "
+                     f"vs {lows[winner] * 1e3:.1f} us)")
         winner = simplest
     return winner
 

@@ -98,20 +98,23 @@ def test_small_calls_send_every_close_first_pass_to_the_final_round(monkeypatch)
     assert final_round([0.5, 0.51, 0.52, 0.53, 0.54]) == [0, 1, 2]                          # not host bound
 
 
-def test_host_set_calls_on_one_launch_path_are_ranked_by_gpu_time():
-    """bf16 768^3 on the H100: two triton_mm tiles ran 15.2 us per call side by side (host-set), 5.5 and 7.7 us on the
-    GPU; a final round that saw them 5% apart by call time must still rank them by GPU time."""
+def test_one_launch_finalists_are_ranked_by_gpu_time():
+    """One launch through our native launcher costs the host the same whatever the tile: among such finalists within
+    the cutoff the GPU time decides (bf16 768^3 on the H100: two triton_mm tiles at 15.2 us per call side by side,
+    5.5 and 7.7 us on the GPU). aten (a library call) and a candidate beyond the cutoff stay out of the group."""
+    from kernels.autotune import one_launch_lead
+
     call = {"tile_a": 0.0140, "tile_b": 0.0147, "tma": 0.0146, "aten": 0.0145, "far": 0.0190}
-    gpu = {"tile_a": 0.0077, "tile_b": 0.0055, "tma": 0.0050, "aten": 0.0046, "far": 0.0050}
-    path = {"tile_a": "triton_mm", "tile_b": "triton_mm", "tma": "triton_tma_mm", "far": "triton_mm"}
-    # tile_b joins (same path, both waiting on the host, within the cutoff); the TMA tile (another host path), aten
-    # (a library call) and the tile beyond the cutoff do not
-    assert sorted(gpu_ranked_contenders(call, gpu, 0.03, path, 1.25)) == ["tile_a", "tile_b"]
-    assert gpu_ranked_contenders(call, gpu, 0.03) == []                      # no host paths: the 3% rule alone
-    gpu_bound = dict(gpu, tile_a=0.0130)                                     # the fastest call waits on its kernel
-    assert gpu_ranked_contenders(call, gpu_bound, 0.03, path, 1.25) == []
-    b_gpu_bound = dict(gpu, tile_b=0.0140)                                   # tile_b's call is its kernel's time
-    assert gpu_ranked_contenders(call, b_gpu_bound, 0.03, path, 1.25) == []
+    gpu = {"tile_a": 0.0077, "tile_b": 0.0055, "tma": 0.0060, "aten": 0.0046, "far": 0.0050}
+    once = {"tile_a", "tile_b", "tma", "far"}
+    complexity = {"tile_a": 10, "tile_b": 10, "tma": 11, "aten": 0, "far": 10}
+    lead, group = one_launch_lead(call, gpu, once, 1.25, 0.01, complexity)
+    assert lead == "tile_b" and sorted(group) == ["tile_a", "tile_b", "tma"]
+    # within the tie tolerance on the GPU, the simpler template leads
+    lead, _ = one_launch_lead(call, dict(gpu, tma=0.00549), once, 1.25, 0.01, complexity)
+    assert lead == "tile_b"
+    assert one_launch_lead(call, gpu, {"tile_a"}, 1.25, 0.01, complexity) is None           # a group of one
+    assert one_launch_lead(call, dict(gpu, tile_b=None, tma=None), once, 1.25, 0.01, complexity) is None
 
 
 def test_final_round_picks_the_gpu_faster_of_two_host_set_tiles(monkeypatch):
@@ -127,7 +130,26 @@ def test_final_round_picks_the_gpu_faster_of_two_host_set_tiles(monkeypatch):
     notes: list[str] = []
     winner = autotune._pick_winner(None, dict(call), choices, {n: n for n in call}, [], 1, "cuda",
                                    {n: {} for n in call}, notes)
-    assert winner == fast.name and "waiting on the host" in notes[0]
+    assert winner == fast.name and "one-launch calls under 100 us ranked by GPU time" in notes[0]
+
+
+def test_one_launch_lead_then_meets_aten_by_call_time(monkeypatch):
+    """The group's lead goes on at the group's fastest call: aten, slower per call than that, does not win by its
+    own lower GPU time unless the calls are within the host-bound tolerance."""
+    aten = Choice("aten", "aten_mm", "bf16")
+    a = Choice("triton", "split_k", "bf16", GemmConfig(64, 128, 64, 4, 8), (("split", 32),))
+    b = Choice("triton", "split_k", "bf16", GemmConfig(64, 64, 64, 4, 4), (("split", 16),))
+    choices = {c.name: c for c in (aten, a, b)}
+    call = {aten.name: 0.0300, a.name: 0.01633, b.name: 0.01704}
+    gpu = {aten.name: 0.0109, a.name: 0.01417, b.name: 0.01242}
+    monkeypatch.setattr(autotune, "measure_together", lambda fns, *x, **k: {
+        n: Timing(t, t, t, 10, 1) for n, t in call.items()})
+    monkeypatch.setattr(autotune, "_user_call", lambda runner, sets: runner)
+    monkeypatch.setattr(autotune, "device_time_ms", lambda runner, n_sets: gpu[runner])
+    notes: list[str] = []
+    winner = autotune._pick_winner(None, dict(call), choices, {n: n for n in call}, [], 1, "cuda",
+                                   {n: {} for n in call}, notes)
+    assert winner == b.name and "ranked by GPU time (12.4 vs 14.2 us" in notes[0]
 
 
 def test_gpu_time_is_taken_only_for_finalists_it_could_rank(monkeypatch):
