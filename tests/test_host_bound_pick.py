@@ -13,6 +13,20 @@ from kernels.heuristics import GemmConfig
 from kernels.timing import Timing
 
 
+def _final_round(monkeypatch, choices, call, gpu, p20=None):
+    """_pick_winner as on a GPU (none used): `call` holds the finalists' first-pass and final-round medians (and
+    `p20` their 20th percentiles), `gpu` their GPU times; returns (winner, notes, details, names GPU-timed)."""
+    captured: list[str] = []
+    monkeypatch.setattr(autotune, "measure_together", lambda fns, *a, **k: {
+        n: Timing(call[n], (p20 or call)[n], call[n], 10, 1) for n in fns})
+    monkeypatch.setattr(autotune, "_user_call", lambda runner, sets: runner)
+    monkeypatch.setattr(autotune, "device_time_ms", lambda runner, n_sets: captured.append(runner) or gpu[runner])
+    notes: list[str] = []
+    details = {n: {} for n in call}
+    winner = autotune._pick_winner(None, dict(call), choices, {n: n for n in call}, [], 1, "cuda", details, notes)
+    return winner, notes, details, captured
+
+
 def test_close_host_set_finalists_are_ranked_by_gpu_time():
     call = {"triton_mm": 0.0114, "aten_mm": 0.0119}
     gpu = {"triton_mm": 0.0085, "aten_mm": 0.0054}             # both calls wait on the host
@@ -130,13 +144,7 @@ def test_final_round_picks_the_gpu_faster_of_two_host_set_tiles(monkeypatch):
     choices = {slow.name: slow, fast.name: fast}
     call = {slow.name: 0.0140, fast.name: 0.0147}
     gpu = {slow.name: 0.0077, fast.name: 0.0055}
-    monkeypatch.setattr(autotune, "measure_together", lambda fns, *a, **k: {
-        n: Timing(t, t, t, 10, 1) for n, t in call.items()})
-    monkeypatch.setattr(autotune, "_user_call", lambda runner, sets: runner)
-    monkeypatch.setattr(autotune, "device_time_ms", lambda runner, n_sets: gpu[runner])
-    notes: list[str] = []
-    winner = autotune._pick_winner(None, dict(call), choices, {n: n for n in call}, [], 1, "cuda",
-                                   {n: {} for n in call}, notes)
+    winner, notes, _, _ = _final_round(monkeypatch, choices, call, gpu)
     assert winner == fast.name and "one-launch calls under 100 us ranked by GPU time" in notes[0]
 
 
@@ -149,13 +157,7 @@ def test_one_launch_lead_then_meets_aten_by_call_time(monkeypatch):
     choices = {c.name: c for c in (aten, a, b)}
     call = {aten.name: 0.0300, a.name: 0.01633, b.name: 0.01704}
     gpu = {aten.name: 0.0109, a.name: 0.01417, b.name: 0.01242}
-    monkeypatch.setattr(autotune, "measure_together", lambda fns, *x, **k: {
-        n: Timing(t, t, t, 10, 1) for n, t in call.items()})
-    monkeypatch.setattr(autotune, "_user_call", lambda runner, sets: runner)
-    monkeypatch.setattr(autotune, "device_time_ms", lambda runner, n_sets: gpu[runner])
-    notes: list[str] = []
-    winner = autotune._pick_winner(None, dict(call), choices, {n: n for n in call}, [], 1, "cuda",
-                                   {n: {} for n in call}, notes)
+    winner, notes, _, _ = _final_round(monkeypatch, choices, call, gpu)
     assert winner == b.name and "ranked by GPU time (12.4 vs 14.2 us" in notes[0]
 
 
@@ -165,13 +167,7 @@ def test_gpu_time_is_taken_only_for_finalists_it_could_rank(monkeypatch):
     tiles = [Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64 * (i + 1), 64, 4, 4)) for i in range(3)]
     choices = {c.name: c for c in tiles}
     call = {tiles[0].name: 0.0100, tiles[1].name: 0.0102, tiles[2].name: 0.080}
-    captured: list[str] = []
-    monkeypatch.setattr(autotune, "measure_together", lambda fns, *a, **k: {
-        n: Timing(t, t, t, 10, 1) for n, t in call.items()})
-    monkeypatch.setattr(autotune, "_user_call", lambda runner, sets: runner)
-    monkeypatch.setattr(autotune, "device_time_ms", lambda runner, n_sets: captured.append(runner) or 0.009)
-    details = {n: {} for n in call}
-    autotune._pick_winner(None, dict(call), choices, {n: n for n in call}, [], 1, "cuda", details, [])
+    _, _, details, captured = _final_round(monkeypatch, choices, call, {n: 0.009 for n in call})
     assert sorted(captured) == sorted([tiles[0].name, tiles[1].name])
     assert "gpu_ms" not in details[tiles[2].name]
 
@@ -245,14 +241,8 @@ def test_baseline_is_kept_when_only_its_median_lost(monkeypatch):
     choices = {aten.name: aten, tile.name: tile}
 
     def pick(aten_ms, tile_ms):
-        final = {aten.name: Timing(aten_ms[0], aten_ms[1], aten_ms[0], 40, 1),
-                 tile.name: Timing(tile_ms[0], tile_ms[1], tile_ms[0], 40, 1)}
-        monkeypatch.setattr(autotune, "measure_together", lambda fns, *a, **k: final)
-        monkeypatch.setattr(autotune, "_user_call", lambda runner, sets: runner)
-        notes: list[str] = []
-        timings = {aten.name: aten_ms[0], tile.name: tile_ms[0]}
-        winner = autotune._pick_winner(None, timings, choices, {n: n for n in timings}, [], 1, "cuda",
-                                       {n: {} for n in timings}, notes)
+        call, p20 = {aten.name: aten_ms[0], tile.name: tile_ms[0]}, {aten.name: aten_ms[1], tile.name: tile_ms[1]}
+        winner, notes, _, _ = _final_round(monkeypatch, choices, call, {}, p20)
         return winner, notes
 
     # (median, p20) in ms; above HOST_BOUND_MAX_MS, so no GPU time is taken
