@@ -229,8 +229,9 @@ HOST_BOUND_FINALISTS = 8
 # HOST_BOUND_SCREEN fastest calls within SCREEN_SPREAD of it are GPU-timed and the GPU-fastest retime_top of them join
 # the final round too.
 HOST_BOUND_SCREEN = 16
-BASELINE_P20_MARGIN = 0.15
 SCREEN_SPREAD = 2.0
+# how far below a challenger's 20th percentile the baseline's must be to keep it (_pick_winner says why)
+BASELINE_P20_MARGIN = 0.15
 
 
 # a call this much longer than its GPU time waits on the host (one launch of ours costs LAUNCH_GAP_MS when it does not)

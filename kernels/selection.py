@@ -23,7 +23,7 @@ class Selection:
     created: float = 0.0
     fingerprint: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    # where tune_seconds went: stage -> seconds (kernels.autotune.TUNE_STAGES), for `explain` and the benchmarks
+    # where tune_seconds went: stage -> seconds (kernels.autotune.StageClock), for `explain` and the benchmarks
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -90,17 +90,22 @@ class Sampler:
     def sample(self) -> float:
         return self._timed(self.calls_per_sample) / self.calls_per_sample
 
+    def samples_for(self, budget_ms: float, min_samples: int, max_samples: int | None) -> int:
+        """How many samples `budget_ms` buys after `plan()`: at least `min_samples`, at most `max_samples` (default
+        50 on CUDA, 3 elsewhere: interpreted calls are slow)."""
+        if max_samples is None:
+            max_samples = 50 if self.device == "cuda" else 3
+        per_sample = max(self.estimate_ms * self.calls_per_sample, 1e-3)
+        return int(min(max_samples, max(min_samples, budget_ms // per_sample)))
+
 
 def measure(call: Call, n_sets: int, device: str, budget_ms: float, min_samples: int = 5,
             max_samples: int | None = None, stop_above_ms: float | None = None) -> Timing:
     """Median of up to `budget_ms` of samples. With `stop_above_ms`, a candidate whose median after `min_samples`
     is already above it stops there: it is out of the running, and the full budget is spent on contenders."""
     sampler = Sampler(call, n_sets, device)
-    est = sampler.plan()
-    per_sample = max(est * sampler.calls_per_sample, 1e-3)
-    if max_samples is None:
-        max_samples = 50 if device == "cuda" else 3
-    n = int(min(max_samples, max(min_samples, budget_ms // per_sample)))
+    sampler.plan()
+    n = sampler.samples_for(budget_ms, min_samples, max_samples)
     samples = [sampler.sample() for _ in range(min(n, min_samples))]
     if stop_above_ms is None or statistics.median(samples) <= stop_above_ms:
         samples += [sampler.sample() for _ in range(n - len(samples))]
@@ -116,21 +121,18 @@ def measure_interleaved(calls: dict[str, Call], n_sets: int, device: str, budget
     int8 1024x8192x512's two-launch tiles (28 us in a final round) first-passed above 40 us on the H100 and left
     the running. With `cutoff`, a candidate whose median after `min_samples` is above `cutoff` times the best
     median stops there. Returns (timings, failures: name -> what its call raised)."""
-    if max_samples is None:
-        max_samples = 50 if device == "cuda" else 3
     samplers: dict[str, Sampler] = {}
     wanted: dict[str, int] = {}
     failed: dict[str, str] = {}
     for name, call in calls.items():
         sampler = Sampler(call, n_sets, device)
         try:
-            est = sampler.plan()
+            sampler.plan()
         except Exception as e:  # noqa: BLE001 - a failing candidate is a result, not the end of the pass
             failed[name] = f"{type(e).__name__}: {str(e)[:300]}"
             continue
-        per_sample = max(est * sampler.calls_per_sample, 1e-3)
         samplers[name] = sampler
-        wanted[name] = int(min(max_samples, max(min_samples, budget_ms // per_sample)))
+        wanted[name] = sampler.samples_for(budget_ms, min_samples, max_samples)
     samples: dict[str, list[float]] = {name: [] for name in samplers}
     running = list(samplers)
     turn = 0
