@@ -32,6 +32,9 @@ class BuildOutcome:
 
 class Backend(ABC):
     name: str = ""
+    # verify and time this backend's runners in a child process first (backends/isolated_child.py): a kernel that
+    # faults poisons the CUDA context it runs in. Costs a child start per tune; CUTLASS's are isolated.
+    isolated: bool = False
 
     @abstractmethod
     def available(self, problem: GemmProblem) -> tuple[bool, str]:
@@ -49,10 +52,9 @@ class Backend(ABC):
         """For runners with isolated=True: verify and time each one in a child process (with the same
         kernels.verify / kernels.timing code) and return name -> kernels.timing.Timing, or name -> failure text.
         A fault in the child is a failure for that choice, never an exception here."""
-        from backends.isolated_child import run_isolated
-        from kernels.core.config import config
+        from backends.isolated_child import CHILD_TIMEOUT_S, run_isolated
 
-        return run_isolated(self.name, problem, [r.choice for r in runners], budget_ms, config.child_timeout_s)
+        return run_isolated(self.name, problem, [r.choice for r in runners], budget_ms, CHILD_TIMEOUT_S)
 
     def built(self, problem: GemmProblem, choices: list[Choice]) -> set[str]:
         """Names of the choices whose binaries this backend has stored, so building them compiles nothing. Backends

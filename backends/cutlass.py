@@ -1,5 +1,5 @@
 """CUTLASS backend: render one .cu per config, build a batch with one `ninja -jN`, load the .so with ctypes and
-launch on torch's current stream. Runners are isolated (config.isolate, CUTLASS by default): verification and timing
+launch on torch's current stream. Runners are isolated (CutlassBackend.isolated): verification and timing
 run in a child process (backends/isolated_child.py), so a faulting kernel cannot poison the caller's CUDA context.
 
 Artifacts: <cache_dir>/cutlass/sm<arch>/<key>/{kernel.cu, kernel.so, build.log, meta.json}; key = source hash +
@@ -22,16 +22,20 @@ import torch
 from backends.base import Backend, BuildOutcome, Runner
 from backends.cutlass_render import BuildJob, CutlassKernelSpec, build_key, ninja_text, render, spec_for
 from kernels.core.counters import bump as bump_stat
-from kernels.core.choice import Choice
+from kernels.core.choice import Choice, name_filter
 from kernels.core.config import config
 from kernels.core.errors import BuildError, KernelsError
 from kernels.core.fsutil import atomic_write_text, file_lock, read_json, write_if_different
-from kernels.space.heuristics_cutlass import (SM80_TEMPLATES, SM90_TEMPLATES, CutlassConfig, kernel_operands, name_filter,
+from kernels.space.heuristics_cutlass import (SM80_TEMPLATES, SM90_TEMPLATES, CutlassConfig, kernel_operands,
                                         ranked_configs, select)
 from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
 from kernels.core.toolchain import Toolchain, toolchain
 
 LOG_TAIL_CHARS = 1500
+# CUTLASS candidates built per problem in the default search space, the best-ranked by kernels.space.heuristics_cutlass
+# first. What 12 costs: a cold build and tune of the default set (12 configs, 22 choices with run-time swizzles) took
+# 61 s on a lent 16-core H200 host, the next shape of that dtype 6-7 s with no compile; other limits were not compared
+CUTLASS_MAX_CONFIGS = 12
 
 
 class CutlassLaunchError(KernelsError):
@@ -182,9 +186,11 @@ class _Prepared:
 
 class CutlassBackend(Backend):
     name = "cutlass"
+    isolated = True
 
-    def __init__(self, tools: Toolchain | None = None):
+    def __init__(self, tools: Toolchain | None = None, max_configs: int = CUTLASS_MAX_CONFIGS):
         self._tools = tools
+        self.max_configs = max_configs
         self._libraries: dict[Path, LoadedKernel] = {}
 
     @property
@@ -225,13 +231,15 @@ class CutlassBackend(Backend):
             ranked[template] = cfgs
             for tag, why in rejected.items():
                 skipped[template if tag == "*" else f"{template}_{problem.dtype}_{tag}"] = why
-        limit = sum(len(v) for v in ranked.values()) if space == "exhaustive" else config.cutlass_max_profiling_configs
-        keep = name_filter(config.cutlass_allow, config.cutlass_deny)
+        limit = sum(len(v) for v in ranked.values()) if space == "exhaustive" else self.max_configs
+        # the name filters apply before the limit: KERNELS_ONLY=cutlass2x builds the best sm80 kernels, not the sm80
+        # ones among the best of both
+        keep = name_filter(config.only, config.skip)
         result = []
         for template, cfg in select(problem, ranked, 10**9):
             choice = Choice("cutlass", template, problem.dtype, None, cfg.params())
             if not keep(choice.name):
-                skipped[choice.name] = "filtered out by KERNELS_CUTLASS_ALLOW / KERNELS_CUTLASS_DENY"
+                skipped[choice.name] = "left out by KERNELS_ONLY / KERNELS_SKIP"
             else:
                 result.append((template, cfg))
         picked = select(problem, {t: [c for tt, c in result if tt == t] for t in ranked}, limit)
@@ -241,7 +249,7 @@ class CutlassBackend(Backend):
                  if n not in names]
         if below:   # one line for the lot: dozens of "ranked below" rows would bury the real failures
             skipped["cutlass (ranked cut)"] = (f"{len(below)} more candidates ranked below the {limit} built per "
-                                               f"problem (KERNELS_CUTLASS_MAX_CONFIGS), e.g. {', '.join(below[:3])}")
+                                               f"problem (backends.cutlass.CUTLASS_MAX_CONFIGS), e.g. {', '.join(below[:3])}")
         return chosen, skipped
 
     def build(self, problem, choices):
@@ -291,7 +299,7 @@ class CutlassBackend(Backend):
     def _compile_pending(self, pending: list[_Prepared]) -> dict[int, tuple]:
         """Compile what is still missing under the build lock (another process may have built some while we
         waited for it) and publish the good binaries; returns index -> result for what was compiled here."""
-        with file_lock(self.root / "build.lock", config.lock_timeout_s):
+        with file_lock(self.root / "build.lock"):
             todo = [p for p in pending if not artifact_valid(p.paths, p.key)]
             if todo:
                 self._compile(todo)
@@ -340,7 +348,7 @@ class CutlassBackend(Backend):
         except Exception as e:  # noqa: BLE001
             return BuildOutcome(choice, None, f"load failed: {type(e).__name__}: {str(e)[:300]} (binary "
                                               f"{paths.binary})", compiled=compiled)
-        return BuildOutcome(choice, Runner(choice, launch, isolated=self.name in config.isolate), compiled=compiled,
+        return BuildOutcome(choice, Runner(choice, launch, isolated=self.isolated), compiled=compiled,
                             seconds=time.perf_counter() - start)
 
 

@@ -1,14 +1,14 @@
 """Verify and time candidates of any backend in a child process (`python -m backends.isolated_child`).
 
 A kernel that faults (illegal address) poisons its CUDA context for good, so it must not run in the caller.
-Backends listed in `config.isolate` (KERNELS_ISOLATE; CUTLASS by default) measure their runners here.
+Backends whose `isolated` attribute is set (CUTLASS's) measure their runners here.
 The parent sends one JSON request on stdin; the child answers one tagged JSON line per event on stdout:
 {"start": name} before touching a candidate, then {"name", "timing"} or {"name", "error"}. When the child dies or
 times out, the candidate that started without an answer is the culprit; the rest run in a fresh child.
 The checks and timing are kernels.verify and kernels.timing, exactly as in-process tuning uses them.
 
-KERNELS_CHILD_FAULT=<choice name> makes the child kill itself (SIGSEGV) when it starts that candidate: fault
-injection, so the isolation itself can be tested on any machine.
+`FAULT_INJECTION = <choice name>` (set in the parent, passed in the request) makes the child kill itself (SIGSEGV)
+when it starts that candidate, so the isolation itself can be tested on any machine.
 """
 from __future__ import annotations
 
@@ -20,8 +20,13 @@ import sys
 import time
 
 TAG = "@@kernels-child "
-FAULT_ENV = "KERNELS_CHILD_FAULT"
 STDERR_TAIL = 1500
+# Seconds an isolated verify-and-time child may run before it is killed. The child compiles nothing (it loads what the
+# parent built), so this only bounds a hung kernel: far above a dozen candidates at KERNELS_BENCH_MS each, with the
+# child's imports and CUDA start
+CHILD_TIMEOUT_S = 300.0
+# Tests only: the choice name at which the child kills itself (None: no fault)
+FAULT_INJECTION: str | None = None
 
 
 def _emit(obj: dict) -> None:
@@ -77,7 +82,7 @@ def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: fl
         request = {"backend": backend, "problem": json.loads(problem.key()),
                    "choices": [c.as_dict() for c in remaining], "budget_ms": budget_ms, "seed": seed,
                    "device": torch.cuda.current_device() if torch.cuda.is_available() else 0,
-                   "cache_dir": str(config.cache_dir)}
+                   "cache_dir": str(config.cache_dir), "fault": FAULT_INJECTION}
         proc = subprocess.Popen([sys.executable, "-m", "backends.isolated_child"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO_ROOT),
                                 env=child_environment())
@@ -141,7 +146,7 @@ def main() -> int:
 
         fastpath.load_if_built()            # so native launches are verified and timed here like the caller's
     outcomes = get_backend(request["backend"]).build(problem, choices)    # artifacts exist: this only loads
-    fault = os.environ.get(FAULT_ENV)
+    fault = request.get("fault")
 
     a, b = make_inputs(problem, device, seed=request["seed"])
     ref = reference(problem, a, b)

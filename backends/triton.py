@@ -111,7 +111,7 @@ class TritonBackend(Backend):
             except Exception as e:  # noqa: BLE001
                 outcomes.append(BuildOutcome(choice, None, f"launcher failed: {type(e).__name__}: {str(e)[:300]}"))
                 continue
-            outcomes.append(BuildOutcome(choice, Runner(choice, launch, isolated=self.name in config.isolate),
+            outcomes.append(BuildOutcome(choice, Runner(choice, launch, isolated=self.isolated),
                                          compiled=compiled, seconds=time.perf_counter() - start))
         return outcomes
 

@@ -220,7 +220,7 @@ class Bench:
         self.torch, self.kernels, self.args = torch, kernels, args
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-        self.dyn = {mode: kernels.Dynamic("m", hints=args.hints, mode=mode) for mode in MODES}
+        self.dyn = {mode: kernels.Dynamic("m", hints=args.hints, mode=mode, buckets=args.buckets) for mode in MODES}
 
     def sync(self):
         if self.device == "cuda":
@@ -414,10 +414,10 @@ def main(argv=None) -> int:
     start = time.monotonic()
     os.environ["KERNELS_CACHE_DIR"] = args.cache_dir or tempfile.mkdtemp(prefix="kernels_dynamic_")
     import kernels
+    from kernels.dispatch.dynamic import DYNAMIC_POOL
 
     kernels.config.backends = tuple(s.strip() for s in args.backends.split(",") if s.strip())
-    kernels.config.dynamic_buckets = args.buckets
-    kernels.config.dynamic_dims = ""          # the static reference stays static whatever KERNELS_DYNAMIC says
+    kernels.config.dynamic = ""               # the static reference stays static whatever KERNELS_DYNAMIC says
     if args.bench_ms is not None:
         kernels.config.bench_budget_ms = args.bench_ms
     bench = Bench(args)
@@ -429,8 +429,7 @@ def main(argv=None) -> int:
     report = {"device": torch.cuda.get_device_name() if not args.cpu else "cpu (Triton interpreter)",
               "torch": torch.__version__, "triton": triton_version, "dtype": args.dtype, "hints": list(args.hints),
               "backends": list(kernels.config.backends), "buckets": args.buckets,
-              "pool": kernels.config.dynamic_pool,
-              "cache_dir": os.environ["KERNELS_CACHE_DIR"], "time_limit_s": args.time_limit_s,
+              "pool": DYNAMIC_POOL, "cache_dir": kernels.config.cache_dir, "time_limit_s": args.time_limit_s,
               "bench_budget_ms": kernels.config.bench_budget_ms, "targets": TARGETS, "shapes": []}
     json_path, md_path = out_paths(args.out)
     json_path.parent.mkdir(parents=True, exist_ok=True)

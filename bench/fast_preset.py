@@ -61,8 +61,8 @@ def _side_by_side(problem, fast_runner, best_choice) -> dict:
 
     if best_choice.name == fast_runner.choice.name:
         return {"fast_ms": None, "best_ms": None, "ratio": 1.0, "gpu_ratio": 1.0, "note": "same choice"}
-    if {best_choice.backend, fast_runner.choice.backend} & set(config.isolate):
-        return {"error": "a choice of an isolated backend (KERNELS_ISOLATE) runs only in a child process"}
+    if any(get_backend(c.backend).isolated for c in (best_choice, fast_runner.choice)):
+        return {"error": "a choice of an isolated backend (CUTLASS) runs only in a child process"}
     (outcome,) = get_backend(best_choice.backend).build(problem, [best_choice])
     if outcome.runner is None:
         return {"error": f"dataset best did not build: {outcome.error}"}
@@ -193,12 +193,16 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="only the first N problems per dtype")
     ap.add_argument("--time-limit-s", type=float, default=400.0, help="start no new problem after this")
     ap.add_argument("--json")
+    ap.add_argument("--perf-model", help="what ranks the candidates: auto (default), analytic, learned, or a learned "
+                                         "model's .json (to compare a new model)")
     args = ap.parse_args(argv)
     import kernels
     from kernels.space.perf_model import model_for
 
     os.environ["KERNELS_CACHE_DIR"] = tempfile.mkdtemp(prefix="kernels_fast_")
     kernels.config.preset = "fast"
+    if args.perf_model:
+        kernels.config.perf_model = args.perf_model
     backends = tuple(args.backends.split(","))
     ref = _reference(args.data)
     start = time.perf_counter()

@@ -112,11 +112,11 @@ relabel)
 fast)
   # FAST_DATA: the reference datasets (default the 48-96-config samples; the full-exhaustive ground truth is
   # tools/perf_model/data/h100_heldout_full_{bf16,int8}.csv.gz); FAST_S (default 500): start no new problem after this
-  # FAST_TAG: a suffix for the output files (e.g. a run with KERNELS_PERF_MODEL=<another model's .json>)
+  # FAST_TAG: a suffix for the output files (e.g. a run with FAST_MODEL=<another model's .json>, its --perf-model)
   data=${FAST_DATA:-tools/perf_model/data/h100_heldout_bf16.csv tools/perf_model/data/h100_heldout_int8.csv}; limit=${FAST_S:-500}
   tag=${FAST_TAG:+_$FAST_TAG}
   # shellcheck disable=SC2086 - $data is a list of paths
-  timeout $((limit + 60)) python3 -m bench.fast_preset --data $data \
+  timeout $((limit + 60)) python3 -m bench.fast_preset --data $data ${FAST_MODEL:+--perf-model "$FAST_MODEL"} \
     --time-limit-s "$limit" --json "$OUT/fast_preset$tag.json" 2>&1 | tee "$OUT/fast_preset$tag.txt" | tail -60
   ;;
 esac

@@ -128,6 +128,6 @@ def test_config_reads_environment_lazily_and_validates(monkeypatch):
         _ = kernels.config.backends
     kernels.config.backends = ("aten",)
     assert kernels.config.backends == ("aten",)
-    monkeypatch.setenv("KERNELS_SEARCH_SPACE", "exhaustive")
+    monkeypatch.setenv("KERNELS_PRESET", "fast")
     assert kernels.config.search_space == "exhaustive"
     assert torch.is_tensor(torch.zeros(1))

@@ -112,34 +112,34 @@ def test_ranking_prefers_small_tiles_or_stream_k_for_small_m():
         score(p, SM90, CutlassConfig(256, 128, 64, 1, 2, "coop", align=8, align_c=8))
 
 
-def _backend():
+def _backend(**kwargs):
     from kernels.core.toolchain import resolve
 
-    return CutlassBackend(Toolchain(resolve().cutlass, None, "13.0.0"))
+    return CutlassBackend(Toolchain(resolve().cutlass, None, "13.0.0"), **kwargs)
 
 
-def test_choices_respect_limit_by_rank_not_name(monkeypatch):
-    monkeypatch.setenv("KERNELS_CUTLASS_MAX_CONFIGS", "3")
-    chosen, skipped = _backend().choices(problem(8192, 8192, 8192))
+def test_choices_respect_limit_by_rank_not_name():
+    chosen, skipped = _backend(max_configs=3).choices(problem(8192, 8192, 8192))
     binaries = {(c.template, c.name.replace("_sw8", "_sw1")) for c in chosen}
     assert len(binaries) == 3
     assert chosen[0].name == "cutlass3x_sm90_mm_bf16_128x256x64_c2x1_coop_a8c8_sw8"
     assert all(c.template == SM90 for c in chosen)
-    assert any("KERNELS_CUTLASS_MAX_CONFIGS" in why for why in skipped.values())
+    assert any("CUTLASS_MAX_CONFIGS" in why for why in skipped.values())
     assert sorted(c.name for c in chosen) != [c.name for c in chosen]
 
 
-def test_allow_deny_regex(monkeypatch):
-    config.cutlass_allow = r"cutlass2x"
+def test_name_filters_apply_before_the_limit():
+    """KERNELS_ONLY / KERNELS_SKIP: the best of the matching kernels are built, not the matches among the best."""
+    best_of_both = _backend().choices(problem())[0]
+    config.only = r"cutlass2x"
     chosen, skipped = _backend().choices(problem())
-    assert chosen and all(c.template == SM80 for c in chosen)
-    assert any("KERNELS_CUTLASS_ALLOW" in why for why in skipped.values())
-    config.cutlass_allow = ""
-    config.cutlass_deny = r"pingpong|_sk_"
+    assert all(c.template == SM80 for c in chosen)
+    assert len(chosen) > sum(c.template == SM80 for c in best_of_both)
+    assert any("KERNELS_ONLY" in why for why in skipped.values())
+    config.only = ""
+    config.skip = r"pingpong,_sk_"
     chosen, _ = _backend().choices(problem())
     assert chosen and not any("pingpong" in c.name or "_sk_" in c.name for c in chosen)
-    with pytest.raises(ValueError):
-        config.cutlass_deny = "("
 
 
 def test_int8_choice_names_carry_no_duplicate_dtype():
@@ -150,11 +150,7 @@ def test_int8_choice_names_carry_no_duplicate_dtype():
 
 
 def test_ranked_cut_is_one_summary_line_not_one_row_per_candidate():
-    config.cutlass_max_profiling_configs = 3
-    try:
-        chosen, skipped = CutlassBackend().choices(problem(4096, 4096, 4096))
-    finally:
-        config.reset()
+    chosen, skipped = CutlassBackend(max_configs=3).choices(problem(4096, 4096, 4096))
     assert chosen
     assert not any("ranked below" in why for name, why in skipped.items() if name != "cutlass (ranked cut)")
     assert re.match(r"\d+ more candidates ranked below the 3 built", skipped["cutlass (ranked cut)"])

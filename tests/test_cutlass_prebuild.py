@@ -40,14 +40,14 @@ def test_prebuild_builds_a_suite_in_one_batch_and_the_builds_after_compile_nothi
     assert len(batches) == 1 and backend.prebuild(work) == 0
 
 
-def test_autotune_prebuild_uses_the_tuners_choices(batches):
+def test_autotune_prebuild_uses_the_tuners_choices(batches, monkeypatch):
+    from backends import get_backend
     from kernels.tune.autotune import prebuild
-    from kernels.core.config import config
 
-    config.cutlass_max_profiling_configs = 2
+    monkeypatch.setattr(get_backend("cutlass"), "max_configs", 2)
     problems = [problem(), problem(64, 4096, 4096)]
     assert prebuild(problems, ("cutlass", "aten")) == {"cutlass": len(batches[0]), "aten": 0}
-    backend = CutlassBackend(TOOLS)
+    backend = CutlassBackend(TOOLS, max_configs=2)
     expected = {backend.artifact_paths(p, c)[1].binary for p in problems for c in backend.choices(p)[0]}
     assert set(batches[0]) == expected and len(batches) == 1
     assert prebuild([problem(arch=70)], ("cutlass",)) == {"cutlass": 0}     # unavailable there: nothing to do

@@ -70,8 +70,8 @@ def test_benchmark_mode_tunes_hints_once_and_benchmarks_each_bucket_once(triton_
         ["benchmarked", "benchmarked", "memory", "benchmarked", "memory", "benchmarked"]
     assert decisions[64].bucket == "m∈(32,64]" and decisions[64].measured_at == (40, N, K)
     fam = next(iter(dyn_mod._families.values()))
-    pool = fam.pool_names(kernels.config.dynamic_pool)
-    assert set(winners.values()) < set(pool) and len(pool) <= 2 * kernels.config.dynamic_pool
+    pool = fam.pool_names(dyn_mod.DYNAMIC_POOL)
+    assert set(winners.values()) < set(pool) and len(pool) <= 2 * dyn_mod.DYNAMIC_POOL
     choices = {n: hw.selection.choices[n] for hw in fam.winners for n in fam.ranked_names(hw, len(pool))}
     for d in decisions.values():
         timed = {n: t for n, t in d.timings.items() if isinstance(t, float)}
@@ -113,19 +113,15 @@ def test_mode_switching_reuses_the_hint_winners(triton_only):
     assert kernels.explain(a, b, dynamic=bench).source == "dynamic-benchmark"
     assert kernels.explain(a, b, dynamic=sim).source == "dynamic-similarity"
     assert kernels.stats()["tunes"] == 2 and kernels.stats()["bucket_benchmarks"] == 1
-    # the global declaration: mm without `dynamic=` follows kernels.config (read when a shape is first seen)
-    kernels.config.dynamic_dims = "m"
-    kernels.config.dynamic_hints = HINTS
-    kernels.config.dynamic_mode = "similarity"
+    # the global declaration: mm without `dynamic=` follows KERNELS_DYNAMIC (read when a shape is first seen): dims
+    # and their hints, in the default mode
+    kernels.config.dynamic = "m=" + ",".join(map(str, HINTS))
     a2 = torch.randn(48, K).half()
     kernels.mm(a2, b)
-    assert kernels.explain(a2, b).source == "dynamic-similarity"
-    kernels.config.dynamic_mode = "benchmark"
-    kernels.clear_memory_cache()
-    kernels.mm(a2, b)
     assert kernels.explain(a2, b).source == "dynamic-benchmark"
+    assert kernels.stats()["tunes"] == 2                                          # the same hint winners
     assert kernels.explain(a2, b, dynamic=False).source in ("tuned", "memory")    # explicit static
-    kernels.config.dynamic_dims = ""
+    kernels.config.dynamic = ""
     assert kernels.explain(a2, b).problem.dynamic == ()
 
 
@@ -174,9 +170,8 @@ def test_a_new_m_needs_no_new_binary(triton_only, isolated_cache):
 
 def test_dynamic_k_and_only_candidate():
     # default backends: on CPU aten wins both hints; with a pool of one per hint there is nothing to benchmark
-    kernels.config.dynamic_pool = 1
     b16 = torch.randn(200, N).half()
-    dyn = Dynamic("k", hints=(32, 128))
+    dyn = Dynamic("k", hints=(32, 128), pool=1)
     for k in (48, 200):
         a, b = torch.randn(20, k).half(), b16[:k]
         assert rel_err(kernels.mm(a, b, dynamic=dyn), a, b) < 1e-2

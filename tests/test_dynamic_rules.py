@@ -4,9 +4,10 @@ import math
 import pytest
 
 import kernels
-from kernels.dispatch.dynamic import Dynamic, resolve, substitute
-from kernels.space.dynamic_rules import (DEFAULT_HINTS, BucketRule, bucket_id, hints_for, log2_distance, nearest, parse_buckets,
-                                   parse_dims, parse_hints, parse_mode)
+from kernels.core.dims import parse_dims, parse_hints
+from kernels.dispatch.dynamic import DYNAMIC_POOL, Dynamic, resolve, substitute
+from kernels.space.dynamic_rules import (DEFAULT_HINTS, BucketRule, bucket_id, hints_for, log2_distance, nearest,
+                                         parse_buckets, parse_mode)
 from kernels.core.errors import InputTypeError, InputValueError
 from kernels.core.problem import GemmProblem
 
@@ -93,30 +94,30 @@ def test_parse_dims_hints_mode():
     assert parse_buckets("pow2") == "pow2"
 
 
-def test_config_knobs_from_environment(monkeypatch):
-    assert kernels.config.dynamic_dims == () and kernels.config.dynamic_hints == DEFAULT_HINTS
-    assert kernels.config.dynamic_mode == "benchmark" and kernels.config.dynamic_buckets == "pow2"
-    monkeypatch.setenv("KERNELS_DYNAMIC", "m,k")
-    monkeypatch.setenv("KERNELS_DYNAMIC_HINTS", "m=8,16;k=32")
-    monkeypatch.setenv("KERNELS_DYNAMIC_MODE", "similarity")
-    monkeypatch.setenv("KERNELS_DYNAMIC_BUCKETS", "8,64")
-    assert kernels.config.dynamic_dims == ("m", "k")
-    assert resolve(None) == Dynamic(("m", "k"), (("m", (8, 16)), ("k", (32,))), "similarity", "8,64")
-    monkeypatch.setenv("KERNELS_DYNAMIC_MODE", "fastest")
-    with pytest.raises(ValueError, match="KERNELS_DYNAMIC_MODE"):
-        _ = kernels.config.dynamic_mode
+def test_dynamic_declared_in_the_environment(monkeypatch):
+    assert kernels.config.dynamic == () and resolve(None) is None
+    monkeypatch.setenv("KERNELS_DYNAMIC", "k, m")
+    assert kernels.config.dynamic == (("m", ()), ("k", ()))
+    assert resolve(None) == Dynamic(("m", "k"), (("m", DEFAULT_HINTS), ("k", DEFAULT_HINTS)), "benchmark", "pow2",
+                                    DYNAMIC_POOL)
+    monkeypatch.setenv("KERNELS_DYNAMIC", "m=8,16;k=32")              # dims with their own hints
+    assert resolve(None) == Dynamic(("m", "k"), (("m", (8, 16)), ("k", (32,))), "benchmark", "pow2", DYNAMIC_POOL)
+    for bad in ("q", "m=0", "m=8;k", ",", "8,16"):
+        monkeypatch.setenv("KERNELS_DYNAMIC", bad)
+        with pytest.raises(ValueError, match="KERNELS_DYNAMIC"):
+            resolve(None)
 
 
 def test_resolve_declarations():
     assert resolve(None) is None and resolve(False) is None and resolve("") is None and resolve(()) is None
-    assert resolve("m") == Dynamic("m", (("m", DEFAULT_HINTS),), "benchmark", "pow2")
+    assert resolve("m") == Dynamic("m", (("m", DEFAULT_HINTS),), "benchmark", "pow2", DYNAMIC_POOL)
     assert resolve(True) == resolve("m") == resolve(("m",))
-    d = Dynamic("m", hints={"m": (32, 16)}, mode="similarity", buckets="exact")
+    d = Dynamic("m", hints={"m": (32, 16)}, mode="similarity", buckets="exact", pool=1)
     hash(d)                                    # part of the warm dispatch key
-    assert resolve(d) == Dynamic("m", (("m", (16, 32)),), "similarity", "exact")
-    kernels.config.dynamic_hints = "16,32"
-    kernels.config.dynamic_mode = "similarity"
-    assert resolve("k") == Dynamic("k", (("k", (16, 32)),), "similarity", "pow2")
+    assert resolve(d) == Dynamic("m", (("m", (16, 32)),), "similarity", "exact", 1)
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="pool"):
+            Dynamic("m", pool=bad)
     with pytest.raises(InputTypeError, match="hashable"):
         resolve(["m"])
     with pytest.raises(InputValueError, match="unknown dynamic"):
@@ -232,7 +233,6 @@ def test_similarity_does_not_stretch_a_tile_past_its_step():
 def test_benchmark_pool_holds_each_hints_runners_up(monkeypatch, tmp_path):
     """Benchmark mode times each hint's winner and runners-up: a runner-up of hint 256 may serve M=357."""
     from kernels.dispatch import dynamic as dyn_mod
-    from kernels.core.config import config
     from kernels.dispatch.dynamic import BucketStore, substitute
     from kernels.space.heuristics import GemmConfig
 
@@ -244,8 +244,7 @@ def test_benchmark_pool_holds_each_hints_runners_up(monkeypatch, tmp_path):
     t256 = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 128, 128, 4, 4))
     fam, base = _family({64: t64, 256: aten}, runners_up=[(256, t128), (256, t256), (64, aten)])
     fam.store = BucketStore(tmp_path)
-    config.dynamic_pool = 2
-    config.dynamic_bucket_probes = "one"            # the bucket's edges: test_bucket_edges_are_benchmarked_too
+    one = {"per_hint": 2, "probes": "one"}          # the bucket's edges: test_bucket_edges_are_benchmarked_too
     assert fam.pool_names(2) == [t64.name, aten.name, t128.name]
     runtime = substitute(base, {"m": 357}, ("m",))
     entries, _ = fam.pool(runtime, 2)
@@ -253,19 +252,18 @@ def test_benchmark_pool_holds_each_hints_runners_up(monkeypatch, tmp_path):
     timed = []
     monkeypatch.setattr(dyn_mod, "benchmark_choices", lambda p, cs: timed.append([c.name for c in cs]) or
                         {t64.name: 0.2, aten.name: 0.08, t128.name: 0.064})
-    dec, ranking = fam.benchmark(runtime, entries)
+    dec, ranking = fam.benchmark(runtime, entries, **one)
     assert timed == [[t64.name, aten.name, t128.name]]
     assert dec.winner == t128.name and dec.hint == "m=256 #2" and ranking == [t128.name, aten.name, t64.name]
     assert "(hint m=256 #2)" in dec.why()
-    again, _ = fam.benchmark(substitute(base, {"m": 400}, ("m",)), entries)   # same bucket (256, 512]
+    again, _ = fam.benchmark(substitute(base, {"m": 400}, ("m",)), entries, **one)   # same bucket (256, 512]
     assert again.source == "memory" and again.winner == t128.name and len(timed) == 1
     # within 5% the simpler choice wins the bucket, then a hint's winner over a runner-up
     assert dyn_mod.pick({t128.name: 0.064, aten.name: 0.066}, {c.name: c for c in (t128, aten)}) == aten.name
     assert dyn_mod.pick({t128.name: 0.064, t64.name: 0.066}, {c.name: c for c in (t128, t64)},
                         frozenset({t64.name})) == t64.name
-    config.dynamic_pool = 3                                     # a bigger pool: the stored decision is stale
-    fam.buckets.clear()
-    fam.benchmark(runtime, fam.pool(runtime, 3)[0])
+    fam.buckets.clear()                                         # a bigger pool: the stored decision is stale
+    fam.benchmark(runtime, fam.pool(runtime, 3)[0], per_hint=3, probes="one")
     assert len(timed) == 2
 
 
@@ -296,10 +294,9 @@ def test_worst_ratio_over_probes():
 def _split_k_vs_aten_bucket(monkeypatch, tmp_path, per_m):
     """The (2, 4] bucket at K=11008, N=4096 with two hint winners, split-K (M=64) and aten (M=256), one candidate
     each, benchmark_choices faked from `per_m` (M -> name -> ms, keyed 'aten' / 'split'). Returns (aten, split, fam,
-    the M=3 runtime problem, the M values benchmarked so far)."""
+    the M=3 runtime problem, the M values benchmarked so far). Benchmark with per_hint=1."""
     from kernels.dispatch import dynamic as dyn_mod
     from kernels.core.choice import Choice
-    from kernels.core.config import config
     from kernels.dispatch.dynamic import BucketStore, substitute
     from kernels.space.heuristics import GemmConfig
 
@@ -307,7 +304,6 @@ def _split_k_vs_aten_bucket(monkeypatch, tmp_path, per_m):
     split = Choice("triton", "split_k", "bf16", GemmConfig(16, 64, 64, 4, 4), (("split", 4),))
     fam, base = _family({64: split, 256: aten})
     fam.store = BucketStore(tmp_path)
-    config.dynamic_pool = 1
     names = {aten.name: "aten", split.name: "split"}
     seen = []
 
@@ -324,19 +320,17 @@ def test_bucket_edges_are_benchmarked_too(monkeypatch, tmp_path):
     M=3 alone, aten wins the (2, 4] bucket on the simpler-choice tie (within the tuning tolerance: the bucket is
     memory-bound) and serves M=4 at 1.23x. With the edge timed too, the choice that holds up over the whole bucket
     wins."""
-    from kernels.core.config import config
     from kernels.dispatch.dynamic import BucketStore
 
     per_m = {3: {"aten": 0.0356, "split": 0.0354}, 4: {"aten": 0.0455, "split": 0.0369}}
     aten, split, fam, runtime, seen = _split_k_vs_aten_bucket(monkeypatch, tmp_path, per_m)
     entries, _ = fam.pool(runtime, 1)
-    dec, _ = fam.benchmark(runtime, entries)
+    dec, _ = fam.benchmark(runtime, entries, per_hint=1)
     assert seen == [3, 4] and dec.winner == split.name
     assert dec.also_measured == ["4x4096x11008"] and "and 4x4096x11008" in dec.why()
-    config.dynamic_bucket_probes = "one"
     fam.buckets.clear()
     fam.store = BucketStore(tmp_path / "other")
-    dec, _ = fam.benchmark(runtime, entries)
+    dec, _ = fam.benchmark(runtime, entries, per_hint=1, probes="one")
     assert seen == [3, 4, 3] and dec.winner == aten.name
 
 
@@ -402,7 +396,7 @@ def test_memory_bound_buckets_do_not_hand_ties_to_aten(monkeypatch, tmp_path):
 
     per_m = {3: {"aten": 0.03587, "split": 0.03454}, 4: {"aten": 0.0360, "split": 0.0350}}
     aten, split, fam, runtime, _ = _split_k_vs_aten_bucket(monkeypatch, tmp_path, per_m)
-    dec, _ = fam.benchmark(runtime, fam.pool(runtime, 1)[0])
+    dec, _ = fam.benchmark(runtime, fam.pool(runtime, 1)[0], per_hint=1)
     assert not dyn_mod._compute_bound(runtime) and dec.winner == split.name
     assert dyn_mod.pick(dec.worst_ratio, {aten.name: aten, split.name: split}) == aten.name   # the 5% rule
 

@@ -17,7 +17,7 @@ from kernels.core.config import interpret_mode
 def built_library(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fastpath_build")
     mp = pytest.MonkeyPatch()
-    mp.setenv("KERNELS_CACHE_DIR", str(folder))          # unless KERNELS_FASTPATH_DIR names a shared build
+    mp.setenv("KERNELS_CACHE_DIR", str(folder))
     try:
         return fastpath.build()
     finally:
@@ -27,7 +27,6 @@ def built_library(tmp_path_factory):
 @pytest.fixture
 def fast(built_library, monkeypatch):
     """The library in this test's cache dir, KERNELS_FASTPATH=auto, and a fresh Fastpath state (restored after)."""
-    monkeypatch.delenv("KERNELS_FASTPATH_DIR", raising=False)    # a shared build dir serves only the session build
     where = fastpath.paths()
     where.folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(built_library, where.library)

@@ -8,7 +8,6 @@ import pytest
 from kernels.tune import autotune
 from kernels.tune.autotune import gpu_ranked_contenders
 from kernels.core.choice import Choice
-from kernels.core.config import config
 from kernels.space.heuristics import GemmConfig
 from kernels.measure.timing import Timing
 
@@ -58,7 +57,7 @@ def final_round(monkeypatch):
     tile = Choice("triton", "triton_mm", "bf16", GemmConfig(128, 128, 64, 5, 8))
     choices = {aten.name: aten, tile.name: tile}
 
-    def run(call_ms, gpu_ms):
+    def run(call_ms, gpu_ms, **rules):
         names = {"aten": aten.name, "tile": tile.name}
         monkeypatch.setattr(autotune, "measure_together", lambda fns, *a, **k: {
             names[key]: Timing(t, t, t, 10, 1) for key, t in call_ms.items()})
@@ -68,7 +67,7 @@ def final_round(monkeypatch):
         details = {n: {} for n in timings}
         notes = []
         verified = {n: key for key, n in names.items()}      # each "runner" is its key in gpu_ms
-        winner = autotune._pick_winner(None, timings, choices, verified, [], 1, "cuda", details, notes)
+        winner = autotune._pick_winner(None, timings, choices, verified, [], 1, "cuda", details, notes, **rules)
         return ("aten" if winner == aten.name else "tile"), notes, details
 
     return run
@@ -89,13 +88,13 @@ def test_final_round_keeps_a_clear_winner_and_big_problems_untouched(final_round
     assert final_round({"tile": 0.0116, "aten": 0.0119}, {"tile": 0.0105, "aten": 0.0054})[0] == "tile"
     # above the host floor (25 us) a call's extra time is its own overhead: bf16 96x22016x4096 on the H100
     assert final_round({"tile": 0.06836, "aten": 0.07005}, {"tile": 0.06553, "aten": 0.06562})[0] == "tile"
-    config.host_bound_tolerance = 0
-    assert final_round({"tile": 0.0116, "aten": 0.0119}, {"tile": 0.009, "aten": 0.0054})[0] == "tile"  # rule off
+    assert final_round({"tile": 0.0116, "aten": 0.0119}, {"tile": 0.009, "aten": 0.0054},
+                       host_bound_tolerance=0)[0] == "tile"                                           # rule off
 
 
 def test_small_calls_send_every_close_first_pass_to_the_final_round(monkeypatch):
     """First passes of calls under 0.1 ms are host jitter: a tile 1.3x slower than the best first pass is still in the
-    final round, past retime_top; one beyond tune_cutoff is not, nor are any past the cap; big calls keep the top 3."""
+    final round, past RETIME_TOP; one beyond TUNE_CUTOFF is not, nor are any past the cap; big calls keep the top 3."""
     tiles = [Choice("triton", "triton_mm", "bf16", GemmConfig(16 * (i + 1), 64, 64, 3, 4)) for i in range(12)]
     choices = {c.name: c for c in tiles}
     finalists: list[set] = []
@@ -113,7 +112,7 @@ def test_small_calls_send_every_close_first_pass_to_the_final_round(monkeypatch)
                               {n: {} for n in timings}, [])
         return sorted(tiles.index(choices[n]) for n in finalists[-1])
 
-    assert config.retime_top == 3 and config.tune_cutoff == 1.25
+    assert autotune.RETIME_TOP == 3 and autotune.TUNE_CUTOFF == 1.25
     assert final_round([0.0135, 0.014, 0.0145, 0.0165, 0.018]) == [0, 1, 2, 3]            # 16.5 us: 1.22x the best
     assert final_round([0.0135 + 0.0001 * i for i in range(12)]) == list(range(autotune.HOST_BOUND_FINALISTS))
     assert final_round([0.5, 0.51, 0.52, 0.53, 0.54]) == [0, 1, 2]                          # not host bound
@@ -162,7 +161,7 @@ def test_one_launch_lead_then_meets_aten_by_call_time(monkeypatch):
 
 
 def test_gpu_time_is_taken_only_for_finalists_it_could_rank(monkeypatch):
-    """A finalist beyond tune_cutoff of the fastest call cannot be ranked by GPU time; capturing it only costs the
+    """A finalist beyond TUNE_CUTOFF of the fastest call cannot be ranked by GPU time; capturing it only costs the
     tune time (aten at 8x the best: 0.15 s of a new shape's tune on the H100)."""
     tiles = [Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64 * (i + 1), 64, 4, 4)) for i in range(3)]
     choices = {c.name: c for c in tiles}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kernels
-from backends.isolated_child import FAULT_ENV
+from backends import isolated_child
 from backends.triton import TritonBackend
 from kernels.core.config import interpret_mode
 from kernels.core.problem import GemmProblem
@@ -30,9 +30,9 @@ def two_triton_choices(a, b) -> list[str]:
 
 
 @pytest.fixture
-def isolated_triton(isolated_cache):
+def isolated_triton(isolated_cache, monkeypatch):
     kernels.config.backends = ("triton",)
-    kernels.config.isolate = ("triton",)
+    monkeypatch.setattr(TritonBackend, "isolated", True)
     kernels.config.bench_budget_ms = 2.0
 
 
@@ -52,7 +52,7 @@ def test_a_candidate_whose_child_dies_loses_and_the_caller_goes_on(isolated_trit
     a, b = operands(20, 48, 24, "row")
     names = two_triton_choices(a, b)
     kernels.config.only = "|".join("^" + re.escape(n) + "$" for n in names)
-    monkeypatch.setenv(FAULT_ENV, names[0])          # the child SIGSEGVs when it starts this one
+    monkeypatch.setattr(isolated_child, "FAULT_INJECTION", names[0])    # the child SIGSEGVs when it starts this one
     assert_close(kernels.mm(a, b), a, b)
     sel = kernels.explain(a, b)
     assert sel.winner == names[1]

@@ -1,6 +1,8 @@
 """Choice: a backend + template + config. Its `.name` is its identity in logs, caches and lookup tables."""
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kernels.space.heuristics import GemmConfig
@@ -38,3 +40,15 @@ class Choice:
         cfg = GemmConfig.from_dict(data["config"]) if data.get("config") else None
         return cls(backend=data["backend"], template=data["template"], dtype=data["dtype"], config=cfg,
                    params=tuple((k, v) for k, v in data.get("params", [])))
+
+
+def name_filter(only: tuple[str, ...], skip: tuple[str, ...]) -> Callable[[str], bool]:
+    """A predicate on choice names (KERNELS_ONLY / KERNELS_SKIP): it matches one of `only` (when any) and none of
+    `skip` (re.search)."""
+    only_re = [re.compile(p) for p in only]
+    skip_re = [re.compile(p) for p in skip]
+
+    def keep(name: str) -> bool:
+        return (not only_re or any(r.search(name) for r in only_re)) and not any(r.search(name) for r in skip_re)
+
+    return keep

@@ -1,51 +1,105 @@
-"""Every knob in one place: `kernels.config.<name>` reads its environment variable lazily unless set in code."""
+"""The settings a user may change, in one table (SETTINGS). Each is an attribute of `kernels.config`, read from its
+environment variable when it is used unless it was set in code (`kernels.config.backends = ("aten", "triton")`;
+`kernels.config.reset()` forgets what was set in code). An invalid value fails where it is used, with a ValueError
+that names the variable (or the attribute) and says what is allowed. `python -m kernels config` prints the table
+that README.md carries; tests/test_config.py checks that the two agree.
+
+What used to be a knob and is not in the table is a named constant beside the code that uses it (with the reason for
+its value), or a keyword parameter where a tool or a test varies it; three tuning choices that the preset makes are
+code-only (INTERNAL, below). This module is also the only one that reads the environment: other tools' variables
+(TRITON_INTERPRET, CUTLASS_DIR, CUDA_HOME, CXX) are read through `tool_variable` and `interpret_mode`.
+"""
 from __future__ import annotations
 
+import math
 import os
+import re
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from kernels.space.dynamic_rules import DEFAULT_HINTS, parse_buckets, parse_dims, parse_hints, parse_mode
+from kernels.core.dims import parse_dims, parse_hints
 from kernels.core.version import __version__
 
 ALL_BACKENDS = ("aten", "triton", "cutlass", "padded")
+PRESETS = ("none", "fast")
+FASTPATH_MODES = ("auto", "build", "off")
 SEARCH_SPACES = ("default", "exhaustive")
+PERF_MODELS = ("auto", "analytic", "learned")
+FAST_TOP_K = 5   # the "fast" preset benchmarks this many candidates per backend, ranked by the performance model
 
 
-def _parse_bool(text: str) -> bool:
-    return text.strip().lower() in ("1", "true", "yes", "on")
+# -- parsers: a value from the environment (text) or from code -> the setting's value; ValueError says what is allowed
+def _flag(value) -> bool:
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("allowed: 1, true, yes, on or 0, false, no, off")
 
 
-def _parse_backends(text: str | tuple | list) -> tuple[str, ...]:
-    names = [s.strip() for s in text.split(",")] if isinstance(text, str) else list(text)
-    names = [n for n in names if n]
+def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False):
+    if high == math.inf:
+        allowed = f"allowed: a finite number {'above' if low_open else 'from'} {low:g}"
+    else:
+        allowed = (f"allowed: a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}")
+
+    def parse(value) -> float:
+        if isinstance(value, bool):
+            raise ValueError(allowed)
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(allowed) from None
+        if not math.isfinite(x) or x < low or x > high or (low_open and x == low) or (high_open and x == high):
+            raise ValueError(allowed)
+        return x
+    return parse
+
+
+def _positive_int(value) -> int:
+    allowed = "allowed: a positive integer"
+    if isinstance(value, bool):
+        raise ValueError(allowed)
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str) and re.fullmatch(r"\s*\+?\d+\s*", value):
+        n = int(value)
+    else:
+        raise ValueError(allowed)
+    if n < 1:
+        raise ValueError(allowed)
+    return n
+
+
+def _one_of(options: tuple[str, ...], aliases: Mapping[str, str] | None = None):
+    def parse(value) -> str:
+        text = str(value).strip().lower()
+        text = (aliases or {}).get(text, text)
+        if text not in options:
+            raise ValueError(f"allowed: {', '.join(options)}")
+        return text
+    return parse
+
+
+def _preset(value) -> str:
+    text = _one_of(PRESETS, {"": "none", "default": "none"})(value)
+    return "" if text == "none" else text
+
+
+def _backends(value) -> tuple[str, ...]:
+    names = value.split(",") if isinstance(value, str) else list(value)
+    names = list(dict.fromkeys(str(n).strip().lower() for n in names if str(n).strip()))
     unknown = [n for n in names if n not in ALL_BACKENDS]
-    if unknown:
-        raise ValueError(f"unknown backend(s) {unknown}; known: {', '.join(ALL_BACKENDS)}")
+    if not names or unknown:
+        what = f"unknown {', '.join(unknown)}; " if unknown else ""
+        raise ValueError(f"{what}allowed: a comma list of one or more of {', '.join(ALL_BACKENDS)}")
     return tuple(names)
-
-
-def _parse_space(text: str) -> str:
-    if text not in SEARCH_SPACES:
-        raise ValueError(f"search space must be one of {SEARCH_SPACES}, got {text!r}")
-    return text
-
-
-def _positive_int(text: str | int) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _parse_regex(text: str) -> str:
-    import re
-
-    try:
-        re.compile(text)
-    except re.error as e:
-        raise ValueError(f"not a regular expression: {e}") from e
-    return text
 
 
 def _split_patterns(text: str) -> list[str]:
@@ -65,75 +119,137 @@ def _split_patterns(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def _parse_regex_list(value: str | tuple | list) -> tuple[str, ...]:
-    """A comma-separated string (commas inside brackets/braces kept) or a list of regular expressions."""
-    patterns = _split_patterns(value) if isinstance(value, str) else [str(v) for v in value if str(v)]
+def _patterns(value) -> tuple[str, ...]:
+    """A comma-separated string (commas inside brackets/braces kept) or a list of regular expressions; '' or () for
+    none. A string of separators only (',') is an error, not 'none'."""
+    allowed = "allowed: a comma list of regular expressions"
+    if isinstance(value, str):
+        if not value.strip():
+            return ()
+        patterns = _split_patterns(value)
+        if not patterns:
+            raise ValueError(f"no pattern in it; {allowed}")
+    else:
+        patterns = [str(v) for v in value if str(v)]
     for pattern in patterns:
-        _parse_regex(pattern)
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ValueError(f"{pattern!r} is not a regular expression ({e}); {allowed}") from e
     return tuple(patterns)
 
 
-FASTPATH_MODES = ("auto", "build", "off")
-
-
-def _parse_probes(text: str) -> str:
-    text = str(text).strip().lower()
-    if text not in ("edges", "one"):
-        raise ValueError(f"bucket probes must be 'edges' or 'one', got {text!r}")
+def _path(value) -> str:
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("allowed: a directory path")
     return text
 
 
-
-def _parse_fastpath(text: str) -> str:
-    text = str(text).strip().lower()
-    if text not in FASTPATH_MODES:
-        raise ValueError(f"fastpath must be one of {FASTPATH_MODES}, got {text!r}")
-    return text
+def _optional_path(value) -> str:
+    return "" if isinstance(value, str) and not value.strip() else _path(value)
 
 
-PRESETS = ("", "fast")
-PERF_MODELS = ("auto", "analytic", "learned")
+def _dynamic(value) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Dims ('m', 'm,k': each with the default size hints) or dims with their own hints ('m=16,64,256;k=1024') ->
+    ((dim, hints), ...) in m, n, k order, hints () for the default; '' / () / False -> static."""
+    allowed = "allowed: dims among m, n, k ('m', 'm,k'), or dims with their size hints ('m=16,64,256;k=1024')"
+    if isinstance(value, str) and not value.strip():
+        return ()
+    try:
+        if isinstance(value, Mapping) or (isinstance(value, str) and "=" in value) or \
+                (isinstance(value, tuple) and value and all(isinstance(p, tuple) for p in value)):
+            pairs = parse_hints(value)
+            if pairs and not isinstance(pairs[0], tuple):
+                raise ValueError("size hints without their dims")
+            return tuple(pairs)
+        dims = parse_dims(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{e}; {allowed}") from None
+    if not dims and isinstance(value, str):
+        raise ValueError(f"no dimension in it; {allowed}")
+    return tuple((d, ()) for d in dims)
 
 
-def _parse_preset(text: str) -> str:
-    text = text.strip().lower()
-    if text in ("none", "default"):
-        text = ""
-    if text not in PRESETS:
-        raise ValueError(f"preset must be one of {[p for p in PRESETS if p]} (or empty), got {text!r}")
-    return text
-
-
-def _parse_benchmark_space(value: str | int) -> str | int:
+def _benchmark_space(value) -> str | int:
     """'all', 'default', a positive integer k (top-k by the performance model), 'sample:N' (N candidates chosen by a
     stable hash of their names, plus the default list) or 'explore:N' (the performance model's top N/2 plus N/2
     chosen by a hash salted with the problem, plus the default list). The last two collect training data."""
-    usage = "benchmark space must be all, default, a positive integer, sample:N or explore:N"
+    allowed = "allowed: all, default, a positive integer, sample:N or explore:N"
     if isinstance(value, bool):
-        raise ValueError(f"{usage}, got {value!r}")
+        raise ValueError(allowed)
     if isinstance(value, int):
         return _positive_int(value)
     text = str(value).strip().lower()
     if text in ("all", "default"):
         return text
-    for prefix in ("sample:", "explore:"):
-        if text.startswith(prefix):
-            return f"{prefix}{_positive_int(text.split(':', 1)[1])}"
     try:
+        for prefix in ("sample:", "explore:"):
+            if text.startswith(prefix):
+                return f"{prefix}{_positive_int(text.split(':', 1)[1])}"
         return _positive_int(text)
     except ValueError:
-        raise ValueError(f"{usage}, got {value!r}") from None
+        raise ValueError(allowed) from None
 
 
-def _parse_perf_model(text: str) -> str:
-    text = str(text).strip()
+def _perf_model(value) -> str:
+    text = str(value).strip()
     if text.lower() in PERF_MODELS:
         return text.lower()
     if text.endswith(".json"):
         return text          # a learned model's parameter file
-    raise ValueError(f"performance model must be one of {PERF_MODELS} or a .json parameter file, got {text!r}")
+    raise ValueError(f"allowed: {', '.join(PERF_MODELS)} or a learned model's .json file")
 
 
+# -- the table ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Setting:
+    name: str                        # the attribute of kernels.config
+    env: str | None                  # its environment variable; None: set in code only (INTERNAL)
+    default: Callable[[], Any]       # the value when neither is set (may depend on another setting)
+    default_text: str                # the default as the table shows it
+    parse: Callable[[Any], Any]      # text or a value set in code -> the value; ValueError says what is allowed
+    doc: str                         # what it does: the table's last column
+
+
+def _default_cache_dir() -> str:
+    return str(Path.home() / ".cache" / "kernels" / __version__)
+
+
+SETTINGS = (
+    Setting("cache_dir", "KERNELS_CACHE_DIR", _default_cache_dir, "`~/.cache/kernels/<version>`", _path,
+            "where tuned selections and built kernels are stored"),
+    Setting("backends", "KERNELS_BACKENDS", lambda: ("aten", "triton", "padded"), "`aten,triton,padded`", _backends,
+            "candidate backends, comma list: `aten`, `triton`, `cutlass`, `padded` (misaligned problems only)"),
+    Setting("max_jobs", "MAX_JOBS", lambda: os.cpu_count() or 1, "CPU count", _positive_int,
+            "parallel compile workers"),
+    Setting("preset", "KERNELS_PRESET", lambda: "", "none",
+            _preset,
+            f"`fast`: search the exhaustive grid, compile and time only the performance model's top {FAST_TOP_K} "
+            "per backend"),
+    Setting("lut", "KERNELS_LUT", lambda: "", "none", _optional_path,
+            "lookup table (JSON): per problem, choices always timed (`add`) or the only ones timed (`only`)"),
+    Setting("only", "KERNELS_ONLY", lambda: (), "none", _patterns,
+            "comma list of regexes on choice names: keep only the matches (before compiling; aten always stays)"),
+    Setting("skip", "KERNELS_SKIP", lambda: (), "none", _patterns,
+            "comma list of regexes on choice names: leave out the matches (before compiling; aten always stays)"),
+    Setting("verbose", "KERNELS_VERBOSE", lambda: False, "off", _flag,
+            "`1`: print each tune's table of candidates and times to stderr"),
+    Setting("bench_budget_ms", "KERNELS_BENCH_MS", lambda: 40.0, "40", _number(0, low_open=True),
+            "milliseconds of measurement per candidate (a longer budget, steadier times, slower first calls)"),
+    Setting("tie_tolerance", "KERNELS_TIE_TOLERANCE", lambda: 0.01, "0.01", _number(0, 1, high_open=True),
+            "a candidate must beat a simpler one (aten first) by more than this fraction to win"),
+    Setting("dynamic", "KERNELS_DYNAMIC", lambda: (), "none (static)", _dynamic,
+            "dims whose size varies, when `mm(..., dynamic=)` is not given: `m`, `m,k`; with size hints: "
+            "`m=16,256,4096`"),
+    Setting("fastpath", "KERNELS_FASTPATH", lambda: "auto", "`auto`", _one_of(FASTPATH_MODES),
+            "the C++ warm-call table: `auto` (load it, or build it in the background), `build` (blocking), `off`"),
+)
+
+
+# -- INTERNAL: set in code only, by the tools that collect performance-model data and compare presets. Not environment
+# variables and not in the README: a user picks them through KERNELS_PRESET. They stay settings (not parameters)
+# because they reach tuning through kernels.mm and the selection store's fingerprint, which a tool cannot pass down.
 def _default_search_space() -> str:
     return "exhaustive" if config.preset == "fast" else "default"
 
@@ -142,118 +258,174 @@ def _default_benchmark_space() -> str | int:
     return FAST_TOP_K if config.preset == "fast" else "all"
 
 
-FAST_TOP_K = 5   # the "fast" preset benchmarks this many candidates per backend, ranked by the performance model
+INTERNAL = (
+    # which candidates a backend proposes: Inductor's config lists, or its whole grid
+    Setting("search_space", None, _default_search_space, "", _one_of(SEARCH_SPACES), ""),
+    # which of them are built and timed: all | default | k (the model's top k) | sample:N | explore:N
+    Setting("benchmark_space", None, _default_benchmark_space, "", _benchmark_space, ""),
+    # what ranks them for a top-k space: auto (learned when fresh for this GPU and Triton, else analytic), analytic,
+    # learned, or a learned model's .json
+    Setting("perf_model", None, lambda: "auto", "", _perf_model, ""),
+)
+
+# Former settings: where each went (a variable still set in the environment gets one warning; the attribute, an
+# AttributeError that says it)
+RETIRED = {
+    "search_space": ("KERNELS_SEARCH_SPACE", "KERNELS_PRESET=fast (code: kernels.config.search_space)"),
+    "benchmark_space": ("KERNELS_BENCHMARK_SPACE", "KERNELS_PRESET=fast (code: kernels.config.benchmark_space)"),
+    "perf_model": ("KERNELS_PERF_MODEL", "code: kernels.config.perf_model"),
+    "retime_top": ("KERNELS_RETIME_TOP", "kernels.tune.autotune.RETIME_TOP"),
+    "tune_cutoff": ("KERNELS_TUNE_CUTOFF", "kernels.tune.autotune.TUNE_CUTOFF"),
+    "host_bound_tolerance": ("KERNELS_HOST_BOUND_TOLERANCE", "kernels.tune.autotune.HOST_BOUND_TOLERANCE"),
+    "lock_timeout_s": ("KERNELS_LOCK_TIMEOUT", "kernels.core.fsutil.LOCK_TIMEOUT_S"),
+    "cutlass_max_profiling_configs": ("KERNELS_CUTLASS_MAX_CONFIGS", "backends.cutlass.CUTLASS_MAX_CONFIGS"),
+    "cutlass_allow": ("KERNELS_CUTLASS_ALLOW", "KERNELS_ONLY (applies to CUTLASS before its candidate limit)"),
+    "cutlass_deny": ("KERNELS_CUTLASS_DENY", "KERNELS_SKIP (applies to CUTLASS before its candidate limit)"),
+    "isolate": ("KERNELS_ISOLATE", "the backend's `isolated` attribute (CUTLASS's is True)"),
+    "child_timeout_s": ("KERNELS_CHILD_TIMEOUT", "backends.isolated_child.CHILD_TIMEOUT_S"),
+    "dynamic_dims": ("", "kernels.config.dynamic (KERNELS_DYNAMIC)"),
+    "dynamic_hints": ("KERNELS_DYNAMIC_HINTS", "KERNELS_DYNAMIC=m=16,256,4096, or kernels.Dynamic(hints=...)"),
+    "dynamic_mode": ("KERNELS_DYNAMIC_MODE", "kernels.Dynamic(mode=...)"),
+    "dynamic_buckets": ("KERNELS_DYNAMIC_BUCKETS", "kernels.Dynamic(buckets=...)"),
+    "dynamic_bench_ms": ("KERNELS_DYNAMIC_BENCH_MS", "kernels.dispatch.dynamic.DYNAMIC_BENCH_MS"),
+    "dynamic_pool": ("KERNELS_DYNAMIC_POOL", "kernels.Dynamic(pool=...)"),
+    "dynamic_bucket_probes": ("KERNELS_DYNAMIC_BUCKET_PROBES", "kernels.dispatch.dynamic.Family.benchmark(probes=)"),
+    "fastpath_dir": ("KERNELS_FASTPATH_DIR", "<cache dir>/fastpath"),
+}
 
 
-def _default_cache_dir() -> str:
-    return str(Path.home() / ".cache" / "kernels" / __version__)
+class _Attribute:
+    """One setting on Config: the value set in code, else the environment variable's, else the default."""
 
-
-class _Setting:
-    """A config attribute: an explicit override, else the environment variable, else the default."""
-
-    def __init__(self, env: str | None, default: Callable[[], Any], parse: Callable[[Any], Any]):
-        self.env, self.default, self.parse = env, default, parse
-
-    def __set_name__(self, owner, name):
-        self.name = name
+    def __init__(self, setting: Setting):
+        self.setting = setting
 
     def __get__(self, obj, objtype=None):
         if obj is None:
             return self
-        if self.name in obj._overrides:
-            return obj._overrides[self.name]
-        raw = os.environ.get(self.env) if self.env else None
+        s = self.setting
+        if s.name in obj._overrides:
+            return obj._overrides[s.name]
+        _warn_retired_once()
+        raw = os.environ.get(s.env) if s.env else None
         if raw is None or raw == "":
-            return self.default()
+            return s.default()
         try:
-            return self.parse(raw)
-        except ValueError as e:
-            raise ValueError(f"bad value for environment variable {self.env}={raw!r}: {e}") from e
+            return s.parse(raw)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{s.env}={raw!r} is not valid: {e}") from None
 
     def __set__(self, obj, value):
-        obj._overrides[self.name] = self.parse(value) if value is not None else self.default()
+        s = self.setting
+        if value is None:
+            obj._overrides.pop(s.name, None)
+            return
+        try:
+            obj._overrides[s.name] = s.parse(value)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"kernels.config.{s.name} = {value!r} is not valid: {e}") from None
 
 
 class Config:
-    cache_dir = _Setting("KERNELS_CACHE_DIR", _default_cache_dir, str)
-    backends = _Setting("KERNELS_BACKENDS", lambda: ("aten", "triton", "padded"), _parse_backends)
-    max_jobs = _Setting("MAX_JOBS", lambda: os.cpu_count() or 1, _positive_int)
-    # "fast": exhaustive search space, benchmark only the performance model's top FAST_TOP_K (explicit settings win)
-    preset = _Setting("KERNELS_PRESET", lambda: "", _parse_preset)
-    search_space = _Setting("KERNELS_SEARCH_SPACE", _default_search_space, _parse_space)
-    # which of the searched candidates are built and benchmarked: all | default | k (model top-k) | sample:N | explore:N
-    benchmark_space = _Setting("KERNELS_BENCHMARK_SPACE", _default_benchmark_space, _parse_benchmark_space)
-    # ranks candidates for a top-k benchmark space: auto (learned when fresh for this GPU/triton, else analytic),
-    # analytic, learned, or a path to a learned model's .json
-    perf_model = _Setting("KERNELS_PERF_MODEL", lambda: "auto", _parse_perf_model)
-    # lookup table (JSON, see kernels/lut.py): choices always benchmarked, or the only ones, per problem
-    lut = _Setting("KERNELS_LUT", lambda: "", str)
-    # regexes on choice names (re.search), applied before anything is compiled; aten is never filtered out
-    only = _Setting("KERNELS_ONLY", lambda: (), _parse_regex_list)
-    skip = _Setting("KERNELS_SKIP", lambda: (), _parse_regex_list)
-    verbose = _Setting("KERNELS_VERBOSE", lambda: False, lambda v: _parse_bool(v) if isinstance(v, str) else bool(v))
-    # how many of the fastest candidates are re-timed side by side before the winner is chosen
-    retime_top = _Setting("KERNELS_RETIME_TOP", lambda: 3, _positive_int)
-    # a candidate must beat a simpler one by more than this fraction to win over it
-    tie_tolerance = _Setting("KERNELS_TIE_TOLERANCE", lambda: 0.01, float)
-    # small problems (calls under 0.1 ms): finalists whose user-call times are within this fraction of the best are
-    # ranked by GPU time (from a CUDA graph) instead: host cost that close is noise between runs. 0 turns it off.
-    # 3%, not more: the pick may then cost up to this much per call, and issue 2 allows 3% regret (at 5%, aten won
-    # 64x22016x4096 at 1.035x the best call time on the H100, GPU times equal)
-    host_bound_tolerance = _Setting("KERNELS_HOST_BOUND_TOLERANCE", lambda: 0.03, float)
-    # milliseconds of measurement per candidate (spread over samples)
-    bench_budget_ms = _Setting("KERNELS_BENCH_MS", lambda: 40.0, float)
-    # a candidate already this many times slower than the best so far after a few samples stops being measured
-    # (it cannot win; the fastest few are re-timed side by side anyway)
-    tune_cutoff = _Setting("KERNELS_TUNE_CUTOFF", lambda: 1.25, float)
-    # seconds to wait for another process that is tuning the same problem
-    lock_timeout_s = _Setting("KERNELS_LOCK_TIMEOUT", lambda: 600.0, float)
-    # CUTLASS: how many candidates are built per problem (the best-ranked by kernels.heuristics_cutlass, not by name)
-    cutlass_max_profiling_configs = _Setting("KERNELS_CUTLASS_MAX_CONFIGS", lambda: 12, _positive_int)
-    # CUTLASS: regexes on choice names; a choice must match allow (if set) and must not match deny (if set)
-    cutlass_allow = _Setting("KERNELS_CUTLASS_ALLOW", lambda: "", _parse_regex)
-    cutlass_deny = _Setting("KERNELS_CUTLASS_DENY", lambda: "", _parse_regex)
-    # backends whose candidates are verified and timed in a child process (backends/isolated_child.py) before any
-    # runs in the caller: a faulting kernel poisons the CUDA context it runs in. Costs a child start per tune.
-    isolate = _Setting("KERNELS_ISOLATE", lambda: ("cutlass",), _parse_backends)
-    # seconds an isolated verify-and-time child may run before it is killed
-    child_timeout_s = _Setting("KERNELS_CHILD_TIMEOUT", lambda: 300.0, float)
-    # dynamic shapes (kernels.dynamic): dims treated as dynamic when mm's `dynamic=` is not given ("" = static),
-    # size hints (one winner tuned per hint), runtime mode, and which sizes share a benchmark-mode decision
-    dynamic_dims = _Setting("KERNELS_DYNAMIC", lambda: (), parse_dims)
-    dynamic_hints = _Setting("KERNELS_DYNAMIC_HINTS", lambda: DEFAULT_HINTS, parse_hints)
-    dynamic_mode = _Setting("KERNELS_DYNAMIC_MODE", lambda: "benchmark", parse_mode)
-    dynamic_buckets = _Setting("KERNELS_DYNAMIC_BUCKETS", lambda: "pow2", parse_buckets)
-    # milliseconds of measurement per hint winner when a new bucket is benchmarked (benchmark mode)
-    dynamic_bench_ms = _Setting("KERNELS_DYNAMIC_BENCH_MS", lambda: 10.0, float)
-    # benchmark mode: how many of each hint's fastest candidates (its winner first) a new bucket benchmarks. A
-    # runtime size between two hints is often best served by a hint's runner-up, not by either winner.
-    dynamic_pool = _Setting("KERNELS_DYNAMIC_POOL", lambda: 3, _positive_int)
-    # benchmark mode: where a new bucket is timed: "edges" (the runtime size and the bucket's first and last size,
-    # ranked by the worst ratio to the fastest) or "one" (the runtime size only)
-    dynamic_bucket_probes = _Setting("KERNELS_DYNAMIC_BUCKET_PROBES", lambda: "edges", _parse_probes)
-    # the C++ warm-call table (kernels/fastpath.py): auto (load if built, else build in the background on the first
-    # tune), build (build in the caller, blocking), off (Python dispatch only)
-    fastpath = _Setting("KERNELS_FASTPATH", lambda: "auto", _parse_fastpath)
-    # where it is built (one library per torch/Python/source, so cache dirs can share one)
-    fastpath_dir = _Setting("KERNELS_FASTPATH_DIR", lambda: str(Path(config.cache_dir) / "fastpath"), str)
+    """`kernels.config`: one attribute per setting (SETTINGS, INTERNAL). Setting one to None forgets the value set in
+    code."""
 
     def __init__(self):
-        self._overrides: dict[str, Any] = {}
+        object.__setattr__(self, "_overrides", {})
+
+    def __setattr__(self, name: str, value) -> None:
+        if not isinstance(type(self).__dict__.get(name), _Attribute):
+            raise AttributeError(_no_such_setting(name))
+        super().__setattr__(name, value)
+
+    def __getattr__(self, name: str):           # only for names that are not settings
+        raise AttributeError(_no_such_setting(name))
 
     def reset(self) -> None:
         """Forget every value set in code; environment variables apply again."""
         self._overrides.clear()
 
-    def as_dict(self) -> dict[str, Any]:
-        names = [k for k, v in type(self).__dict__.items() if isinstance(v, _Setting)]
-        return {k: getattr(self, k) for k in names}
 
+for _s in SETTINGS + INTERNAL:
+    setattr(Config, _s.name, _Attribute(_s))
 
 config = Config()
 
 
+def _no_such_setting(name: str) -> str:
+    if name in RETIRED:
+        return f"kernels.config.{name} is no longer a setting: see {RETIRED[name][1]}"
+    return f"kernels.config has no setting {name!r}; settings: {', '.join(s.name for s in SETTINGS)}"
+
+
+_retired_checked = [False]
+
+
+def _warn_retired_once() -> None:
+    """A variable of a former setting that is still set has no effect: say so once per process, and where it went."""
+    if _retired_checked[0]:
+        return
+    _retired_checked[0] = True
+    for env, where in RETIRED.values():
+        if env and os.environ.get(env):
+            warnings.warn(f"{env} is no longer read by kernels; see {where}", stacklevel=3)
+
+
+# -- the table as the README shows it --------------------------------------------------------------------------
+README_BEGIN, README_END = "<!-- settings:begin -->", "<!-- settings:end -->"
+
+
+def settings_markdown() -> str:
+    """The settings table and the other tools' variables, in markdown: what `python -m kernels config` prints and
+    README.md carries between its settings markers."""
+    rows = ["| variable | default | what it does |", "|---|---|---|"]
+    rows += [f"| `{s.env}` | {s.default_text} | {s.doc} |" for s in SETTINGS]
+    rows += ["", "Other tools' variables that kernels reads (theirs, not settings of `kernels.config`):", "",
+             "| variable | what it does |", "|---|---|"]
+    rows += [f"| `{name}` | {doc} |" for name, doc in TOOL_VARIABLES.items()]
+    return "\n".join(rows) + "\n"
+
+
+def readme_settings(readme: str) -> str | None:
+    """The text between the README's settings markers (None when it has none)."""
+    begin, end = readme.find(README_BEGIN), readme.find(README_END)
+    if begin < 0 or end < begin:
+        return None
+    return readme[begin + len(README_BEGIN):end].strip("\n") + "\n"
+
+
+def with_readme_settings(readme: str) -> str:
+    """The README with the generated table between its settings markers."""
+    if readme_settings(readme) is None:
+        raise ValueError(f"no {README_BEGIN} ... {README_END} section in the README")
+    begin, end = readme.find(README_BEGIN), readme.find(README_END)
+    return readme[:begin + len(README_BEGIN)] + "\n" + settings_markdown() + readme[end:]
+
+
+# -- other tools' variables: read here (so that every environment read is in this module), documented under the
+# table, and not settings of ours: their owners define them
+TOOL_VARIABLES = {
+    "TRITON_INTERPRET": "Triton's: `1` runs Triton kernels through its interpreter, on CPU tensors (set by the tests "
+                        "on a machine without a GPU)",
+    "CUTLASS_DIR": "a CUTLASS checkout to compile against (else `third_party/cutlass`, else the `nvidia-cutlass` "
+                   "wheel's headers)",
+    "CUDA_HOME": "where nvcc is looked for when it is not on `PATH` (then `CUDA_PATH`, then `/usr/local/cuda`)",
+    "CUDA_PATH": "as `CUDA_HOME`",
+    "CXX": "the C++ compiler that builds the warm-call table (default `c++`)",
+}
+
+
+def tool_variable(name: str, env: Mapping[str, str] | None = None) -> str:
+    """Another tool's variable from the environment (or from `env`), '' when unset."""
+    if name not in TOOL_VARIABLES:
+        raise KeyError(f"{name} is not one of the other tools' variables kernels reads: {', '.join(TOOL_VARIABLES)}")
+    return (os.environ if env is None else env).get(name, "") or ""
+
+
 def interpret_mode() -> bool:
-    """TRITON_INTERPRET=1 runs Triton kernels through the interpreter on CPU tensors."""
-    return _parse_bool(os.environ.get("TRITON_INTERPRET", "0"))
+    """TRITON_INTERPRET=1 runs Triton kernels through the interpreter on CPU tensors (Triton's own reading: anything
+    but a true flag is off)."""
+    try:
+        return _flag(tool_variable("TRITON_INTERPRET") or "0")
+    except ValueError:
+        return False

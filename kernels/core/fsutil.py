@@ -45,8 +45,14 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+# How long a process waits for another that holds the same lock (tuning one problem, building a CUTLASS batch): a
+# tune may include an isolated child's 300 s (backends.isolated_child.CHILD_TIMEOUT_S) besides its builds; a holder
+# that dies drops its lock at once, so only a live, stuck one is ever waited out
+LOCK_TIMEOUT_S = 600.0
+
+
 @contextlib.contextmanager
-def file_lock(path: Path, timeout_s: float):
+def file_lock(path: Path, timeout_s: float = LOCK_TIMEOUT_S):
     """Exclusive advisory lock; the OS drops it if the holder dies, so a killed run never wedges others."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

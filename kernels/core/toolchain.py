@@ -1,8 +1,9 @@
 """Where the CUTLASS headers and nvcc come from, resolved in one place.
 
 CUTLASS: $CUTLASS_DIR (a checkout) -> <repo>/third_party/cutlass -> the headers shipped in the `nvidia-cutlass` wheel
-(cutlass_library/source). nvcc: $PATH -> $CUDA_HOME/bin -> /usr/local/cuda/bin. Nothing here raises for a missing
-tool: the result says what was found and, when unusable, everything that was tried.
+(cutlass_library/source). nvcc: $PATH -> $CUDA_HOME/bin -> $CUDA_PATH/bin -> /usr/local/cuda/bin. The variables are
+read through kernels.core.config.tool_variable (or from the `env` mapping a caller passes). Nothing here raises for a
+missing tool: the result says what was found and, when unusable, everything that was tried.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from kernels.core.config import tool_variable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _VERSION_RE = re.compile(r"#define\s+CUTLASS_(MAJOR|MINOR|PATCH)\s+(\d+)")
@@ -84,10 +87,10 @@ def _package_root() -> Path | None:
 def resolve_cutlass(env: dict | None = None, repo_root: Path = REPO_ROOT,
                     package_root: Path | None | bool = True) -> tuple[CutlassDir | None, list[str]]:
     """The first usable CUTLASS tree and the list of places tried. `package_root=True` looks the wheel up."""
-    env = os.environ if env is None else env
+    checkout = tool_variable("CUTLASS_DIR", env)
     candidates: list[tuple[str, Path | None]] = []
-    if env.get("CUTLASS_DIR"):
-        candidates.append(("CUTLASS_DIR", Path(env["CUTLASS_DIR"]).expanduser()))
+    if checkout:
+        candidates.append(("CUTLASS_DIR", Path(checkout).expanduser()))
     else:
         candidates.append(("CUTLASS_DIR", None))
     candidates.append(("third_party", repo_root / "third_party" / "cutlass"))
@@ -105,13 +108,13 @@ def resolve_cutlass(env: dict | None = None, repo_root: Path = REPO_ROOT,
 
 
 def find_nvcc(env: dict | None = None) -> tuple[Path | None, list[str]]:
-    env = os.environ if env is None else env
     tried: list[str] = []
-    on_path = shutil.which("nvcc", path=env.get("PATH"))
+    on_path = shutil.which("nvcc", path=None if env is None else env.get("PATH"))
     if on_path:
         return Path(on_path), tried
     tried.append("nvcc: not on PATH")
-    homes = [("CUDA_HOME", env.get("CUDA_HOME")), ("CUDA_PATH", env.get("CUDA_PATH")), ("default", "/usr/local/cuda")]
+    homes = [("CUDA_HOME", tool_variable("CUDA_HOME", env)), ("CUDA_PATH", tool_variable("CUDA_PATH", env)),
+             ("default", "/usr/local/cuda")]
     for label, home in homes:
         if not home:
             continue

@@ -52,8 +52,8 @@ def _fast_key(op: str, a, b) -> tuple:
 
 def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dynamic=None) -> torch.Tensor:
     """a @ b for 2-D fp16 / bf16 / fp32 tensors, with the fastest verified kernel for this problem.
-    `dynamic`: dims whose size varies between calls ('m', 'm,k', kernels.Dynamic(...); None = config.dynamic_dims):
-    one winner per size hint, each new shape served by one of them (see kernels.dynamic)."""
+    `dynamic`: dims whose size varies between calls ('m', 'm,k', kernels.Dynamic(...); None = KERNELS_DYNAMIC):
+    one winner per size hint, each new shape served by one of them (see kernels.dispatch.dynamic)."""
     if _fast_call is not None and out is None and dynamic is None:
         result = _fast_call(0, a, b)
         if result is not None:
@@ -246,7 +246,7 @@ def _launcher_for(problem: GemmProblem):
 
 def _select(problem: GemmProblem) -> tuple[Selection, object]:
     """Disk, else tune (once across processes: the store's lock). Returns the selection and a ready launcher."""
-    backends = tuple(config.backends) or ("aten",)
+    backends = config.backends
     key = store_key(problem, fingerprint(backends))
     loaded = _load_stored(key, problem)
     if loaded is not None:

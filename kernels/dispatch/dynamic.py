@@ -1,6 +1,6 @@
 """Dynamic shapes: one tuned winner per size hint, and runtime dispatch of every new shape among those winners.
 
-    kernels.mm(a, b, dynamic="m")                                   # M dynamic, hints/mode/buckets from config
+    kernels.mm(a, b, dynamic="m")                                   # M dynamic, the default hints, mode, buckets
     kernels.mm(a, b, dynamic=kernels.Dynamic("m", hints=(64, 256, 4096), mode="similarity"))
 
 For a dynamic problem the dynamic dims are replaced by each hint (the cartesian product when several dims are
@@ -10,7 +10,7 @@ specialise on those dims: a winner tuned at M=64 is the same binary at M=300, lo
 
 A runtime shape is served by a candidate the hint tunes timed, chosen by
 - `benchmark` mode: the first shape seen in a bucket (powers of two by default, `BucketRule`) benchmarks each
-  hint's winner and runners-up (`config.dynamic_pool` per hint) on that shape (verified first, timed with
+  hint's winner and runners-up (`Dynamic.pool` per hint, DYNAMIC_POOL by default) on that shape (verified first, timed with
   kernels.timing); the best serves the whole bucket. A size between two hints is often served best by neither
   winner. Decisions are persisted next to the selections (`BucketStore`), so a new process does not benchmark again.
 - `similarity` mode: no runtime benchmark; the winner of the hint whose shapes are nearest by L1 distance in log2
@@ -32,9 +32,9 @@ from backends import get_backend
 from kernels.core import counters
 from kernels.core.choice import Choice
 from kernels.core.config import config
-from kernels.space.dynamic_rules import (BucketRule, bucket_id, hints_for, nearest, outside_hints, parse_buckets,
-                                   probe_sizes, round_inflation, worst_ratio,
-                                   parse_dims, parse_hints, parse_mode, waves)
+from kernels.core.dims import parse_dims, parse_hints
+from kernels.space.dynamic_rules import (DEFAULT_HINTS, BucketRule, bucket_id, hints_for, nearest, outside_hints,
+                                         parse_buckets, probe_sizes, round_inflation, worst_ratio, parse_mode, waves)
 from kernels.core.errors import InputTypeError, InputValueError, KernelsError
 from kernels.core.fsutil import atomic_write_text, file_lock, read_json
 from kernels.space.heuristics import GemmConfig, supports
@@ -44,19 +44,32 @@ from kernels.core.selection import Selection
 from kernels.space.families import TEMPLATE_OPS
 from kernels.measure.timing import measure_interleaved, measure_together, user_call
 from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
+from kernels.tune.autotune import TUNE_CUTOFF, fingerprint
 
 STORE_SCHEMA = 1
+DEFAULT_MODE = "benchmark"
+DEFAULT_BUCKETS = "pow2"
+# Benchmark mode: how many of each hint's fastest candidates (its winner first) a new bucket benchmarks. A runtime size
+# between two hints is often best served by a hint's runner-up, not by either winner (H100, K=11008, N=4096: the M=256
+# hint's 64x128 runner-up ran M=199 and 229 at 1.00x a per-M tune, its aten winner at 1.12x and 1.21x); 3 was not
+# compared with other sizes, and each one more per hint is one more candidate timed per new bucket
+DYNAMIC_POOL = 3
+# Benchmark mode: milliseconds of measurement per candidate when a new bucket is benchmarked: a quarter of tuning's
+# default budget, because it is paid on a user's call at run time, once per bucket
+DYNAMIC_BENCH_MS = 10.0
+BUCKET_PROBES = ("edges", "one")
 
 
 # -- declaration -----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Dynamic:
-    """Which dims are dynamic, and how. Fields left None come from kernels.core.config (dynamic_hints / dynamic_mode /
-    dynamic_buckets) when the shape is first seen. Hashable, so it can be passed on every call."""
+    """Which dims are dynamic, and how. Fields left None take the defaults (DEFAULT_HINTS, DEFAULT_MODE,
+    DEFAULT_BUCKETS, DYNAMIC_POOL). Hashable, so it can be passed on every call."""
     dims: tuple[str, ...] | str = "m"
     hints: tuple | None = None          # (64, 256, 4096) for every dim, or {"m": (...), "k": (...)}
     mode: str | None = None             # "benchmark" | "similarity"
     buckets: str | None = None          # "pow2" | "exact" | "16,64,256"
+    pool: int | None = None             # benchmark mode: each hint's fastest candidates a new bucket times
 
     def __post_init__(self):
         dims = parse_dims(self.dims)
@@ -69,21 +82,27 @@ class Dynamic:
             object.__setattr__(self, "mode", parse_mode(self.mode))
         if self.buckets is not None:
             object.__setattr__(self, "buckets", parse_buckets(self.buckets))
+        if self.pool is not None and (isinstance(self.pool, bool) or not isinstance(self.pool, int) or self.pool < 1):
+            raise ValueError(f"pool must be a positive integer, got {self.pool!r}")
 
     def resolved(self) -> Dynamic:
-        """Every field filled (config for the ones left None); hints as (dim, hints) pairs for exactly `dims`."""
-        hints = hints_for(self.hints if self.hints is not None else config.dynamic_hints, self.dims)
-        return Dynamic(self.dims, tuple(hints.items()), self.mode or config.dynamic_mode,
-                       self.buckets or config.dynamic_buckets)
+        """Every field filled (defaults for the ones left None); hints as (dim, hints) pairs for exactly `dims`."""
+        hints = hints_for(self.hints if self.hints is not None else DEFAULT_HINTS, self.dims)
+        return Dynamic(self.dims, tuple(hints.items()), self.mode or DEFAULT_MODE, self.buckets or DEFAULT_BUCKETS,
+                       self.pool or DYNAMIC_POOL)
 
 
 def resolve(arg) -> Dynamic | None:
     """The resolved declaration for mm's `dynamic=` argument, or None for a static problem.
-    None -> kernels.config.dynamic_dims; False / '' / () -> static; True -> 'm'; 'm,k' / ('m', 'k') / Dynamic."""
+    None -> kernels.config.dynamic (KERNELS_DYNAMIC); False / '' / () -> static; True -> 'm'; 'm,k' / ('m', 'k') /
+    Dynamic."""
+    if arg is None:
+        declared = config.dynamic            # (a bad KERNELS_DYNAMIC raises its own ValueError, naming it)
+        if not declared:
+            return None
+        own = {d: hints for d, hints in declared if hints}
+        return Dynamic(tuple(d for d, _ in declared), hints=own or None).resolved()
     try:
-        if arg is None:
-            dims = config.dynamic_dims
-            return Dynamic(dims).resolved() if dims else None
         if isinstance(arg, Dynamic):
             return arg.resolved()
         if isinstance(arg, (bool, str, tuple)):
@@ -230,7 +249,7 @@ class BucketStore:
                                                       "buckets": buckets}, indent=1, sort_keys=True))
 
     def lock(self, key: str):
-        return file_lock(self.root / "locks" / (self.path(key).stem + ".lock"), config.lock_timeout_s)
+        return file_lock(self.root / "locks" / (self.path(key).stem + ".lock"))
 
 
 class Family:
@@ -264,8 +283,6 @@ class Family:
         return self.winners
 
     def store_key(self, backends: tuple[str, ...]) -> str:
-        from kernels.tune.autotune import fingerprint
-
         return json.dumps({"hints": [hp.key() for hp in self.hint_problems], "buckets": self.rule.text,
                            "env": fingerprint(backends)}, sort_keys=True)
 
@@ -393,11 +410,17 @@ class Family:
                        f"that takes no more rounds over the SMs here")
         return None, ""
 
-    def benchmark(self, runtime: GemmProblem, entries: list[PoolEntry]) -> tuple[Decision, list[str]]:
+    def benchmark(self, runtime: GemmProblem, entries: list[PoolEntry], *, per_hint: int = DYNAMIC_POOL,
+                  probes: str = "edges") -> tuple[Decision, list[str]]:
+        """The bucket's decision: from this process, from the store, or benchmarked now over `entries` (the pool of
+        `per_hint` names per hint). `probes`: where a new bucket is timed, "edges" (the runtime size and the
+        bucket's first and last size, ranked by the worst ratio to the fastest) or "one" (the runtime size only)."""
+        if probes not in BUCKET_PROBES:
+            raise ValueError(f"probes must be one of {BUCKET_PROBES}, got {probes!r}")
         bid = bucket_id(self.rule, {d: getattr(runtime, d) for d in self.dims})
         names = list(dict.fromkeys(e.choice.name for e in entries))
         by_name = {e.choice.name: e.choice for e in entries}
-        pool = self.pool_names(config.dynamic_pool)
+        pool = self.pool_names(per_hint)
 
         def decided(entry: dict, source: str) -> tuple[Decision, list[str]] | None:
             if entry["winner"] not in by_name:
@@ -425,8 +448,7 @@ class Family:
             got = decided(self.buckets[bid], "memory")
             if got is not None:
                 return got
-        backends = tuple(config.backends) or ("aten",)
-        key = self.store_key(backends)
+        key = self.store_key(config.backends)
         with self.store.lock(key):
             entry = self.store.load(key, pool).get(bid)
             got = decided(entry, "stored") if entry is not None else None
@@ -440,7 +462,7 @@ class Family:
             if not timed:
                 raise KernelsError(f"kernels.dispatch.dynamic: no hint candidate ran {runtime.short()}: {timings}")
             probes = probe_sizes(self.rule, {d: getattr(runtime, d) for d in self.dims})[1:] \
-                if config.dynamic_bucket_probes == "edges" else []
+                if probes == "edges" else []
             at_edges = {}
             for sizes in probes:
                 edge = substitute(runtime, sizes, runtime.dynamic)
@@ -631,8 +653,7 @@ def benchmark_choices(problem: GemmProblem, choices: list[Choice]) -> dict[str, 
         # 128x256 TMA tile took 725 us in the bucket's benchmark beside 4.4 ms split-K tiles and 815 us in the sweep
         # beside aten (aten: 719 and 730 us), so it won a bucket it then served at 1.12x. The first pass's cutoff
         # sends such choices out after a few rounds, and the final round has the contenders alone.
-        timed, crashed = measure_interleaved(calls, n_sets, device, config.dynamic_bench_ms,
-                                             cutoff=config.tune_cutoff)
+        timed, crashed = measure_interleaved(calls, n_sets, device, DYNAMIC_BENCH_MS, cutoff=TUNE_CUTOFF)
         for n, why in crashed.items():
             results[n] = f"crashed while timing: {why}"
             del calls[n]
@@ -644,10 +665,10 @@ def benchmark_choices(problem: GemmProblem, choices: list[Choice]) -> dict[str, 
         # the simplest choice (aten) always joins the final round, as in tuning: H100, K=4096, N=12288, M=129, aten's
         # first pass came out at ~2x its time in the per-M tune, and left out, a tile won the bucket and ran 1.25-1.34x
         simplest = min(calls, key=lambda n: (by_name[n].complexity, results[n]))
-        contenders = [n for n in calls if results[n] <= best * config.tune_cutoff or n == simplest]
+        contenders = [n for n in calls if results[n] <= best * TUNE_CUTOFF or n == simplest]
         if len(contenders) > 1:
             timed = measure_together({n: calls[n] for n in contenders}, n_sets, device,
-                                     config.dynamic_bench_ms * len(contenders))
+                                     DYNAMIC_BENCH_MS * len(contenders))
             results.update({n: t.median_ms for n, t in timed.items()})
     return results
 
@@ -688,7 +709,7 @@ def launcher_for(problem: GemmProblem, dyn: Dynamic):
             return launch
         fam = family_for(runtime, dyn)
         fam.ensure_winners(lambda hp: _select(api, hp))
-        entries, notes = fam.pool(runtime, config.dynamic_pool)   # similarity: runners-up for tile_for_aten
+        entries, notes = fam.pool(runtime, dyn.pool)   # similarity: runners-up for tile_for_aten
         if not any(e.rank == 1 for e in entries):   # no hint winner can run this shape: tune it on its own
             launch = api._launcher_for(runtime)             # (still dynamic: no new spec)
             sel = api._selections[runtime]
@@ -697,7 +718,8 @@ def launcher_for(problem: GemmProblem, dyn: Dynamic):
             _decisions[memo] = dec
             _runtime[memo] = launch
             return launch
-        dec, ranking = (fam.similarity if dyn.mode == "similarity" else fam.benchmark)(runtime, entries)
+        dec, ranking = fam.similarity(runtime, entries) if dyn.mode == "similarity" else \
+            fam.benchmark(runtime, entries, per_hint=dyn.pool)
         dec.hint_winners = {hw.label: hw.choice.name for hw in fam.winners}
         dec.notes = fam.notes + notes + dec.notes
         by_name = {e.choice.name: e.choice for e in entries}

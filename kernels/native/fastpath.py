@@ -4,9 +4,8 @@ Why: a warm `kernels.mm` in Python builds a 13-field key from tensor attributes 
 host) before it reaches torch.mm; for host-bound problems that is the whole gap to torch.mm. The C++ table reads the
 same fields from the TensorImpls and calls at::mm itself.
 
-Build: one g++ call against torch's headers (~15-25 s on 2 cores), into <fastpath_dir>/<tag>/ (default
-<cache_dir>/fastpath; KERNELS_FASTPATH_DIR), published with
-os.replace so concurrent builders and killed builds never leave a half-written library where a loader looks. A
+Build: one g++ call ($CXX, default c++) against torch's headers (~15-25 s on 2 cores), into
+<cache_dir>/fastpath/<tag>/ (one library per torch/Python/source/compiler), published with os.replace so concurrent builders and killed builds never leave a half-written library where a loader looks. A
 failed build leaves its log and a FAILED marker (not retried in later processes; `python -m kernels fastpath build`
 retries). `KERNELS_FASTPATH`: auto (default: load if built, else build in a background thread on the first tune),
 build (build in the caller, blocking: tests and benchmarks), off.
@@ -27,7 +26,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.core.config import config
+from kernels.core.config import config, tool_variable
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fastpath.cpp"
 MODULE_NAME = "_kernels_fastpath"
@@ -50,6 +49,10 @@ class BuildPaths:
     log: Path
 
 
+def compiler() -> str:
+    return tool_variable("CXX") or "c++"
+
+
 def _compile_command(output: Path) -> list[str]:
     import torch
     from torch.utils import cpp_extension
@@ -57,7 +60,7 @@ def _compile_command(output: Path) -> list[str]:
     torch_lib = Path(torch.__file__).resolve().parent / "lib"
     includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return [os.environ.get("CXX", "c++"), "-O2", "-std=c++20", "-fPIC", "-shared", "-w",
+    return [compiler(), "-O2", "-std=c++20", "-fPIC", "-shared", "-w",
             f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             *[f"-I{p}" for p in includes], str(SOURCE), "-o", str(output),
             f"-L{torch_lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", "-ldl", f"-Wl,-rpath,{torch_lib}"]
@@ -67,9 +70,9 @@ def paths() -> BuildPaths:
     import torch
 
     tag_text = "\n".join([SOURCE.read_text(), torch.__version__, sys.version, sysconfig.get_config_var("SOABI") or "",
-                          os.environ.get("CXX", "c++")])
+                          compiler()])
     tag = hashlib.sha256(tag_text.encode()).hexdigest()[:16]
-    folder = Path(config.fastpath_dir) / tag
+    folder = Path(config.cache_dir) / "fastpath" / tag
     return BuildPaths(folder, folder / f"{MODULE_NAME}.so", folder / "FAILED", folder / "build.log")
 
 

@@ -1,16 +1,16 @@
-"""Pure rules for dynamic shapes: parsing the knobs, shape buckets, and the log2 shape distance.
+"""Pure rules for dynamic shapes: the default size hints, runtime modes, shape buckets, and the log2 shape distance.
 
-No torch, no kernels state (kernels.heuristics' cdiv only): kernels.config parses its settings with these,
-kernels.dynamic dispatches with them.
+No torch, no kernels state (kernels.space.heuristics' cdiv only): kernels.dispatch.dynamic dispatches with them.
+Dimension names and size-hint lists are parsed in kernels.core.dims (KERNELS_DYNAMIC reads them too).
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
+from kernels.core.dims import DIMS
 from kernels.space.heuristics import cdiv
 
-DIMS = ("m", "n", "k")
 MODES = ("benchmark", "similarity")
 # The seed's 64/256/4096, plus 16 (M = 1..31 otherwise came from a 64-row tile or aten, whose cuBLAS kernel ran
 # M=12 at 1.6x a per-M tune on the H100), 128 and 1024 (tiles for the ranges in between: with the three seed hints
@@ -18,59 +18,6 @@ MODES = ("benchmark", "similarity")
 # below the smallest hint, similarity served M = 1..7 with an aten hint winner, 1.07-1.72x a per-M tune on K=11008,
 # N=4096, or with the M=16 hint's 16-row tile, 1.11-1.47x at M = 1..4 when a 16x32 tile had won it)
 DEFAULT_HINTS = (2, 16, 64, 128, 256, 1024, 4096)
-
-
-def parse_dims(value) -> tuple[str, ...]:
-    """'m', 'm,k', ('m', 'k'), True (= 'm'), '' / False / None (= static) -> dims in m, n, k order."""
-    if value is None or value is False:
-        return ()
-    if value is True:
-        return ("m",)
-    names = [s.strip().lower() for s in value.replace(";", ",").split(",")] if isinstance(value, str) \
-        else [str(s).strip().lower() for s in value]
-    names = [n for n in names if n]
-    bad = [n for n in names if n not in DIMS]
-    if bad:
-        raise ValueError(f"unknown dynamic dimension(s) {bad}; choose among m, n, k")
-    return tuple(d for d in DIMS if d in names)
-
-
-def _hint_list(values: Iterable) -> tuple[int, ...]:
-    out = []
-    for v in values:
-        iv = int(v)
-        if iv < 1 or iv != float(v):
-            raise ValueError(f"size hints must be positive integers, got {v!r}")
-        out.append(iv)
-    if not out:
-        raise ValueError("at least one size hint is needed")
-    return tuple(sorted(set(out)))
-
-
-def parse_hints(value) -> tuple[tuple[str, tuple[int, ...]], ...] | tuple[int, ...]:
-    """Size hints: '64,256,4096' or (64, 256, 4096) apply to every dynamic dim; 'm=16,64;k=1024,4096' or
-    {'m': (16, 64), 'k': (1024, 4096)} give each dim its own. Returns a sorted tuple of ints (every dim) or a
-    tuple of (dim, hints) pairs in m, n, k order."""
-    if isinstance(value, Mapping):
-        pairs = {str(k).strip().lower(): _hint_list(v) for k, v in value.items()}
-    elif isinstance(value, str) and "=" in value:
-        pairs = {}
-        for part in value.split(";"):
-            if not part.strip():
-                continue
-            dim, _, rest = part.partition("=")
-            pairs[dim.strip().lower()] = _hint_list(s for s in rest.split(",") if s.strip())
-    elif isinstance(value, str):
-        return _hint_list(s for s in value.split(",") if s.strip())
-    elif isinstance(value, tuple) and value and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)
-                                                     for p in value):
-        pairs = {k.strip().lower(): _hint_list(v) for k, v in value}
-    else:
-        return _hint_list(value)
-    bad = [d for d in pairs if d not in DIMS]
-    if bad:
-        raise ValueError(f"size hints for unknown dimension(s) {bad}; choose among m, n, k")
-    return tuple((d, pairs[d]) for d in DIMS if d in pairs)
 
 
 def hints_for(hints, dims: tuple[str, ...]) -> dict[str, tuple[int, ...]]:

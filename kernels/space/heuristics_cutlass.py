@@ -1,5 +1,5 @@
 """CUTLASS configs: the candidate pool per template, the one `supports_cutlass()` check, and the ranking that decides
-which `config.cutlass_max_profiling_configs` of them get built.
+which `backends.cutlass.CUTLASS_MAX_CONFIGS` of them get built.
 
 Layouts: a CUTLASS kernel is compiled for fixed operand layouts. The problem's row/col layouts map onto the kernel's
 directly (16-bit kernels take either layout for A and B; output is row-major). `swap=True` computes C^T = B^T A^T
@@ -295,19 +295,6 @@ def ranked_configs(problem: GemmProblem, template: str) -> tuple[list[CutlassCon
     order = {c: i for i, c in enumerate(supported)}
     supported.sort(key=lambda c: (-score(problem, template, c), order[c]))
     return supported, rejected
-
-
-def name_filter(allow: str, deny: str):
-    """A predicate on choice names: must match `allow` (when set) and must not match `deny` (when set)."""
-    allow_re = re.compile(allow) if allow else None
-    deny_re = re.compile(deny) if deny else None
-
-    def keep(name: str) -> bool:
-        if allow_re is not None and not allow_re.search(name):
-            return False
-        return not (deny_re is not None and deny_re.search(name))
-
-    return keep
 
 
 def select(problem: GemmProblem, ranked: dict[str, list[CutlassConfig]], limit: int) -> list[tuple[str, CutlassConfig]]:

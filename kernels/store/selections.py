@@ -51,5 +51,5 @@ class SelectionStore:
     @contextlib.contextmanager
     def lock(self, key: str):
         lock_path = self.root / "locks" / (self._path(key).stem + ".lock")
-        with file_lock(lock_path, config.lock_timeout_s):
+        with file_lock(lock_path):
             yield

@@ -158,7 +158,7 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, d
             sets = timing_sets(problem, device, (a, b), seed=1)
             n_sets = len(sets)
             timed, crashed = measure_interleaved({n: _user_call(r, sets) for n, r in verified.items()}, n_sets,
-                                                 device, config.bench_budget_ms, cutoff=config.tune_cutoff)
+                                                 device, config.bench_budget_ms, cutoff=TUNE_CUTOFF)
             for cname, why in crashed.items():
                 timings[cname] = f"crashed while timing: {why}"
                 del verified[cname]
@@ -213,20 +213,35 @@ def _user_call(runner: Runner, sets):
     return user_call(runner.launch, sets)
 
 
+# First pass: a candidate this many times slower than the best so far after a few samples stops being measured (it
+# cannot win; the budget goes to the contenders). It must stay above one candidate's first-pass jitter: int8
+# 64x64x65536 split-K first-passed at 13.5-16.5 us (1.22x) over three H100 tunes
+TUNE_CUTOFF = 1.25
+# How many of the first pass's fastest are re-timed side by side (with the baseline; more for calls under
+# HOST_BOUND_MAX_MS) before the winner is chosen. 3 since the first version, not measured against other values; each
+# one more costs a measurement budget in the final round
+RETIME_TOP = 3
+# Calls under HOST_BOUND_MAX_MS: finalists whose call times are within this fraction of the best are ranked by GPU time
+# (from a CUDA graph) instead, host cost that close being noise between runs. 3%, not more: the pick may then cost up
+# to this much per call, and issue 2 allows 3% regret (at 5%, aten won 64x22016x4096 at 1.035x the best call time on
+# the H100, GPU times equal). 0 turns the rule off.
+HOST_BOUND_TOLERANCE = 0.03
+
+
 # Calls slower than this are not host-bound on any GPU we know; below it, GPU time is worth measuring (each capture
 # holds its outputs, so it is kept off big problems)
 HOST_BOUND_MAX_MS = 0.1
 # ...and their first-pass times, taken one candidate at a time, are host jitter: for int8 64x64x65536 on the H100 one
 # split-K tile's first pass took 16.5, 14.7 and 13.5 us per call in three tunes (10.6 us of GPU time, the fastest);
 # at 16.5 it missed the top 3, and in a fast-preset run a tile 1.26x slower side by side won. Below HOST_BOUND_MAX_MS
-# every call within tune_cutoff of the fastest first pass joins the final round (HOST_BOUND_FINALISTS at most),
+# every call within TUNE_CUTOFF of the fastest first pass joins the final round (HOST_BOUND_FINALISTS at most),
 # where GPU time can rank it.
 HOST_BOUND_FINALISTS = 8
-# Even interleaved, host-set first passes of one launch path spread wider than tune_cutoff: bf16 24x6144x1536 on the
+# Even interleaved, host-set first passes of one launch path spread wider than TUNE_CUTOFF: bf16 24x6144x1536 on the
 # H100 first-passed two triton_mm tiles at 16.1 and 16.7 us and two others at 11.6-11.9 us in one tune, all ~13 us in
 # another; the 16.7 us one had the lowest GPU time of the five (9.7 us) and left the running. GPU time is cheap to
 # take at this size and is not host jitter: where the fastest first pass is under HOST_SET_MAX_MS, the first pass's
-# HOST_BOUND_SCREEN fastest calls within SCREEN_SPREAD of it are GPU-timed and the GPU-fastest retime_top of them join
+# HOST_BOUND_SCREEN fastest calls within SCREEN_SPREAD of it are GPU-timed and the GPU-fastest RETIME_TOP of them join
 # the final round too.
 HOST_BOUND_SCREEN = 16
 SCREEN_SPREAD = 2.0
@@ -276,7 +291,8 @@ def one_launch_lead(call_ms: dict[str, float], gpu_ms: dict[str, float | None], 
 
 
 def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, details, notes,
-                 clock: StageClock | None = None) -> str | None:
+                 clock: StageClock | None = None, *, retime_top: int = RETIME_TOP, cutoff: float = TUNE_CUTOFF,
+                 host_bound_tolerance: float = HOST_BOUND_TOLERANCE) -> str | None:
     """Re-time the fastest few together, then let the simplest win among those within the tie tolerance.
 
     The baseline (the simplest, aten) is also kept when a challenger beats its median while its 20th percentile is
@@ -289,17 +305,17 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
     ranked = sorted((t, n) for n, t in timings.items() if isinstance(t, float))
     if not ranked:
         return None
-    top = [n for _, n in ranked[:config.retime_top]]
-    host_bound = device == "cuda" and ranked[0][0] < HOST_BOUND_MAX_MS and config.host_bound_tolerance > 0
+    top = [n for _, n in ranked[:retime_top]]
+    host_bound = device == "cuda" and ranked[0][0] < HOST_BOUND_MAX_MS and host_bound_tolerance > 0
     gpu_ms: dict[str, float | None] = {}
     if host_bound:
-        top += [n for t, n in ranked[config.retime_top:HOST_BOUND_FINALISTS] if t <= ranked[0][0] * config.tune_cutoff]
+        top += [n for t, n in ranked[retime_top:HOST_BOUND_FINALISTS] if t <= ranked[0][0] * cutoff]
     if host_bound and ranked[0][0] < HOST_SET_MAX_MS:
         with clock("gpu_time"):
             gpu_ms = {n: device_time_ms(_user_call(verified[n], sets), n_sets) for t, n in ranked[:HOST_BOUND_SCREEN]
                       if t <= ranked[0][0] * SCREEN_SPREAD}
         by_gpu = sorted((g, timings[n], n) for n, g in gpu_ms.items() if g is not None)
-        top += [n for _, _, n in by_gpu[:config.retime_top] if n not in top]
+        top += [n for _, _, n in by_gpu[:retime_top] if n not in top]
     # the simplest candidate (aten) always joins the final round: it is the baseline we must not lose to
     simplest = min((n for _, n in ranked), key=lambda n: (choices[n].complexity, timings[n]))
     if simplest not in top:
@@ -320,16 +336,16 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
     best = min(final_ms.values())
     if host_bound and len(final_ms) > 1 and best < HOST_BOUND_MAX_MS:
         # finalists not screened (isolated ones, a slow aten) that are close enough to be ranked by it (within
-        # tune_cutoff of the fastest call); capturing aten at 8x the best call cost a new shape 0.15 s (int8
+        # the cutoff of the fastest call); capturing aten at 8x the best call cost a new shape 0.15 s (int8
         # 544x4096x11008 on the H100)
         with clock("gpu_time"):
             gpu_ms.update({n: device_time_ms(_user_call(verified[n], sets), n_sets) for n, t in final_ms.items()
-                           if n not in gpu_ms and t <= best * max(config.tune_cutoff, 1 + config.host_bound_tolerance)})
+                           if n not in gpu_ms and t <= best * max(cutoff, 1 + host_bound_tolerance)})
         for n, g in gpu_ms.items():
             details[n]["gpu_ms"] = g
         complexity = {n: choices[n].complexity for n in final_ms}
         lead = one_launch_lead(final_ms, gpu_ms, {n for n in final_ms if one_launch(choices[n])},
-                               config.tune_cutoff, config.tie_tolerance, complexity)
+                               cutoff, config.tie_tolerance, complexity)
         if lead is not None:
             # the group goes on as its lead, at the group's fastest call: the lead runs no slower than any of them
             name, group = lead
@@ -344,7 +360,7 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
         # above the host floor a call's time beyond its kernel is the call's own overhead, not the host's pace
         # (bf16 96x22016x4096: aten at 70.1 us per call, 65.6 on the GPU, picked by GPU time over a tile at 68.4,
         # 65.5, then ran 1.045x it side by side)
-        close = (gpu_ranked_contenders(calls, gpu_ms, config.host_bound_tolerance)
+        close = (gpu_ranked_contenders(calls, gpu_ms, host_bound_tolerance)
                  if min(calls.values()) < HOST_SET_MAX_MS else [])
         if close:
             fastest = min(close, key=calls.get)
@@ -353,7 +369,7 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
             winner = min(tied, key=lambda n: (choices[n].complexity, gpu_ms[n]))
             if winner != fastest:
                 notes.append(f"{winner} chosen over {fastest}: calls under {HOST_BOUND_MAX_MS * 1e3:.0f} us within "
-                             f"{config.host_bound_tolerance:.0%} of each other, ranked by GPU time "
+                             f"{host_bound_tolerance:.0%} of each other, ranked by GPU time "
                              f"({gpu_ms[winner] * 1e3:.1f} vs {gpu_ms[fastest] * 1e3:.1f} us)")
             return winner
     fastest = min(calls, key=calls.get)

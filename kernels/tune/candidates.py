@@ -16,10 +16,9 @@ listed with the reason.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, field
 
-from kernels.core.choice import Choice
+from kernels.core.choice import Choice, name_filter
 from kernels.core.config import config
 from kernels.core.problem import GemmProblem
 
@@ -137,8 +136,8 @@ def _name_filter(backend_name: str, choices: list[Choice], out: Narrowed) -> lis
     only, skip = config.only, config.skip
     if backend_name == "aten" or not (only or skip) or not choices:
         return choices
-    kept = [c for c in choices if (not only or any(re.search(p, c.name) for p in only))
-            and not any(re.search(p, c.name) for p in skip)]
+    keep = name_filter(only, skip)
+    kept = [c for c in choices if keep(c.name)]
     if len(kept) < len(choices):
         out.notes.append(f"{backend_name}: {len(choices) - len(kept)} candidate(s) left out by KERNELS_ONLY/"
                          f"KERNELS_SKIP ({', '.join(only) or '-'} / {', '.join(skip) or '-'})")
