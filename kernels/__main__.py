@@ -1,6 +1,7 @@
 """`python -m kernels ...`:
 
     info                          what this machine offers the tuner, and why a backend would be left out
+    config [--readme FILE]        the settings table (markdown), or write it into FILE between its settings markers
     fastpath build [--force]      compile the C++ warm-call table for this torch/Python (retries a failed build)
     lut export [-o FILE]          a lookup table from the selection store (top-k per problem)
     lut check FILE                validate a lookup table and report what is used and what is skipped
@@ -132,10 +133,26 @@ def _fastpath_build(args) -> int:
     return 0
 
 
+def _config(args) -> int:
+    from pathlib import Path
+
+    from kernels.core.config import settings_markdown, with_readme_settings
+
+    if args.readme is None:
+        sys.stdout.write(settings_markdown())
+        return 0
+    path = Path(args.readme)
+    path.write_text(with_readme_settings(path.read_text()))
+    print(f"settings table written into {path}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kernels", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="print the toolchain and backends")
+    cfg = sub.add_parser("config", help="print the settings table (markdown, as the README carries it)")
+    cfg.add_argument("--readme", metavar="FILE", help="write the table into FILE between its settings markers instead")
 
     fp = sub.add_parser("fastpath", help="the C++ warm-call table").add_subparsers(dest="fastpath_command",
                                                                                   required=True)
@@ -159,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "info":
         print("\n".join(info_lines()))
         return 0
+    if args.command == "config":
+        return _config(args)
     if args.command == "fastpath":
         return _fastpath_build(args)
     if args.command == "lut":
