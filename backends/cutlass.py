@@ -249,7 +249,7 @@ class CutlassBackend(Backend):
                  if n not in names]
         if below:   # one line for the lot: dozens of "ranked below" rows would bury the real failures
             skipped["cutlass (ranked cut)"] = (f"{len(below)} more candidates ranked below the {limit} built per "
-                                               f"problem (backends.cutlass.CUTLASS_MAX_CONFIGS), e.g. {', '.join(below[:3])}")
+                                               f"problem (CUTLASS_MAX_CONFIGS), e.g. {', '.join(below[:3])}")
         return chosen, skipped
 
     def build(self, problem, choices):

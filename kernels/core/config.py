@@ -1,7 +1,8 @@
 """The settings a user may change, in one table (SETTINGS). Each is an attribute of `kernels.config`, read from its
 environment variable when it is used unless it was set in code (`kernels.config.backends = ("aten", "triton")`;
-`kernels.config.reset()` forgets what was set in code). An invalid value fails where it is used, with a ValueError
-that names the variable (or the attribute) and says what is allowed. `python -m kernels config` prints the table
+`kernels.config.reset()` forgets what was set in code). An invalid value fails where it is used (at the latest when a
+problem is tuned: `Config.validate`), with a SettingError (a ValueError) that names the variable (or the attribute)
+and says what is allowed. `python -m kernels config` prints the table
 that README.md carries; tests/test_config.py checks that the two agree.
 
 What used to be a knob and is not in the table is a named constant beside the code that uses it (with the reason for
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kernels.core.dims import parse_dims, parse_hints
+from kernels.core.errors import SettingError
 from kernels.core.version import __version__
 
 ALL_BACKENDS = ("aten", "triton", "cutlass", "padded")
@@ -313,7 +315,7 @@ class _Attribute:
         try:
             return s.parse(raw)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{s.env}={raw!r} is not valid: {e}") from None
+            raise SettingError(f"{s.env}={raw!r} is not valid: {e}") from None
 
     def __set__(self, obj, value):
         s = self.setting
@@ -323,7 +325,7 @@ class _Attribute:
         try:
             obj._overrides[s.name] = s.parse(value)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"kernels.config.{s.name} = {value!r} is not valid: {e}") from None
+            raise SettingError(f"kernels.config.{s.name} = {value!r} is not valid: {e}") from None
 
 
 class Config:
@@ -344,6 +346,12 @@ class Config:
     def reset(self) -> None:
         """Forget every value set in code; environment variables apply again."""
         self._overrides.clear()
+
+    def validate(self) -> None:
+        """Read every setting: a bad one raises SettingError here. Tuning calls this first, so that a bad value
+        fails the call that would use it, before anything is built, and is never taken for one backend's failure."""
+        for s in SETTINGS + INTERNAL:
+            getattr(self, s.name)
 
 
 for _s in SETTINGS + INTERNAL:

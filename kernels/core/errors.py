@@ -13,6 +13,11 @@ class InputValueError(KernelsError, ValueError):
     """A tensor argument has the wrong shape, device or stride."""
 
 
+class SettingError(ValueError):
+    """A setting (kernels.core.config) has a value it does not allow; the message names the variable or attribute.
+    Not a KernelsError: nothing that records a candidate's or a hint's failure may swallow it."""
+
+
 class BuildError(KernelsError):
     """A candidate failed to render or compile. `log_path` points at the compiler output when there is one."""
 

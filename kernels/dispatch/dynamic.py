@@ -10,9 +10,10 @@ specialise on those dims: a winner tuned at M=64 is the same binary at M=300, lo
 
 A runtime shape is served by a candidate the hint tunes timed, chosen by
 - `benchmark` mode: the first shape seen in a bucket (powers of two by default, `BucketRule`) benchmarks each
-  hint's winner and runners-up (`Dynamic.pool` per hint, DYNAMIC_POOL by default) on that shape (verified first, timed with
-  kernels.timing); the best serves the whole bucket. A size between two hints is often served best by neither
-  winner. Decisions are persisted next to the selections (`BucketStore`), so a new process does not benchmark again.
+  hint's winner and runners-up (`Dynamic.pool` per hint, DYNAMIC_POOL by default) on that shape (verified first,
+  timed with kernels.timing); the best serves the whole bucket. A size between two hints is often served best by
+  neither winner. Decisions are persisted next to the selections (`BucketStore`), so a new process does not benchmark
+  again.
 - `similarity` mode: no runtime benchmark; the winner of the hint whose shapes are nearest by L1 distance in log2
   space over A, B and C (`dynamic_rules.log2_distance`), with two guards against extrapolating a fixed tile.
 The api then puts the exact shape's launcher in its warm dispatch table: steady state costs what a static call costs.

@@ -5,10 +5,11 @@ host) before it reaches torch.mm; for host-bound problems that is the whole gap 
 same fields from the TensorImpls and calls at::mm itself.
 
 Build: one g++ call ($CXX, default c++) against torch's headers (~15-25 s on 2 cores), into
-<cache_dir>/fastpath/<tag>/ (one library per torch/Python/source/compiler), published with os.replace so concurrent builders and killed builds never leave a half-written library where a loader looks. A
-failed build leaves its log and a FAILED marker (not retried in later processes; `python -m kernels fastpath build`
-retries). `KERNELS_FASTPATH`: auto (default: load if built, else build in a background thread on the first tune),
-build (build in the caller, blocking: tests and benchmarks), off.
+<cache_dir>/fastpath/<tag>/ (one library per torch/Python/source/compiler), published with os.replace so concurrent
+builders and killed builds never leave a half-written library where a loader looks. A failed build leaves its log and
+a FAILED marker (not retried in later processes; `python -m kernels fastpath build` retries). `KERNELS_FASTPATH`: auto
+(default: load if built, else build in a background thread on the first tune), build (build in the caller, blocking:
+tests and benchmarks), off.
 """
 from __future__ import annotations
 

@@ -97,7 +97,9 @@ def _cyclic_gc_paused():
 
 
 def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, dict[str, Runner]]:
-    """Tune one problem; returns the Selection and the runners that passed verification (for dispatch)."""
+    """Tune one problem; returns the Selection and the runners that passed verification (for dispatch). A bad
+    setting raises kernels.core.errors.SettingError before anything is built."""
+    config.validate()
     with _cyclic_gc_paused():
         return _tune(problem, backends)
 
