@@ -2,8 +2,8 @@
 environment variable when it is used unless it was set in code (`kernels.config.backends = ("aten", "triton")`;
 `kernels.config.reset()` forgets what was set in code). An invalid value fails where it is used (at the latest when a
 problem is tuned: `Config.validate`), with a SettingError (a ValueError) that names the variable (or the attribute)
-and says what is allowed. `python -m kernels config` prints the table
-that README.md carries; tests/test_config.py checks that the two agree.
+and says what is allowed. `python -m kernels config` prints the table that README.md carries; tests/test_config.py
+checks that the two agree.
 
 What used to be a knob and is not in the table is a named constant beside the code that uses it (with the reason for
 its value), or a keyword parameter where a tool or a test varies it; three tuning choices that the preset makes are
@@ -225,8 +225,7 @@ SETTINGS = (
             "candidate backends, comma list: `aten`, `triton`, `cutlass`, `padded` (misaligned problems only)"),
     Setting("max_jobs", "MAX_JOBS", lambda: os.cpu_count() or 1, "CPU count", _positive_int,
             "parallel compile workers"),
-    Setting("preset", "KERNELS_PRESET", lambda: "", "none",
-            _preset,
+    Setting("preset", "KERNELS_PRESET", lambda: "", "none", _preset,
             f"`fast`: search the exhaustive grid, compile and time only the performance model's top {FAST_TOP_K} "
             "per backend"),
     Setting("lut", "KERNELS_LUT", lambda: "", "none", _optional_path,
