@@ -79,7 +79,7 @@ def run(args: argparse.Namespace, no_gpu: bool, progress: Progress):
     from bench.device import environment, measure_device
     from bench.results import Cell, Report, ShapeResult, summarize
     from bench.shapes import parse_shapes
-    from kernels.config import config
+    from kernels.core.config import config
 
     columns = parse_columns(args.backends)
     flt = NameFilter.compile(args.only, args.skip)
@@ -149,7 +149,7 @@ def _prebuild(shapes, args, device, progress) -> dict:
     """The suite's CUTLASS kernels in one ninja batch before the first shape: a shape has a handful of candidates,
     so building per shape leaves most cores idle. Each shape's tune then loads them (its tune time excludes this)."""
     from bench import measure as m
-    from kernels.autotune import prebuild
+    from kernels.tune.autotune import prebuild
 
     start = time.perf_counter()
     problems = [m.problem_for(s, args.dtype, args.layout, device) for s in shapes]
@@ -212,7 +212,7 @@ def _measure_shape(args, columns, flt, backends_all, problem, facts, sr, no_gpu,
 
 
 def _budget() -> float:
-    from kernels.config import config
+    from kernels.core.config import config
     return config.bench_budget_ms
 
 

@@ -59,9 +59,9 @@ def test_fast_preset_times_its_winner_beside_the_dataset_best():
 
     from backends import get_backend
     from bench.fast_preset import _side_by_side
-    from kernels.choice import Choice
-    from kernels.heuristics import GemmConfig
-    from kernels.problem import GemmProblem
+    from kernels.core.choice import Choice
+    from kernels.space.heuristics import GemmConfig
+    from kernels.core.problem import GemmProblem
 
     a, b = torch.randn(24, 40).half(), torch.randn(40, 16).half()
     p = GemmProblem.from_tensors("mm", a, b)
@@ -108,9 +108,9 @@ def test_fast_preset_summary_judges_short_calls_by_gpu_time():
 
 
 def test_selection_table_with_rounds_lists_every_timed_choice_fastest_first_with_its_round_times():
-    from kernels.choice import Choice
-    from kernels.problem import GemmProblem
-    from kernels.selection import Selection
+    from kernels.core.choice import Choice
+    from kernels.core.problem import GemmProblem
+    from kernels.core.selection import Selection
 
     problem = GemmProblem.from_tensors("mm", torch.empty(64, 64), torch.empty(64, 64))
     sel = Selection(problem, "fast", {n: Choice("aten", n, "fp32") for n in ("fast", "slow", "broken")},

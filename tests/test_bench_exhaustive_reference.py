@@ -27,8 +27,8 @@ def test_refuses_without_a_gpu():
 def test_timed_together_times_both_launches_over_the_rotated_sets():
     """The side-by-side both bench.fast_preset and bench.exhaustive_reference judge by, on CPU."""
     from bench.fast_preset import timed_together
-    from kernels.problem import GemmProblem
-    from kernels.verify import make_inputs
+    from kernels.core.problem import GemmProblem
+    from kernels.measure.verify import make_inputs
 
     a = torch.randn(16, 32)
     b = torch.randn(32, 8)
