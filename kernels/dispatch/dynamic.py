@@ -31,6 +31,7 @@ from kernels.core.choice import Choice, GemmConfig
 from kernels.core.config import config
 from kernels.core.dynamic_spec import BucketRule
 from kernels.core.errors import KernelsError
+from kernels.core.fsutil import load_or_build
 from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
 from kernels.dispatch import selected
@@ -239,13 +240,16 @@ class Family:
                 return got
         backends = tuple(config.backends) or ("aten",)
         key = self.store_key(backends)
-        with self.store.lock(key):
+
+        def load():
             entry = self.store.load(key, pool).get(bid)
             got = decided(entry, "stored") if entry is not None else None
             if got is not None:
                 counters.bump("bucket_disk_hits")
                 self.buckets[bid] = entry
-                return got
+            return got
+
+        def build():
             start = time.perf_counter()
             timings = benchmark_choices(runtime, [by_name[n] for n in names])
             timed = {n: t for n, t in timings.items() if isinstance(t, float)}
@@ -266,7 +270,9 @@ class Family:
             self.store.record(key, pool, bid, entry)
             self.buckets[bid] = entry
             counters.bump("bucket_benchmarks")
-        return decided(entry, "benchmarked")
+            return decided(entry, "benchmarked")
+
+        return load_or_build(load, lambda: self.store.lock(key), build)
 
 
 def _grid_growth(choice: Choice, runtime: GemmProblem, hint: GemmProblem) -> list[str]:

@@ -10,6 +10,7 @@ import torch
 from backends import get_backend
 from kernels.core import counters as _stats
 from kernels.core.config import config
+from kernels.core.fsutil import load_or_build
 from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
 from kernels.store.selections import SelectionStore, store_key
@@ -38,16 +39,13 @@ def _select(problem: GemmProblem) -> tuple[Selection, object]:
     """Disk, else tune (once across processes: the store's lock). Returns the selection and a ready launcher."""
     backends = tuple(config.backends) or ("aten",)
     key = store_key(problem, fingerprint(backends))
-    loaded = _load_stored(key, problem)
-    if loaded is not None:
-        return loaded
-    with _store.lock(key):
-        loaded = _load_stored(key, problem)      # another process may have tuned it while we waited
-        if loaded is not None:
-            return loaded
+
+    def build() -> tuple[Selection, object]:
         sel, runners = tune(problem, backends)
         _store.put(key, sel)
-    return sel, runners[sel.winner].launch
+        return sel, runners[sel.winner].launch
+
+    return load_or_build(lambda: _load_stored(key, problem), lambda: _store.lock(key), build)
 
 
 def _load_stored(key: str, problem: GemmProblem):
