@@ -7,6 +7,7 @@ from typing import Callable, Optional
 
 import torch
 
+from backends.isolated_child import CHILD_TIMEOUT_S, run_isolated
 from kernels.core.choice import Choice
 from kernels.core.problem import GemmProblem
 
@@ -52,7 +53,6 @@ class Backend(ABC):
         """For runners with isolated=True: verify and time each one in a child process (with the same
         kernels.verify / kernels.timing code) and return name -> kernels.timing.Timing, or name -> failure text.
         A fault in the child is a failure for that choice, never an exception here."""
-        from backends.isolated_child import CHILD_TIMEOUT_S, run_isolated
 
         return run_isolated(self.name, problem, [r.choice for r in runners], budget_ms, CHILD_TIMEOUT_S)
 

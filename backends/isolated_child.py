@@ -19,6 +19,17 @@ import subprocess
 import sys
 import time
 
+import torch
+
+from backends import get_backend
+from kernels.core.choice import Choice
+from kernels.core.config import config
+from kernels.core.problem import GemmProblem
+from kernels.core.toolchain import REPO_ROOT
+from kernels.measure.timing import Timing, measure, user_call
+from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
+from kernels.native import fastpath
+
 TAG = "@@kernels-child "
 STDERR_TAIL = 1500
 # Seconds an isolated verify-and-time child may run before it is killed. The child compiles nothing (it loads what the
@@ -57,8 +68,6 @@ def _parse(stdout: str) -> tuple[dict[str, dict], str | None]:
 
 def child_environment() -> dict:
     """Environment for helper processes: the checkout importable, the parent's cache and device choice kept."""
-    from kernels.core.config import config
-    from kernels.core.toolchain import REPO_ROOT
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
@@ -69,11 +78,6 @@ def child_environment() -> dict:
 def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: float) -> dict:
     """name -> kernels.timing.Timing, or name -> failure text, for every choice of `backend`. Never raises for a
     kernel's fault."""
-    import torch
-
-    from kernels.core.config import config
-    from kernels.measure.timing import Timing
-    from kernels.core.toolchain import REPO_ROOT
 
     results: dict = {}
     remaining = list(choices)
@@ -111,8 +115,6 @@ def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: fl
 
 # -- child side -----------------------------------------------------------------------------------------------------
 def _context_alive(device: str) -> bool:
-    import torch
-
     if device != "cuda":
         return True
     try:
@@ -124,15 +126,6 @@ def _context_alive(device: str) -> bool:
 
 
 def main() -> int:
-    import torch
-
-    from backends import get_backend
-    from kernels.core.choice import Choice
-    from kernels.core.config import config
-    from kernels.core.problem import GemmProblem
-    from kernels.measure.timing import measure, user_call
-    from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
-
     request = json.loads(sys.stdin.read())
     config.cache_dir = request["cache_dir"]
     problem = GemmProblem.from_dict(request["problem"])
@@ -142,8 +135,6 @@ def main() -> int:
     choices = [Choice.from_dict(c) for c in request["choices"]]
     budget_ms = float(request["budget_ms"])
     if device == "cuda":
-        from kernels.native import fastpath
-
         fastpath.load_if_built()            # so native launches are verified and timed here like the caller's
     outcomes = get_backend(request["backend"]).build(problem, choices)    # artifacts exist: this only loads
     fault = request.get("fault")

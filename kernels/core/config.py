@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernels.core.dims import parse_dims, parse_hints
+from kernels.core.dynamic_spec import parse_dims, parse_hints
 from kernels.core.errors import SettingError
 from kernels.core.version import __version__
 

@@ -17,16 +17,22 @@ import torch
 
 from backends import get_backend
 from kernels.core import counters
-from kernels.tune.candidates import fingerprint_extra, narrow
 from kernels.core.config import config
 from kernels.core.errors import NoCandidateError
 from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
-from kernels.space.families import one_launch, template_tree_hash
-from kernels.measure.timing import (HOST_SET_MAX_MS, LAUNCH_GAP_MS, device_time_ms, measure_interleaved, measure_together,
-                            user_call)
-from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
 from kernels.core.version import __version__
+from kernels.measure.timing import (
+    HOST_SET_MAX_MS,
+    LAUNCH_GAP_MS,
+    device_time_ms,
+    measure_interleaved,
+    measure_together,
+    user_call,
+)
+from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
+from kernels.space.families import complexity, one_launch, template_tree_hash
+from kernels.tune.candidates import fingerprint_extra, narrow
 
 if TYPE_CHECKING:
     from backends.base import Backend, Runner
@@ -319,7 +325,7 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
         by_gpu = sorted((g, timings[n], n) for n, g in gpu_ms.items() if g is not None)
         top += [n for _, _, n in by_gpu[:retime_top] if n not in top]
     # the simplest candidate (aten) always joins the final round: it is the baseline we must not lose to
-    simplest = min((n for _, n in ranked), key=lambda n: (choices[n].complexity, timings[n]))
+    simplest = min((n for _, n in ranked), key=lambda n: (complexity(choices[n]), timings[n]))
     if simplest not in top:
         top.append(simplest)
     if len(top) > 1:
@@ -345,9 +351,9 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
                            if n not in gpu_ms and t <= best * max(cutoff, 1 + host_bound_tolerance)})
         for n, g in gpu_ms.items():
             details[n]["gpu_ms"] = g
-        complexity = {n: choices[n].complexity for n in final_ms}
+        simplicity = {n: complexity(choices[n]) for n in final_ms}
         lead = one_launch_lead(final_ms, gpu_ms, {n for n in final_ms if one_launch(choices[n])},
-                               cutoff, config.tie_tolerance, complexity)
+                               cutoff, config.tie_tolerance, simplicity)
         if lead is not None:
             # the group goes on as its lead, at the group's fastest call: the lead runs no slower than any of them
             name, group = lead
@@ -368,7 +374,7 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
             fastest = min(close, key=calls.get)
             fastest_gpu = min(gpu_ms[n] for n in close)
             tied = [n for n in close if gpu_ms[n] <= fastest_gpu * (1 + config.tie_tolerance)]
-            winner = min(tied, key=lambda n: (choices[n].complexity, gpu_ms[n]))
+            winner = min(tied, key=lambda n: (complexity(choices[n]), gpu_ms[n]))
             if winner != fastest:
                 notes.append(f"{winner} chosen over {fastest}: calls under {HOST_BOUND_MAX_MS * 1e3:.0f} us within "
                              f"{host_bound_tolerance:.0%} of each other, ranked by GPU time "
@@ -377,7 +383,7 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
     fastest = min(calls, key=calls.get)
     best = calls[fastest]
     tied = [n for n, t in calls.items() if t <= best * (1 + config.tie_tolerance)]
-    winner = min(tied, key=lambda n: (choices[n].complexity, calls[n]))
+    winner = min(tied, key=lambda n: (complexity(choices[n]), calls[n]))
     if winner != fastest:
         notes.append(f"{winner} chosen over faster-by-noise {fastest} (tie tolerance "
                      f"{config.tie_tolerance:.0%})")
