@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from backends import get_backend
-from kernels.core.config import ALL_BACKENDS, config
+from kernels.core.config import ALL_BACKENDS, config, settings_markdown, with_readme_settings
 from kernels.core.problem import GemmProblem
 from kernels.core.toolchain import toolchain
 from kernels.native import fastpath
@@ -125,10 +125,6 @@ def _fastpath_build(args) -> int:
 
 
 def _config(args) -> int:
-    from pathlib import Path
-
-    from kernels.core.config import settings_markdown, with_readme_settings
-
     if args.readme is None:
         sys.stdout.write(settings_markdown())
         return 0
