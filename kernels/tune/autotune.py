@@ -11,7 +11,7 @@ import gc
 import sys
 import time
 from importlib import metadata
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -20,6 +20,7 @@ from kernels.core import counters
 from kernels.core.config import config
 from kernels.core.errors import NoCandidateError
 from kernels.core.problem import GemmProblem
+from kernels.core.progress import status
 from kernels.core.selection import Selection
 from kernels.core.version import __version__
 from kernels.measure.timing import (
@@ -73,13 +74,17 @@ def candidates(backend: Backend, problem: GemmProblem) -> tuple[list[Choice], di
 
 
 class StageClock:
-    """Seconds per tuning stage, summed over entries (candidates and build run once per backend)."""
+    """Seconds per tuning stage, summed over entries (candidates and build run once per backend); each stage is
+    announced to `on_stage` (the progress line)."""
 
-    def __init__(self):
+    def __init__(self, on_stage: Callable[[str], None] | None = None):
         self.seconds: dict[str, float] = {}
+        self.on_stage = on_stage
 
     @contextlib.contextmanager
     def __call__(self, stage: str):
+        if self.on_stage is not None:
+            self.on_stage(stage)
         start = time.perf_counter()
         try:
             yield
@@ -106,13 +111,14 @@ def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, di
     """Tune one problem; returns the Selection and the runners that passed verification (for dispatch). A bad
     setting raises kernels.core.errors.SettingError before anything is built."""
     config.validate()
-    with _cyclic_gc_paused():
-        return _tune(problem, backends)
+    with _cyclic_gc_paused(), status(f"kernels: tuning {problem.short()}") as update:
+        return _tune(problem, backends, lambda stage: update(f"kernels: tuning {problem.short()}: {stage}"))
 
 
-def _tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, dict[str, Runner]]:
+def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[str], None] | None = None
+          ) -> tuple[Selection, dict[str, Runner]]:
     start = time.perf_counter()
-    clock = StageClock()
+    clock = StageClock(on_stage)
     device = _device_of(problem)
     timings: dict[str, float | str] = {}
     choices = {}
