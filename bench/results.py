@@ -170,7 +170,8 @@ def summarize(columns: list[str], shapes: list[ShapeResult], speed: bool = True)
     km = [r for r in called if r.status == "ok"]
     km_speedups = [r.speedup for r in km if _rate(r.speedup)] if speed else []
     regrets = [r.regret for r in km if r.regret is not None] if speed else []
-    return Summary(shapes=len(shapes), outcomes=outcomes, partly_failed=partly_failed, kernels_mm_ok=len(km), kernels_mm_run=len(called),
+    return Summary(shapes=len(shapes), outcomes=outcomes, partly_failed=partly_failed, kernels_mm_ok=len(km),
+                   kernels_mm_run=len(called),
                    geomean_speedup={c: geomean(v) for c, v in per_col.items()} if speed else {},
                    shapes_counted={c: len(v) for c, v in per_col.items()} if speed else {},
                    wins=wins if speed else {},
