@@ -98,6 +98,13 @@ def no_gpu_banner(args: argparse.Namespace) -> str:
     if "cutlass" in tuned_backends(parse_columns(args.backends)):
         lines.append("CUTLASS: compile-only (its best-ranked candidate is built for sm90 with nvcc, about 45 s on "
                      "2 cores; nothing runs).")
+    try:
+        too_large = [s for s in parse_shapes(args.shapes, args.dtype) if s.macs > CPU_MAX_MACS]
+    except ShapesError:
+        too_large = []        # run() reports the bad --shapes as a usage error
+    if too_large:
+        lines.append(f"{len(too_large)} shape(s) of --shapes {args.shapes} are too large for the interpreter "
+                     f"(M*N*K > {CPU_MAX_MACS}) and will be skipped; --shapes tiny checks correctness.")
     if args.dtype == "bf16":
         lines.append("bf16: the Triton interpreter's bf16 dot gives wrong results (triton issue #11584), so Triton "
                      "candidates fail verification here; --dtype fp16 checks them.")
