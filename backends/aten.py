@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from backends.base import Backend, BuildOutcome, Runner
-from kernels.choice import Choice
-from kernels.problem import GemmProblem
+from kernels.core.choice import Choice
+from kernels.core.problem import GemmProblem
 
 
 def _mm(a, b, out):

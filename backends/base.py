@@ -7,8 +7,8 @@ from typing import Callable, Optional
 
 import torch
 
-from kernels.choice import Choice
-from kernels.problem import GemmProblem
+from kernels.core.choice import Choice
+from kernels.core.problem import GemmProblem
 
 # launch(a, b, out) -> out: the call exactly as `kernels.mm` makes it on the warm path (allocates out when None)
 LaunchFn = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
@@ -50,7 +50,7 @@ class Backend(ABC):
         kernels.verify / kernels.timing code) and return name -> kernels.timing.Timing, or name -> failure text.
         A fault in the child is a failure for that choice, never an exception here."""
         from backends.isolated_child import run_isolated
-        from kernels.config import config
+        from kernels.core.config import config
 
         return run_isolated(self.name, problem, [r.choice for r in runners], budget_ms, config.child_timeout_s)
 

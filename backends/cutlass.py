@@ -21,15 +21,15 @@ import torch
 
 from backends.base import Backend, BuildOutcome, Runner
 from backends.cutlass_render import BuildJob, CutlassKernelSpec, build_key, ninja_text, render, spec_for
-from kernels.counters import bump as bump_stat
-from kernels.choice import Choice
-from kernels.config import config
-from kernels.errors import BuildError, KernelsError
-from kernels.fsutil import atomic_write_text, file_lock, read_json, write_if_different
-from kernels.heuristics_cutlass import (SM80_TEMPLATES, SM90_TEMPLATES, CutlassConfig, kernel_operands, name_filter,
+from kernels.core.counters import bump as bump_stat
+from kernels.core.choice import Choice
+from kernels.core.config import config
+from kernels.core.errors import BuildError, KernelsError
+from kernels.core.fsutil import atomic_write_text, file_lock, read_json, write_if_different
+from kernels.space.heuristics_cutlass import (SM80_TEMPLATES, SM90_TEMPLATES, CutlassConfig, kernel_operands, name_filter,
                                         ranked_configs, select)
-from kernels.problem import DTYPES_BY_NAME, GemmProblem
-from kernels.toolchain import Toolchain, toolchain
+from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
+from kernels.core.toolchain import Toolchain, toolchain
 
 LOG_TAIL_CHARS = 1500
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import jinja2
 
-from kernels.choice import Choice
-from kernels.heuristics_cutlass import FAMILY, CutlassConfig, kernel_operands
-from kernels.problem import GemmProblem
-from kernels.templates_info import TEMPLATES_ROOT
+from kernels.core.choice import Choice
+from kernels.space.heuristics_cutlass import FAMILY, CutlassConfig, kernel_operands
+from kernels.core.problem import GemmProblem
+from kernels.space.families import TEMPLATES_ROOT
 
 TEMPLATE_FILES = {"sm90": "cutlass/sm90_gemm.cu.jinja", "sm80": "cutlass/sm80_gemm.cu.jinja"}
 CUTLASS_TYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "int8": "int8_t", "int32": "int32_t",

@@ -52,8 +52,8 @@ def _parse(stdout: str) -> tuple[dict[str, dict], str | None]:
 
 def child_environment() -> dict:
     """Environment for helper processes: the checkout importable, the parent's cache and device choice kept."""
-    from kernels.config import config
-    from kernels.toolchain import REPO_ROOT
+    from kernels.core.config import config
+    from kernels.core.toolchain import REPO_ROOT
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
@@ -66,9 +66,9 @@ def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: fl
     kernel's fault."""
     import torch
 
-    from kernels.config import config
-    from kernels.timing import Timing
-    from kernels.toolchain import REPO_ROOT
+    from kernels.core.config import config
+    from kernels.measure.timing import Timing
+    from kernels.core.toolchain import REPO_ROOT
 
     results: dict = {}
     remaining = list(choices)
@@ -122,11 +122,11 @@ def main() -> int:
     import torch
 
     from backends import get_backend
-    from kernels.choice import Choice
-    from kernels.config import config
-    from kernels.problem import GemmProblem
-    from kernels.timing import measure, user_call
-    from kernels.verify import make_inputs, reference, timing_sets, verify_launch
+    from kernels.core.choice import Choice
+    from kernels.core.config import config
+    from kernels.core.problem import GemmProblem
+    from kernels.measure.timing import measure, user_call
+    from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
 
     request = json.loads(sys.stdin.read())
     config.cache_dir = request["cache_dir"]
@@ -137,7 +137,7 @@ def main() -> int:
     choices = [Choice.from_dict(c) for c in request["choices"]]
     budget_ms = float(request["budget_ms"])
     if device == "cuda":
-        from kernels import fastpath
+        from kernels.native import fastpath
 
         fastpath.load_if_built()            # so native launches are verified and timed here like the caller's
     outcomes = get_backend(request["backend"]).build(problem, choices)    # artifacts exist: this only loads

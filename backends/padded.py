@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from backends.base import Backend, BuildOutcome, Runner
-from kernels.choice import Choice
-from kernels.heuristics import DEFAULT_NUM_SMS, candidate_configs, config_list, output_tiles, round_up, supports
-from kernels.problem import GemmProblem
+from kernels.core.choice import Choice
+from kernels.space.heuristics import DEFAULT_NUM_SMS, candidate_configs, config_list, output_tiles, round_up, supports
+from kernels.core.problem import GemmProblem
 
 INNER_TRITON_CONFIGS = 4      # aligned Triton configs tried behind the padding (aten is always tried)
 # Hopper's largest wgmma tiles (128x256 and 256x128, from Inductor's persistent list; the mm lists have none) join

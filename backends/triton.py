@@ -18,12 +18,12 @@ from backends.triton_render import TritonKernelSpec, build_key, render
 from backends.triton_templates import family, templates
 from backends.triton_worker import compile_job, load_kernel
 from backends.worker_pool import WorkerPool, worker_env
-from kernels import counters
-from kernels.choice import Choice
-from kernels.config import config, interpret_mode
-from kernels.fsutil import atomic_write_text, read_json, write_if_different
-from kernels.problem import GemmProblem
-from kernels.templates_info import TEMPLATE_OPS
+from kernels.core import counters
+from kernels.core.choice import Choice
+from kernels.core.config import config, interpret_mode
+from kernels.core.fsutil import atomic_write_text, read_json, write_if_different
+from kernels.core.problem import GemmProblem
+from kernels.space.families import TEMPLATE_OPS
 
 
 @functools.lru_cache(maxsize=1)

@@ -288,7 +288,7 @@ def attach_native(launch, shape: tuple[int, int], out_dtype: torch.dtype, calls:
     """Give `launch` a NativeLaunch as `.native` and `.direct` when one can be made (the dispatch table and the
     tuner's timing call `.direct(a, b)`; verification calls `.native(a, b, out)`); `.native_why` says why not.
     `calls()` describes the launches for the current stream; it is only called when the table is loaded."""
-    from kernels import fastpath
+    from kernels.native import fastpath
 
     module = fastpath.loaded_module()
     if module is None:

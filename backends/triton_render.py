@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 
 import jinja2
 
-from kernels.problem import GemmProblem
-from kernels.templates_info import TEMPLATES_ROOT
+from kernels.core.problem import GemmProblem
+from kernels.space.families import TEMPLATES_ROOT
 
 TEMPLATE_DIR = TEMPLATES_ROOT / "triton"
 TRITON_TYPES = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32", "int8": "i8", "int32": "i32"}

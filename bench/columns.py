@@ -16,7 +16,7 @@ TEMPLATE_GROUPS = {"triton_mm": "triton", "triton_int8_mm": "triton", "triton_tm
                    "padded_triton": "padded",
                    "cutlass3x": "cutlass", "cutlass2x": "cutlass"}
 _PREFIX_BACKEND = (("cutlass", "cutlass"), ("triton_", "triton"), ("padded_", "padded"))
-# how the tuner records a candidate it left out because the problem is outside the template (kernels.autotune)
+# how the tuner records a candidate it left out because the problem is outside the template (kernels.tune.autotune)
 UNSUPPORTED = "unsupported: "
 
 

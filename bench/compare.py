@@ -24,8 +24,8 @@ from bench.progress import RunProgress
 from bench.report import PLOT_INSTALL, PlotError, print_table, pyplot, write_csv, write_json, write_plot
 from bench.results import Cell, Report, ShapeResult, summarize
 from bench.shapes import ShapesError, parse_shapes
-from kernels.autotune import prebuild
-from kernels.config import config
+from kernels.tune.autotune import prebuild
+from kernels.core.config import config
 
 # shapes larger than this (M*N*K) are too slow for the Triton interpreter / CPU
 CPU_MAX_MACS = 1 << 21
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace, no_gpu: bool, progress: RunProgress):
     progress.total = len(shapes)
     if args.bench_ms is not None:
         config.bench_budget_ms = args.bench_ms
-    # --only/--skip also narrow the tuner's candidates (kernels.candidates), so filtered ones are never compiled
+    # --only/--skip also narrow the tuner's candidates (kernels.tune.candidates), so filtered ones are never compiled
     config.only, config.skip = tuple(args.only or ()), tuple(args.skip or ())
     device = "cpu" if no_gpu else "cuda"
     if no_gpu:

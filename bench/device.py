@@ -10,8 +10,8 @@ from importlib import metadata
 import torch
 
 from bench.results import DeviceFacts
-from kernels.problem import DTYPES_BY_NAME
-from kernels.timing import measure
+from kernels.core.problem import DTYPES_BY_NAME
+from kernels.measure.timing import measure
 
 
 def _version(pkg: str) -> str:
@@ -55,7 +55,7 @@ def environment() -> dict:
            "triton": _version("triton"), "kernels": _version("kernels"), "nvcc": _nvcc_version(),
            "cuda_runtime": torch.version.cuda or "none"}
     try:
-        from kernels.version import __version__
+        from kernels.core.version import __version__
         env["kernels"] = __version__
     except ImportError:
         pass

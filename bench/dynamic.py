@@ -26,7 +26,7 @@ import time
 import traceback
 from pathlib import Path
 
-from kernels import dynamic_rules
+from kernels.space import dynamic_rules
 
 DEFAULT_SHAPES = "4096x12288,11008x4096"           # K x N
 DEFAULT_HINTS = ",".join(map(str, dynamic_rules.DEFAULT_HINTS))
@@ -243,8 +243,8 @@ class Bench:
 
     def measure(self, calls: dict, problem) -> dict[str, float | str]:
         """Time the callables fn(a, b) together over rotated input sets of this problem (kernels.timing)."""
-        from kernels.timing import measure_together
-        from kernels.verify import make_inputs, timing_sets
+        from kernels.measure.timing import measure_together
+        from kernels.measure.verify import make_inputs, timing_sets
 
         sets = timing_sets(problem, self.device, make_inputs(problem, self.device, seed=100), seed=101)
         n_sets = len(sets)
@@ -253,8 +253,8 @@ class Bench:
         return {name: t.median_ms for name, t in res.items()}
 
     def hint_tunes(self, k, n) -> dict:
-        from kernels import dynamic as dyn_mod
-        from kernels.problem import GemmProblem
+        from kernels.dispatch import dynamic as dyn_mod
+        from kernels.core.problem import GemmProblem
 
         a, b = self.inputs(self.args.hints[0], k, n, seed=1)
         secs, _ = self.timed_first_call(lambda: self.kernels.mm(a, b, dynamic=self.dyn["similarity"]))
@@ -269,7 +269,7 @@ class Bench:
     def hint_table(self, k, n, winners: dict) -> dict:
         """Before: kernels.mm(dynamic=Dynamic('m', hints=(H,))) - one hint's winner serves every M, through the same
         warm path as the rest (its hint problem is the one already tuned: nothing is re-tuned). After: all hints."""
-        from kernels.problem import GemmProblem
+        from kernels.core.problem import GemmProblem
 
         single = {h: self.kernels.Dynamic("m", hints=(int(h),), mode="similarity") for h in winners}
         rows: dict[str, dict] = {f"hint M={h} (before)": {} for h in winners}
@@ -302,7 +302,7 @@ class Bench:
         return {"runtime_m": list(self.args.hints), "rows": rows}
 
     def sweep_row(self, k, n, m) -> dict:
-        from kernels.problem import GemmProblem
+        from kernels.core.problem import GemmProblem
 
         a, b = self.inputs(m, k, n, seed=3)
         problem = GemmProblem.from_tensors("mm", a, b)
@@ -369,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--backends", default="aten,triton", help="KERNELS_BACKENDS for every tune (default %(default)s)")
     ap.add_argument("--buckets", default="pow2", help="benchmark-mode bucket rule")
     ap.add_argument("--bench-ms", type=float, default=None,
-                    help="kernels.config.bench_budget_ms for every tune, hints and static alike (default: config's)")
+                    help="kernels.core.config.bench_budget_ms for every tune, hints and static alike (default: config's)")
     ap.add_argument("--measure-ms", type=float, default=30.0, help="ms per callable when comparing (default 30)")
     ap.add_argument("--time-limit-s", type=float, default=330.0, help="whole-run budget; M left over are skipped")
     ap.add_argument("--cache-dir", default=None, help="default: a fresh temporary directory (cold tuning costs)")

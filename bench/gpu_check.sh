@@ -9,12 +9,12 @@
 #                                      full-exhaustive files, ~160 s for both dtypes on the H100)
 #   bash bench/gpu_check.sh collect    issue 6: the extra list's problems at 96 sampled configs (int8 appended to a
 #                                      copy of h100_train_extra_int8.csv, bf16 a new CSV). Ran in the eighth session:
-#                                      the new rows are data/perf/h100_train_extra2_int8.csv and h100_train_extra_bf16.csv
+#                                      the new rows are tools/perf_model/data/h100_train_extra2_int8.csv and h100_train_extra_bf16.csv
 #   bash bench/gpu_check.sh explore    issue 6: every int8 training problem again, at the shipped model's top 32 plus
 #                                      32 configs drawn per problem (--explore), into one new CSV
 #   bash bench/gpu_check.sh exhaustive issue 6: the fast preset against a full exhaustive benchmark (20-190 s a problem)
 #   bash bench/gpu_check.sh truth      issue 6: every exhaustive candidate timed on the held-out problems not yet in
-#                                      data/perf/h100_heldout_full_*.csv.gz (offline ground truth for `model eval`)
+#                                      tools/perf_model/data/h100_heldout_full_*.csv.gz (offline ground truth for `model eval`)
 #   bash bench/gpu_check.sh relabel    issue 6: GPU time of the short problems' candidates (`model relabel`): the
 #                                      held-out ones' 96 fastest, then every candidate of the training files' ones
 # (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)
@@ -56,18 +56,18 @@ dynamic)
   ;;
 collect)
   # 18 int8 + 32 bf16 problems took 322 s on the H100 (eighth session); --resume skips what the copy already holds
-  cp data/perf/h100_train_extra_int8.csv "$OUT/"
-  timeout 280 python3 -m kernels model collect --shapes data/perf/shapes_train_extra.txt --dtypes int8 --resume \
+  cp tools/perf_model/data/h100_train_extra_int8.csv "$OUT/"
+  timeout 280 python3 -m tools.perf_model collect --shapes tools/perf_model/data/shapes_train_extra.txt --dtypes int8 --resume \
     --max-configs 96 --time-limit 240 --out "$OUT/h100_train_extra_int8.csv" 2>&1 | tail -16
-  timeout 280 python3 -m kernels model collect --shapes data/perf/shapes_train_extra.txt --dtypes bf16 \
+  timeout 280 python3 -m tools.perf_model collect --shapes tools/perf_model/data/shapes_train_extra.txt --dtypes bf16 \
     --max-configs 96 --time-limit 240 --out "$OUT/h100_train_extra_bf16.csv" 2>&1 | tail -16
   ;;
 explore)
   # train, thin, then extra shape lists into one file; each list gets what is left of ~270 s
-  # (EXPLORE_SHAPES: other lists, e.g. data/perf/shapes_train_skinny.txt, the eleventh session's)
-  for shapes in ${EXPLORE_SHAPES:-train data/perf/shapes_train_thin.txt data/perf/shapes_train_extra.txt}; do
+  # (EXPLORE_SHAPES: other lists, e.g. tools/perf_model/data/shapes_train_skinny.txt, the eleventh session's)
+  for shapes in ${EXPLORE_SHAPES:-train tools/perf_model/data/shapes_train_thin.txt tools/perf_model/data/shapes_train_extra.txt}; do
     left=$((270 - SECONDS)); [ "$left" -gt 20 ] || break
-    timeout $((left + 30)) python3 -m kernels model collect --shapes "$shapes" --dtypes int8 --explore --resume \
+    timeout $((left + 30)) python3 -m tools.perf_model collect --shapes "$shapes" --dtypes int8 --explore --resume \
       --max-configs 64 --time-limit "$left" --out "$OUT/h100_explore_int8.csv" 2>&1 | tail -4
   done
   ;;
@@ -84,12 +84,12 @@ exhaustive)
 truth)
   # TRUTH_DTYPE (int8 or bf16, default int8): the held-out list, resumed against the committed ground truth (problems
   # already there are skipped); only the new problems' rows come back, as $OUT/h100_heldout_full_<dtype>_new.csv.gz
-  # (append: gzip -dc NEW | tail -n +2 | gzip >> data/perf/h100_heldout_full_<dtype>.csv.gz). 20-190 s a problem.
+  # (append: gzip -dc NEW | tail -n +2 | gzip >> tools/perf_model/data/h100_heldout_full_<dtype>.csv.gz). 20-190 s a problem.
   # A warm machine keeps the last call's rows in /tmp: resume from them unless the committed file is ahead.
   dtype=${TRUTH_DTYPE:-int8}; truth=/tmp/h100_heldout_full_$dtype.csv
-  committed=data/perf/h100_heldout_full_$dtype.csv.gz; before=$(gzip -dc "$committed" | wc -l)
+  committed=tools/perf_model/data/h100_heldout_full_$dtype.csv.gz; before=$(gzip -dc "$committed" | wc -l)
   if [ ! -f "$truth" ] || [ "$(wc -l < "$truth")" -lt "$before" ]; then gzip -dc "$committed" > "$truth"; fi
-  timeout "${TRUTH_TIMEOUT:-570}" python3 -m kernels model collect --dtypes "$dtype" --max-configs 0 \
+  timeout "${TRUTH_TIMEOUT:-570}" python3 -m tools.perf_model collect --dtypes "$dtype" --max-configs 0 \
     --time-limit "${TRUTH_S:-420}" --shapes heldout --resume --out "$truth" 2>&1 | grep -v Warning \
     | tee "$OUT/truth_$dtype.txt" | tail -16
   { head -1 "$truth"; tail -n +$((before + 1)) "$truth"; } | gzip > "$OUT/h100_heldout_full_${dtype}_new.csv.gz"
@@ -101,19 +101,19 @@ relabel)
   # machine resumes from its /tmp files. Both come back gzipped.
   limit=${RELABEL_S:-480}; held=/tmp/h100_heldout_gpu.csv; train=/tmp/h100_train_gpu.csv
   held_s=$limit; [ "${RELABEL_TRAIN:-1}" = 0 ] || held_s=$((limit / 4))
-  timeout $((limit + 60)) python3 -m kernels model relabel --top "${RELABEL_TOP:-96}" --time-limit "$held_s" \
+  timeout $((limit + 60)) python3 -m tools.perf_model relabel --top "${RELABEL_TOP:-96}" --time-limit "$held_s" \
     --below-us "${RELABEL_HELD_US:-25}" --out "$held" \
-    --data data/perf/h100_heldout_full_int8.csv.gz data/perf/h100_heldout_full_bf16.csv.gz 2>&1 | tail -16
+    --data tools/perf_model/data/h100_heldout_full_int8.csv.gz tools/perf_model/data/h100_heldout_full_bf16.csv.gz 2>&1 | tail -16
   left=$((limit - SECONDS)); [ "${RELABEL_TRAIN:-1}" != 0 ] && [ "$left" -gt 20 ] && \
-    timeout $((left + 60)) python3 -m kernels model relabel --time-limit "$left" --out "$train" \
-      --data data/perf/h100_train_*.csv data/perf/h100_explore_*.csv 2>&1 | tail -70
+    timeout $((left + 60)) python3 -m tools.perf_model relabel --time-limit "$left" --out "$train" \
+      --data tools/perf_model/data/h100_train_*.csv tools/perf_model/data/h100_explore_*.csv 2>&1 | tail -70
   for f in "$held" "$train"; do [ -f "$f" ] && gzip -c "$f" > "$OUT/$(basename "$f").gz"; done
   ;;
 fast)
   # FAST_DATA: the reference datasets (default the 48-96-config samples; the full-exhaustive ground truth is
-  # data/perf/h100_heldout_full_{bf16,int8}.csv.gz); FAST_S (default 500): start no new problem after this
+  # tools/perf_model/data/h100_heldout_full_{bf16,int8}.csv.gz); FAST_S (default 500): start no new problem after this
   # FAST_TAG: a suffix for the output files (e.g. a run with KERNELS_PERF_MODEL=<another model's .json>)
-  data=${FAST_DATA:-data/perf/h100_heldout_bf16.csv data/perf/h100_heldout_int8.csv}; limit=${FAST_S:-500}
+  data=${FAST_DATA:-tools/perf_model/data/h100_heldout_bf16.csv tools/perf_model/data/h100_heldout_int8.csv}; limit=${FAST_S:-500}
   tag=${FAST_TAG:+_$FAST_TAG}
   # shellcheck disable=SC2086 - $data is a list of paths
   timeout $((limit + 60)) python3 -m experiments.fast_preset --data $data \

@@ -13,14 +13,14 @@ import kernels
 from bench.columns import Column, NameFilter, pick_best
 from bench.results import Cell, DeviceFacts, KernelsMmResult
 from bench.shapes import Shape
-from kernels.autotune import fingerprint, tune
-from kernels.cache import SelectionStore, store_key
-from kernels.config import config
-from kernels.errors import NoCandidateError
-from kernels.problem import DTYPES_BY_NAME, GemmProblem
-from kernels.selection import Selection
-from kernels.timing import measure_together
-from kernels.verify import check, make_inputs, reference, timing_sets
+from kernels.tune.autotune import fingerprint, tune
+from kernels.store.selections import SelectionStore, store_key
+from kernels.core.config import config
+from kernels.core.errors import NoCandidateError
+from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
+from kernels.core.selection import Selection
+from kernels.measure.timing import measure_together
+from kernels.measure.verify import check, make_inputs, reference, timing_sets
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
 

@@ -33,11 +33,11 @@ SUITES = {"core": (BF16, INT8), "issue3": (ISSUE3_BF16, ISSUE3_INT8)}
 def side_by_side(op: str, m: int, n: int, k: int, b_layout: str = "row") -> dict:
     import kernels
     from backends.base import Runner
-    from kernels.autotune import _user_call
-    from kernels.choice import Choice
-    from kernels.problem import GemmProblem
-    from kernels.timing import measure_together
-    from kernels.verify import make_inputs, timing_sets
+    from kernels.tune.autotune import _user_call
+    from kernels.core.choice import Choice
+    from kernels.core.problem import GemmProblem
+    from kernels.measure.timing import measure_together
+    from kernels.measure.verify import make_inputs, timing_sets
 
     dtype = torch.int8 if op == "int_mm" else torch.bfloat16
     a, b = make_inputs(GemmProblem.from_tensors(op, *_probe(dtype, m, n, k, b_layout)), "cuda", seed=1)
@@ -77,7 +77,7 @@ def side_by_side(op: str, m: int, n: int, k: int, b_layout: str = "row") -> dict
 
 def graph_us(fn, a, b) -> float:
     """GPU time per call without host cost (kernels.timing.device_time_ms: the measurement tuning uses)."""
-    from kernels.timing import device_time_ms
+    from kernels.measure.timing import device_time_ms
 
     ms = device_time_ms(lambda i: fn(a, b), 1)
     if ms is None:
@@ -97,7 +97,7 @@ def host_cost(n_calls: int = 3000) -> dict:
     a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
     kernels.mm(a, b)
-    from kernels import api
+    from kernels.dispatch import api
 
     res = {}
     fast_call = api._fast_call
@@ -122,7 +122,7 @@ def host_cost(n_calls: int = 3000) -> dict:
             api._fast_call = fast_call
         res[name] = min(res.get(name, 1e9), host)
     res["fastpath"] = kernels.fastpath_status()
-    from kernels.api import _fast_key
+    from kernels.dispatch.api import _fast_key
 
     for name, fn in (("fast_key", lambda: _fast_key("mm", a, b)),
                      ("torch.empty", lambda: torch.empty((64, 64), dtype=torch.bfloat16, device="cuda"))):

@@ -7,7 +7,7 @@ the exhaustive search space built and timed), in one process, the two winners th
     python -m experiments.exhaustive_reference --problems int8:4000x4000x320,bf16:96x22016x4096 --time-limit-s 250
 
 A full exhaustive tune took 20-190 s per problem on the H100 (900-2,700 candidates). Where the full exhaustive timings
-are already on file (`data/perf/h100_heldout_full_*.csv.gz`, `bash bench/gpu_check.sh truth`), `experiments.fast_preset
+are already on file (`tools/perf_model/data/h100_heldout_full_*.csv.gz`, `bash bench/gpu_check.sh truth`), `experiments.fast_preset
 --data` on those files makes the same comparison without tuning every candidate again.
 """
 from __future__ import annotations
@@ -38,8 +38,8 @@ def compare(problem, backends: tuple[str, ...], repeats: int = 3, budget_ms: flo
     `truth_csv`: every exhaustive candidate's timing is appended there (the dataset format of `model collect`), the
     offline ground truth `python -m kernels model eval` scores a model's top k against."""
     from experiments.fast_preset import tuned, timed_together
-    from kernels.config import config
-    from kernels.verify import make_inputs
+    from kernels.core.config import config
+    from kernels.measure.verify import make_inputs
 
     saved = dict(config._overrides)
     try:
@@ -58,7 +58,7 @@ def compare(problem, backends: tuple[str, ...], repeats: int = 3, budget_ms: flo
             fast_ms, full_ms = timed_together(problem, first, fast["runner"].launch, full["runner"].launch, budget_ms)
             ratios.append(fast_ms / full_ms)
     if truth_csv:
-        from kernels.perf_data import append_rows, run_env, selection_rows
+        from tools.perf_model.data import append_rows, run_env, selection_rows
 
         append_rows(truth_csv, selection_rows(full["selection"], run_env()))
     for r in (fast, full):

@@ -3,13 +3,12 @@
 
 Issue 6 end to end on a GPU: tune problems with KERNELS_PRESET=fast (exhaustive search space, only the performance
 model's top 5 per backend built and timed, aten beside them) and compare each winner's time with the best of every
-candidate timed for the same problem in a dataset collected on this GPU (`python -m kernels model collect`). Then a
+candidate timed for the same problem in a dataset collected on this GPU (`python -m tools.perf_model collect`). Then a
 new shape whose binaries are already built (same N, K; another M) is tuned and timed.
 
-    python -m experiments.fast_preset --data data/perf/h100_heldout_bf16.csv data/perf/h100_heldout_int8.csv \
-        --json out.json
+    python -m experiments.fast_preset --data tools/perf_model/data/h100_heldout_bf16.csv tools/perf_model/data/h100_heldout_int8.csv --json out.json
 
-With the full-exhaustive files (`data/perf/h100_heldout_full_{bf16,int8}.csv.gz`) the dataset's best is the full
+With the full-exhaustive files (`tools/perf_model/data/h100_heldout_full_{bf16,int8}.csv.gz`) the dataset's best is the full
 exhaustive benchmark's winner.
 
 The dataset's times come from another process (and an older launch path), so each winner is also timed side by
@@ -29,14 +28,14 @@ import time
 
 import torch
 
-from kernels.autotune import HOST_BOUND_MAX_MS
-from kernels.templates_info import one_launch
+from kernels.tune.autotune import HOST_BOUND_MAX_MS
+from kernels.space.families import one_launch
 
 
 def _reference(paths: list[str]) -> dict[tuple, dict]:
     """(op, dtype, m, n, k) -> {'best_ms', 'best', 'best_choice', 'candidates', 'label'} over every timed row (aten
     included). Problems with GPU times (`model relabel`) are ranked by them (label 'gpu'), others by call time."""
-    from kernels.perf_data import gpu_labelled, read_dataset
+    from tools.perf_model.data import gpu_labelled, read_dataset
 
     rows, _ = read_dataset(paths)
     gpu = torch.cuda.get_device_name()
@@ -60,8 +59,8 @@ def _side_by_side(problem, fast_runner, best_choice) -> dict:
     """The fast preset's winner and the dataset's best choice (built now, verified) timed together in this process,
     the way tuning re-times its finalists: the ratio without another run's clocks and host in it."""
     from backends import get_backend
-    from kernels.config import config
-    from kernels.verify import make_inputs, reference, verify_launch
+    from kernels.core.config import config
+    from kernels.measure.verify import make_inputs, reference, verify_launch
 
     if best_choice.name == fast_runner.choice.name:
         return {"fast_ms": None, "best_ms": None, "ratio": 1.0, "gpu_ratio": 1.0, "note": "same choice"}
@@ -90,8 +89,8 @@ def _side_by_side(problem, fast_runner, best_choice) -> dict:
 
 def gpu_times(problem, first: tuple, launch_a, launch_b) -> tuple[float | None, float | None]:
     """GPU ms per call of two launches (kernels.timing.device_time_ms) over the rotated input sets."""
-    from kernels.timing import device_time_ms, user_call
-    from kernels.verify import timing_sets
+    from kernels.measure.timing import device_time_ms, user_call
+    from kernels.measure.verify import timing_sets
 
     sets = timing_sets(problem, "cuda", first, seed=2)
     return (device_time_ms(user_call(launch_a, sets), len(sets)),
@@ -101,8 +100,8 @@ def gpu_times(problem, first: tuple, launch_a, launch_b) -> tuple[float | None, 
 def timed_together(problem, first: tuple, launch_a, launch_b, budget_ms: float) -> tuple[float, float]:
     """Median ms per user call of two launches re-timed side by side (measure_together, tuning's final round) over
     the rotated input sets that start with `first`."""
-    from kernels.timing import measure_together, user_call
-    from kernels.verify import timing_sets
+    from kernels.measure.timing import measure_together, user_call
+    from kernels.measure.verify import timing_sets
 
     device = "cuda" if problem.device == "cuda" else "cpu"
     sets = timing_sets(problem, device, first, seed=2)
@@ -145,7 +144,7 @@ def _geomean(values: list[float]) -> float:
 
 def cuda_problem(op: str, dtype: str, m: int, n: int, k: int):
     """The GemmProblem of row-major (m, k) x (k, n) operands of `dtype` on this GPU."""
-    from kernels.problem import DTYPES_BY_NAME, GemmProblem
+    from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
 
     t = DTYPES_BY_NAME[dtype]
     a = torch.empty(m, k, device="cuda", dtype=t)
@@ -156,8 +155,8 @@ def cuda_problem(op: str, dtype: str, m: int, n: int, k: int):
 def tuned(problem, backends) -> dict:
     """Tune `problem` under the current config: winner, its time, seconds, compiles and benchmarks it cost, notes;
     plus "runner" and "selection" (objects, for the caller to use and pop before writing JSON)."""
-    from kernels import counters
-    from kernels.autotune import tune
+    from kernels.core import counters
+    from kernels.tune.autotune import tune
 
     before = counters.snapshot()
     t0 = time.perf_counter()
@@ -174,14 +173,15 @@ def tuned(problem, backends) -> dict:
 
 def finalists(sel) -> dict[str, dict]:
     """The final round's first-pass, re-timed and GPU times per finalist (ms): what a surprising pick is read by."""
-    from kernels.selection import ROUND_KEYS
+    from kernels.core.selection import ROUND_KEYS
 
     return {n: {k: d[k] for k in ROUND_KEYS if k in d} for n, d in sel.details.items() if "retimed_ms" in d}
 
 
 def _ranking() -> dict:
     """How the top k were ranked in this run (the settings a later reader cannot see in the rows)."""
-    from kernels import candidates, perf_model
+    from kernels.tune import candidates
+    from kernels.space import perf_model
 
     return {"ensemble": perf_model.ENSEMBLE_PICKS, "analytic_share": perf_model.ANALYTIC_SHARE,
             "analytic_share_by_dtype": perf_model.ANALYTIC_SHARE_BY_DTYPE,
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import kernels
-    from kernels.perf_model import model_for
+    from kernels.space.perf_model import model_for
 
     os.environ["KERNELS_CACHE_DIR"] = tempfile.mkdtemp(prefix="kernels_fast_")
     kernels.config.preset = "fast"

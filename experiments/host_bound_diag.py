@@ -27,8 +27,8 @@ def main(argv=None) -> int:
     import torch
 
     from experiments.fast_preset import cuda_problem
-    from kernels.autotune import tune
-    from kernels.config import config
+    from kernels.tune.autotune import tune
+    from kernels.core.config import config
 
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (host-bound timing is what it looks at)")

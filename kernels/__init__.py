@@ -5,11 +5,33 @@
     c = kernels.int_mm(a8, b8)      # int8 x int8 -> int32
     kernels.explain(a, b).winner
     c = kernels.mm(x, w, dynamic="m")   # M varies: one winner per size hint, each new M served by one of them
-"""
-from kernels.api import clear_memory_cache, explain, fastpath_status, int_mm, load_fastpath, mm, stats
-from kernels.config import config
-from kernels.dynamic import Dynamic
-from kernels.version import __version__
 
-__all__ = ["mm", "int_mm", "explain", "stats", "config", "clear_memory_cache", "Dynamic", "fastpath_status",
-           "load_fastpath", "__version__"]
+The package root is lazy (PEP 562): `import kernels.core.problem` (a backend, a compile worker, a tool) does not
+load the dispatch and tuning chain; `kernels.mm` does, on first access.
+"""
+from __future__ import annotations
+
+import importlib
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "mm": "kernels.dispatch.api", "int_mm": "kernels.dispatch.api", "explain": "kernels.dispatch.api",
+    "stats": "kernels.dispatch.api", "clear_memory_cache": "kernels.dispatch.api",
+    "fastpath_status": "kernels.dispatch.api", "load_fastpath": "kernels.dispatch.api",
+    "Dynamic": "kernels.dispatch.dynamic", "config": "kernels.core.config", "__version__": "kernels.core.version",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value          # later lookups skip __getattr__: warm calls pay one dict lookup, as before
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,5 +1,5 @@
 """Shared helpers for the CUTLASS tests: problems described without tensors."""
-from kernels.problem import GemmProblem
+from kernels.core.problem import GemmProblem
 
 
 def strides(rows: int, cols: int, layout: str) -> tuple[int, int]:

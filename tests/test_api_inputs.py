@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import kernels
-from kernels.errors import InputTypeError, InputValueError
+from kernels.core.errors import InputTypeError, InputValueError
 
 
 def t(*shape, dtype=torch.float16):

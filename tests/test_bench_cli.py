@@ -58,9 +58,9 @@ def test_bad_shapes_file_is_a_usage_error(tmp_path):
 
 
 def test_selection_table_with_rounds_lists_every_timed_choice_fastest_first_with_its_round_times():
-    from kernels.choice import Choice
-    from kernels.problem import GemmProblem
-    from kernels.selection import Selection
+    from kernels.core.choice import Choice
+    from kernels.core.problem import GemmProblem
+    from kernels.core.selection import Selection
 
     problem = GemmProblem.from_tensors("mm", torch.empty(64, 64), torch.empty(64, 64))
     sel = Selection(problem, "fast", {n: Choice("aten", n, "fp32") for n in ("fast", "slow", "broken")},

@@ -3,7 +3,7 @@ import pytest
 
 from bench.columns import Column, ColumnError, NameFilter, parse_columns, pick_best, tuned_backends
 from bench.compare import build_parser, resolve_defaults
-from kernels.choice import Choice
+from kernels.core.choice import Choice
 
 
 def test_parser_defaults_and_choices():

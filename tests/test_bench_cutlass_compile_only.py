@@ -7,7 +7,7 @@ import pytest
 from backends import get_backend
 from bench.columns import Column
 from bench.measure import cutlass_compile_cell
-from kernels.toolchain import resolve
+from kernels.core.toolchain import resolve
 from tests.test_heuristics import problem
 
 TOOLS = resolve()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bench import dynamic as bd
-from kernels.config import interpret_mode
+from kernels.core.config import interpret_mode
 from tests.conftest import REPO
 
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import kernels
-from kernels.cache import SelectionStore
-from kernels.choice import Choice
-from kernels.config import interpret_mode
-from kernels.selection import Selection
+from kernels.store.selections import SelectionStore
+from kernels.core.choice import Choice
+from kernels.core.config import interpret_mode
+from kernels.core.selection import Selection
 from tests.conftest import run_python
 from tests.test_heuristics import problem
 

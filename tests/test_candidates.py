@@ -8,12 +8,12 @@ import torch
 import kernels
 from backends import get_backend
 from kernels import config
-from kernels.autotune import fingerprint, tune
-from kernels.candidates import narrow
-from kernels.choice import Choice
-from kernels.heuristics import GemmConfig
-from kernels.perf_model import AnalyticModel
-from kernels.problem import GemmProblem
+from kernels.tune.autotune import fingerprint, tune
+from kernels.tune.candidates import narrow
+from kernels.core.choice import Choice
+from kernels.space.heuristics import GemmConfig
+from kernels.space.perf_model import AnalyticModel
+from kernels.core.problem import GemmProblem
 
 GPU = "NVIDIA H100 80GB HBM3"
 
@@ -118,7 +118,7 @@ def test_top_k_keeps_the_models_best_in_original_order():
 
 
 def test_top_k_takes_an_already_built_choice_predicted_within_the_warm_tie(monkeypatch):
-    from kernels.candidates import WARM_TIE
+    from kernels.tune.candidates import WARM_TIE
 
     p = problem()
     config.search_space = "exhaustive"
@@ -158,7 +158,7 @@ def test_default_benchmark_space_and_sample_are_deterministic():
 
 
 def test_explore_space_times_the_models_favourites_and_a_draw_per_problem():
-    from kernels.perf_model import model_for, top_k
+    from kernels.space.perf_model import model_for, top_k
 
     config.search_space = "exhaustive"
     config.benchmark_space = "explore:20"

@@ -2,8 +2,8 @@ import ast
 
 from backends.triton_render import render
 from backends.triton_templates import family
-from kernels.choice import Choice
-from kernels.heuristics import GemmConfig
+from kernels.core.choice import Choice
+from kernels.space.heuristics import GemmConfig
 from tests.test_heuristics import problem
 
 

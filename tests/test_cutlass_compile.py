@@ -12,9 +12,9 @@ import pytest
 
 from backends.cutlass import ArtifactPaths, CutlassBackend, run_ninja
 from backends.cutlass_render import BuildJob, render, spec_for
-from kernels.choice import Choice
-from kernels.heuristics_cutlass import CutlassConfig
-from kernels.toolchain import resolve
+from kernels.core.choice import Choice
+from kernels.space.heuristics_cutlass import CutlassConfig
+from kernels.core.toolchain import resolve
 from tests.cutlass_util import problem
 
 TOOLS = resolve()

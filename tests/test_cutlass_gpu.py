@@ -11,8 +11,8 @@ import torch
 import kernels
 from backends import get_backend
 from backends.cutlass import publish_marker
-from kernels.problem import GemmProblem
-from kernels.timing import Timing
+from kernels.core.problem import GemmProblem
+from kernels.measure.timing import Timing
 
 pytestmark = pytest.mark.gpu
 

@@ -4,10 +4,10 @@ import re
 import pytest
 
 from backends.cutlass import CutlassBackend
-from kernels.config import config
-from kernels.heuristics_cutlass import (CutlassConfig, config_pool, kernel_operands, ranked_configs, score,
+from kernels.core.config import config
+from kernels.space.heuristics_cutlass import (CutlassConfig, config_pool, kernel_operands, ranked_configs, score,
                                         supports_cutlass)
-from kernels.toolchain import Toolchain
+from kernels.core.toolchain import Toolchain
 from tests.cutlass_util import problem
 
 SM90, SM80 = "cutlass3x_sm90_mm", "cutlass2x_sm80_mm"
@@ -113,7 +113,7 @@ def test_ranking_prefers_small_tiles_or_stream_k_for_small_m():
 
 
 def _backend():
-    from kernels.toolchain import resolve
+    from kernels.core.toolchain import resolve
 
     return CutlassBackend(Toolchain(resolve().cutlass, None, "13.0.0"))
 

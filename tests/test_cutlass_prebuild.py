@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from backends.cutlass import CutlassBackend
-from kernels.toolchain import resolve
+from kernels.core.toolchain import resolve
 from tests.cutlass_util import problem
 
 TOOLS = resolve()
@@ -41,8 +41,8 @@ def test_prebuild_builds_a_suite_in_one_batch_and_the_builds_after_compile_nothi
 
 
 def test_autotune_prebuild_uses_the_tuners_choices(batches):
-    from kernels.autotune import prebuild
-    from kernels.config import config
+    from kernels.tune.autotune import prebuild
+    from kernels.core.config import config
 
     config.cutlass_max_profiling_configs = 2
     problems = [problem(), problem(64, 4096, 4096)]

@@ -6,8 +6,8 @@ from pathlib import Path
 from backends.cutlass import ArtifactPaths, artifact_valid, publish_marker
 from backends.isolated_child import TAG, _parse
 from backends.cutlass_render import BuildJob, build_key, ninja_text, render, spec_for
-from kernels.choice import Choice
-from kernels.heuristics_cutlass import CutlassConfig
+from kernels.core.choice import Choice
+from kernels.space.heuristics_cutlass import CutlassConfig
 from tests.cutlass_util import problem
 
 

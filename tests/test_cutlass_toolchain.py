@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels import toolchain
+from kernels.core import toolchain
 
 
 def fake_cutlass(root: Path, version=(3, 9, 1)) -> Path:

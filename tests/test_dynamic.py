@@ -8,13 +8,14 @@ import torch
 
 import kernels
 from backends.triton_templates import family
-from kernels import api, counters
-from kernels import dynamic as dyn_mod
-from kernels.config import interpret_mode
-from kernels.dynamic import BucketStore, Dynamic
-from kernels.dynamic_rules import nearest
-from kernels.errors import InputTypeError, InputValueError
-from kernels.problem import GemmProblem
+from kernels.dispatch import api
+from kernels.core import counters
+from kernels.dispatch import dynamic as dyn_mod
+from kernels.core.config import interpret_mode
+from kernels.dispatch.dynamic import BucketStore, Dynamic
+from kernels.space.dynamic_rules import nearest
+from kernels.core.errors import InputTypeError, InputValueError
+from kernels.core.problem import GemmProblem
 from tests.conftest import run_python
 
 pytestmark = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
@@ -259,8 +260,8 @@ def test_bucket_decisions_persist_across_processes(isolated_cache):
 
 def test_aten_limits_make_a_hint_winner_unusable_for_a_shape():
     """torch._int_mm needs M > 16 on CUDA: a hint winner that is aten_int_mm cannot serve M=8 (pure: no GPU used)."""
-    from kernels.choice import Choice
-    from kernels.selection import Selection
+    from kernels.core.choice import Choice
+    from kernels.core.selection import Selection
 
     base = GemmProblem(op="int_mm", m=64, n=64, k=64, dtype="int8", out_dtype="int32", stride_a=(64, 1),
                        stride_b=(64, 1), align_a=16, align_b=16, device="cuda", arch=90, device_name="gpu")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import kernels
-from kernels import counters
-from kernels import dynamic as dyn_mod
+from kernels.core import counters
+from kernels.dispatch import dynamic as dyn_mod
 from tests.conftest import run_python
 
 pytestmark = pytest.mark.gpu

@@ -4,11 +4,11 @@ import math
 import pytest
 
 import kernels
-from kernels.dynamic import Dynamic, resolve, substitute
-from kernels.dynamic_rules import (DEFAULT_HINTS, BucketRule, bucket_id, hints_for, log2_distance, nearest, parse_buckets,
+from kernels.dispatch.dynamic import Dynamic, resolve, substitute
+from kernels.space.dynamic_rules import (DEFAULT_HINTS, BucketRule, bucket_id, hints_for, log2_distance, nearest, parse_buckets,
                                    parse_dims, parse_hints, parse_mode)
-from kernels.errors import InputTypeError, InputValueError
-from kernels.problem import GemmProblem
+from kernels.core.errors import InputTypeError, InputValueError
+from kernels.core.problem import GemmProblem
 
 
 def prob(m=64, n=48, k=32, sa=None, sb=None, dynamic=()):
@@ -141,7 +141,7 @@ def test_substitute_keeps_layouts_and_padding():
 
 
 def test_outside_hints_is_below_the_smallest_or_above_the_largest():
-    from kernels.dynamic_rules import outside_hints
+    from kernels.space.dynamic_rules import outside_hints
 
     points = [{"m": 64}, {"m": 256}, {"m": 4096}]
     assert outside_hints({"m": 1}, points) and outside_hints({"m": 31}, points) and outside_hints({"m": 8193}, points)
@@ -154,10 +154,10 @@ def test_outside_hints_is_below_the_smallest_or_above_the_largest():
 def test_similarity_extrapolates_with_the_aten_winner():
     """Below the smallest hint, a hint's fixed Triton tile is extrapolated; the aten winner of another hint is
     not (cuBLAS picks per call), so it serves. Inside the hints, the nearest hint still serves."""
-    from kernels.choice import Choice
-    from kernels.dynamic import Dynamic, Family, HintWinner, resolve, substitute
-    from kernels.heuristics import GemmConfig
-    from kernels.selection import Selection
+    from kernels.core.choice import Choice
+    from kernels.dispatch.dynamic import Dynamic, Family, HintWinner, resolve, substitute
+    from kernels.space.heuristics import GemmConfig
+    from kernels.core.selection import Selection
     from tests.test_heuristics import problem
 
     base = problem(m=64, n=4096, k=11008)
@@ -180,7 +180,7 @@ def test_similarity_extrapolates_with_the_aten_winner():
 
 
 def test_waves_count_rounds_of_programs_over_the_sms():
-    from kernels.dynamic_rules import waves
+    from kernels.space.dynamic_rules import waves
 
     assert waves(64, 4096, 64, 32, 1, 132) == 1 and waves(74, 4096, 64, 32, 1, 132) == 2     # 128 -> 256 programs
     assert waves(64, 4096, 64, 64, 1, 132) == waves(128, 4096, 64, 64, 1, 132) == 1         # 64 -> 128 programs
@@ -190,8 +190,8 @@ def test_waves_count_rounds_of_programs_over_the_sms():
 
 def _family(winners_by_m, runners_up=()):
     """A similarity/benchmark Family over K=11008, N=4096 with the given hint winners (no tuning, no GPU)."""
-    from kernels.dynamic import Dynamic, Family, HintWinner, resolve, substitute
-    from kernels.selection import Selection
+    from kernels.dispatch.dynamic import Dynamic, Family, HintWinner, resolve, substitute
+    from kernels.core.selection import Selection
     from tests.test_heuristics import problem
 
     base = problem(m=64, n=4096, k=11008)
@@ -211,9 +211,9 @@ def test_similarity_does_not_stretch_a_tile_past_its_step():
     """The nearest hint below whose tile's grid would take another round over the SMs here gives way to the
     nearest hint above; a tile whose grid still fits one round keeps serving (the two H100 sweeps at K=11008,
     N=4096: a 64x32 tile from M=74 on, a 64x64 tile only from M=129 on)."""
-    from kernels.choice import Choice
-    from kernels.dynamic import substitute
-    from kernels.heuristics import GemmConfig
+    from kernels.core.choice import Choice
+    from kernels.dispatch.dynamic import substitute
+    from kernels.space.heuristics import GemmConfig
 
     aten = Choice("aten", "aten_mm", "bf16")
     for tile, cases in ((GemmConfig(64, 32, 128, 5, 4), ((64, "m=64"), (50, "m=64"), (74, "m=256"), (110, "m=256"),
@@ -231,12 +231,12 @@ def test_similarity_does_not_stretch_a_tile_past_its_step():
 
 def test_benchmark_pool_holds_each_hints_runners_up(monkeypatch, tmp_path):
     """Benchmark mode times each hint's winner and runners-up: a runner-up of hint 256 may serve M=357."""
-    from kernels import dynamic as dyn_mod
-    from kernels.config import config
-    from kernels.dynamic import BucketStore, substitute
-    from kernels.heuristics import GemmConfig
+    from kernels.dispatch import dynamic as dyn_mod
+    from kernels.core.config import config
+    from kernels.dispatch.dynamic import BucketStore, substitute
+    from kernels.space.heuristics import GemmConfig
 
-    from kernels.choice import Choice
+    from kernels.core.choice import Choice
 
     aten = Choice("aten", "aten_mm", "bf16")
     t64 = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 32, 128, 5, 4))
@@ -270,7 +270,7 @@ def test_benchmark_pool_holds_each_hints_runners_up(monkeypatch, tmp_path):
 
 
 def test_probe_sizes_are_the_runtime_size_and_the_bucket_edges():
-    from kernels.dynamic_rules import BucketRule, probe_sizes
+    from kernels.space.dynamic_rules import BucketRule, probe_sizes
 
     pow2 = BucketRule("pow2")
     assert probe_sizes(pow2, {"m": 3}) == [{"m": 3}, {"m": 4}]                  # (2, 4]: 3 is the first size
@@ -283,7 +283,7 @@ def test_probe_sizes_are_the_runtime_size_and_the_bucket_edges():
 
 
 def test_worst_ratio_over_probes():
-    from kernels.dynamic_rules import worst_ratio
+    from kernels.space.dynamic_rules import worst_ratio
 
     at_3 = {"aten": 0.036, "split": 0.035, "tile": "crashed"}
     at_4 = {"aten": 0.045, "split": 0.036}
@@ -297,11 +297,11 @@ def _split_k_vs_aten_bucket(monkeypatch, tmp_path, per_m):
     """The (2, 4] bucket at K=11008, N=4096 with two hint winners, split-K (M=64) and aten (M=256), one candidate
     each, benchmark_choices faked from `per_m` (M -> name -> ms, keyed 'aten' / 'split'). Returns (aten, split, fam,
     the M=3 runtime problem, the M values benchmarked so far)."""
-    from kernels import dynamic as dyn_mod
-    from kernels.choice import Choice
-    from kernels.config import config
-    from kernels.dynamic import BucketStore, substitute
-    from kernels.heuristics import GemmConfig
+    from kernels.dispatch import dynamic as dyn_mod
+    from kernels.core.choice import Choice
+    from kernels.core.config import config
+    from kernels.dispatch.dynamic import BucketStore, substitute
+    from kernels.space.heuristics import GemmConfig
 
     aten = Choice("aten", "aten_mm", "bf16")
     split = Choice("triton", "split_k", "bf16", GemmConfig(16, 64, 64, 4, 4), (("split", 4),))
@@ -324,8 +324,8 @@ def test_bucket_edges_are_benchmarked_too(monkeypatch, tmp_path):
     M=3 alone, aten wins the (2, 4] bucket on the simpler-choice tie (within the tuning tolerance: the bucket is
     memory-bound) and serves M=4 at 1.23x. With the edge timed too, the choice that holds up over the whole bucket
     wins."""
-    from kernels.config import config
-    from kernels.dynamic import BucketStore
+    from kernels.core.config import config
+    from kernels.dispatch.dynamic import BucketStore
 
     per_m = {3: {"aten": 0.0356, "split": 0.0354}, 4: {"aten": 0.0455, "split": 0.0369}}
     aten, split, fam, runtime, seen = _split_k_vs_aten_bucket(monkeypatch, tmp_path, per_m)
@@ -341,7 +341,7 @@ def test_bucket_edges_are_benchmarked_too(monkeypatch, tmp_path):
 
 
 def test_round_inflation_predicts_a_part_empty_last_round():
-    from kernels.dynamic_rules import round_inflation
+    from kernels.space.dynamic_rules import round_inflation
 
     tile = (128, 256, 1, 132)
     assert round_inflation((4096, 4096), (4096, 4096), *tile) == 1.0
@@ -352,9 +352,9 @@ def test_round_inflation_predicts_a_part_empty_last_round():
 def test_similarity_leaves_a_tile_whose_last_round_runs_part_empty():
     """The M=4096 hint's 128x256 tile at M=1106 (2 rounds, the second nearly empty) gives way to the M=256 hint's
     aten winner; at M=1960 (2 full rounds) it keeps serving; a memory-bound hint's tile is never judged by rounds."""
-    from kernels.choice import Choice
-    from kernels.dynamic import substitute
-    from kernels.heuristics import GemmConfig
+    from kernels.core.choice import Choice
+    from kernels.dispatch.dynamic import substitute
+    from kernels.space.heuristics import GemmConfig
 
     aten = Choice("aten", "aten_mm", "bf16")
     tma = Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8))
@@ -373,9 +373,9 @@ def test_benchmark_mode_leaves_a_bucket_winner_whose_rounds_step_up_between_time
     rounds over 132 SMs), then ran M=720 (3 rounds for 70% of M=1024's work) at 1.34x a per-M tune. From the
     bucket's own timings the guard predicts that and serves aten there; at M=1000 (3 rounds, nearly full) and at
     the timed sizes the tile keeps serving; a memory-bound bucket is never judged by rounds."""
-    from kernels.choice import Choice
-    from kernels.dynamic import inflation_guard, substitute
-    from kernels.heuristics import GemmConfig
+    from kernels.core.choice import Choice
+    from kernels.dispatch.dynamic import inflation_guard, substitute
+    from kernels.space.heuristics import GemmConfig
     from tests.test_heuristics import problem
 
     aten = Choice("aten", "aten_mm", "bf16")
@@ -398,7 +398,7 @@ def test_memory_bound_buckets_do_not_hand_ties_to_aten(monkeypatch, tmp_path):
     """H100, K=11008, N=4096, bucket (2, 4]: split-K's worst ratio over M=3, 4 was 1.0, aten's 1.041; under the 5%
     simpler-choice rule aten won and ran M=4 at 1.15x a per-M tune. A memory-bound bucket takes the tuning tie
     tolerance only; a compute-bound one keeps the 5% rule."""
-    from kernels import dynamic as dyn_mod
+    from kernels.dispatch import dynamic as dyn_mod
 
     per_m = {3: {"aten": 0.03587, "split": 0.03454}, 4: {"aten": 0.0360, "split": 0.0350}}
     aten, split, fam, runtime, _ = _split_k_vs_aten_bucket(monkeypatch, tmp_path, per_m)
@@ -413,9 +413,9 @@ def test_similarity_serves_an_aten_winners_tied_tile_away_from_its_hint():
     memory-bound shape, an aten winner gives way to its hint's runner-up tile when that tied it at the hint and takes
     no more rounds here; at the hint itself, past the tile's step, with a tile that lost by more than the tolerance,
     and outside the hints, aten keeps serving. (The test GPU's ridge puts M <= 229 at this K, N memory-bound.)"""
-    from kernels.choice import Choice
-    from kernels.dynamic import ATEN_TILE_TOLERANCE, _compute_bound, substitute
-    from kernels.heuristics import GemmConfig
+    from kernels.core.choice import Choice
+    from kernels.dispatch.dynamic import ATEN_TILE_TOLERANCE, _compute_bound, substitute
+    from kernels.space.heuristics import GemmConfig
 
     aten = Choice("aten", "aten_mm", "bf16")
     small = Choice("triton", "triton_mm", "bf16", GemmConfig(16, 64, 128, 5, 4))
@@ -444,9 +444,9 @@ def test_benchmark_guard_takes_the_measurement_at_a_timed_shape():
     """At a shape the bucket was timed at, the guard compares measured times: a bucket winner chosen on its worst
     ratio over the bucket's edges gives way where another choice ran more than 5% faster right there. Elsewhere
     aten's prediction comes from the nearest timed size, scaled by work."""
-    from kernels.choice import Choice
-    from kernels.dynamic import inflation_guard, predicted_ms, substitute
-    from kernels.heuristics import GemmConfig
+    from kernels.core.choice import Choice
+    from kernels.dispatch.dynamic import inflation_guard, predicted_ms, substitute
+    from kernels.space.heuristics import GemmConfig
     from tests.test_heuristics import problem
 
     aten = Choice("aten", "aten_mm", "bf16")
@@ -468,11 +468,11 @@ def test_benchmark_guard_takes_the_measurement_at_a_timed_shape():
 def test_similarity_keeps_aten_on_compute_bound_shapes():
     """On compute-bound shapes cuBLAS held its time and a tied tile did not (H100, K=4096, N=12288: the M=4096
     hint's TMA runner-up ran M=3473 at 1.15x a per-M tune): aten keeps serving there."""
-    from kernels.choice import Choice
-    from kernels.dynamic import substitute
-    from kernels.heuristics import GemmConfig
-    from kernels.dynamic import Dynamic, Family, HintWinner, resolve
-    from kernels.selection import Selection
+    from kernels.core.choice import Choice
+    from kernels.dispatch.dynamic import substitute
+    from kernels.space.heuristics import GemmConfig
+    from kernels.dispatch.dynamic import Dynamic, Family, HintWinner, resolve
+    from kernels.core.selection import Selection
     from tests.test_heuristics import problem
 
     aten = Choice("aten", "aten_mm", "bf16")
@@ -494,10 +494,10 @@ def test_similarity_keeps_aten_on_compute_bound_shapes():
 def test_bucket_benchmark_retimes_only_the_contenders(monkeypatch):
     """A bucket's benchmark times every pool choice in a first pass, then re-times side by side only those within the
     tuning cutoff of the best: choices several times slower are not interleaved with the contenders."""
-    from kernels import dynamic as dyn_mod
-    from kernels.choice import Choice
-    from kernels.heuristics import GemmConfig
-    from kernels.timing import Timing
+    from kernels.dispatch import dynamic as dyn_mod
+    from kernels.core.choice import Choice
+    from kernels.space.heuristics import GemmConfig
+    from kernels.measure.timing import Timing
     from tests.test_heuristics import problem
 
     speed = {"aten_mm": 0.72, "tma": 0.73, "tiny": 4.4}

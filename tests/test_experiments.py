@@ -27,8 +27,8 @@ def test_refuses_without_a_gpu():
 def test_timed_together_times_both_launches_over_the_rotated_sets():
     """The side-by-side both fast_preset and exhaustive_reference judge by, on CPU."""
     from experiments.fast_preset import timed_together
-    from kernels.problem import GemmProblem
-    from kernels.verify import make_inputs
+    from kernels.core.problem import GemmProblem
+    from kernels.measure.verify import make_inputs
 
     a = torch.randn(16, 32)
     b = torch.randn(32, 8)
@@ -52,9 +52,9 @@ def test_fast_preset_times_its_winner_beside_the_dataset_best():
 
     from backends import get_backend
     from experiments.fast_preset import _side_by_side
-    from kernels.choice import Choice
-    from kernels.heuristics import GemmConfig
-    from kernels.problem import GemmProblem
+    from kernels.core.choice import Choice
+    from kernels.space.heuristics import GemmConfig
+    from kernels.core.problem import GemmProblem
 
     a, b = torch.randn(24, 40).half(), torch.randn(40, 16).half()
     p = GemmProblem.from_tensors("mm", a, b)

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import kernels
-from kernels import api, fastpath
-from kernels.config import interpret_mode
+from kernels.dispatch import api
+from kernels.native import fastpath
+from kernels.core.config import interpret_mode
 
 
 @pytest.fixture(scope="session")
@@ -261,7 +262,7 @@ def gpu_operand(shape, dtype, col=False):
 def test_gpu_native_launch_matches_torch_on_every_path(fast, template, dtype, shape, b_col):
     """The C++ launch of each family: right on repeated calls (workspaces stay clean), into a caller's `out`, on
     another stream (the Python path takes over), under CUDA-graph capture, and beside the Python path."""
-    from kernels.timing import device_time_ms, user_call
+    from kernels.measure.timing import device_time_ms, user_call
     from tests.test_triton_interpreter import assert_close
     from tests.triton_util import build_offered
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kernels.__main__ import _backend_status, _probe_problem, info_lines
-from kernels.config import interpret_mode
-from kernels.toolchain import resolve
+from kernels.core.config import interpret_mode
+from kernels.core.toolchain import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 no_gpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU wording")

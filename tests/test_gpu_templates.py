@@ -72,7 +72,7 @@ def test_padded_choices_equal_torch(dtype, m, n, k, la, lb):
 def test_device_time_capture_leaves_launchers_correct(template):
     """Tuning times host-bound finalists in a CUDA graph: every template must capture, and run right afterwards
     (split_k's workspace is allocated per stream and must stay clean)."""
-    from kernels.timing import device_time_ms
+    from kernels.measure.timing import device_time_ms
 
     m, n, k = (2047, 2047, 2047) if template.startswith("triton_padded") else (32, 32, 8192)
     a, b = operand(m, k, "row", torch.bfloat16), operand(k, n, "row", torch.bfloat16)

@@ -3,14 +3,14 @@ the stages a tune records, and `model relabel`'s GPU times (their CPU tests stan
 import pytest
 
 import kernels
-from kernels.selection import Selection
+from kernels.core.selection import Selection
 
 pytestmark = pytest.mark.gpu
 
 
 def _tuned(op, dtype, m, n, k) -> Selection:
     from experiments.fast_preset import cuda_problem
-    from kernels.autotune import tune
+    from kernels.tune.autotune import tune
 
     sel, _ = tune(cuda_problem(op, dtype, m, n, k), ("aten", "triton"))
     return sel
@@ -39,8 +39,8 @@ def test_large_problem_takes_no_gpu_time(isolated_cache):
 
 
 def test_relabel_writes_gpu_times_below_the_call_times(tmp_path, isolated_cache):
-    from kernels.perf_data import collect, read_dataset
-    from kernels.perf_relabel import relabel
+    from tools.perf_model.data import collect, read_dataset
+    from tools.perf_model.relabel import relabel
 
     data, out = tmp_path / "d.csv", tmp_path / "g.csv"
     assert collect([(64, 64, 256)], ["int8"], data, max_configs=4, bench_ms=5.0, progress=lambda s: None) > 1

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from kernels.heuristics import (GemmConfig, candidate_configs, config_list, exhaustive_configs, scale_config,
+from kernels.space.heuristics import (GemmConfig, candidate_configs, config_list, exhaustive_configs, scale_config,
                                 shared_memory_bytes, supports)
-from kernels.problem import GemmProblem
+from kernels.core.problem import GemmProblem
 
 
 def problem(m=4096, n=4096, k=4096, dtype="bf16", op="mm", arch=90, stride_a=None, stride_b=None):
@@ -68,7 +68,7 @@ def test_exhaustive_space_is_pruned_on_smaller_shared_memory():
 
 
 def test_hoppers_exhaustive_space_leaves_out_unpipelined_configs():
-    from kernels.heuristics import MIN_EXHAUSTIVE_STAGES_SM90
+    from kernels.space.heuristics import MIN_EXHAUSTIVE_STAGES_SM90
 
     hopper = candidate_configs(problem(), "triton_mm", "exhaustive")
     ampere = candidate_configs(problem(arch=80), "triton_mm", "exhaustive")
@@ -83,7 +83,7 @@ def test_hoppers_exhaustive_space_leaves_out_unpipelined_configs():
                                                  ((4, 8), (16, 2), "strided"), ((1, 8), (3, 5), "col"),
                                                  ((4, 1), (7, 3), "row")])
 def test_layout_detection(shape, stride, layout):
-    from kernels.problem import layout_of
+    from kernels.core.problem import layout_of
 
     assert layout_of(shape, stride) == layout
 

@@ -5,12 +5,12 @@ and side by side ran 0.84x (H200) / 0.87x (H100) torch.mm; at 1024x8192x512 (thi
 GPU time over a tile 2.9% faster per call that did not wait on the host, ran 1.12x the tile side by side."""
 import pytest
 
-from kernels import autotune
-from kernels.autotune import gpu_ranked_contenders
-from kernels.choice import Choice
-from kernels.config import config
-from kernels.heuristics import GemmConfig
-from kernels.timing import Timing
+from kernels.tune import autotune
+from kernels.tune.autotune import gpu_ranked_contenders
+from kernels.core.choice import Choice
+from kernels.core.config import config
+from kernels.space.heuristics import GemmConfig
+from kernels.measure.timing import Timing
 
 
 def _final_round(monkeypatch, choices, call, gpu, p20=None):
@@ -123,7 +123,7 @@ def test_one_launch_finalists_are_ranked_by_gpu_time():
     """One launch through our native launcher costs the host the same whatever the tile: among such finalists within
     the cutoff the GPU time decides (bf16 768^3 on the H100: two triton_mm tiles at 15.2 us per call side by side,
     5.5 and 7.7 us on the GPU). aten (a library call) and a candidate beyond the cutoff stay out of the group."""
-    from kernels.autotune import one_launch_lead
+    from kernels.tune.autotune import one_launch_lead
 
     call = {"tile_a": 0.0140, "tile_b": 0.0147, "tma": 0.0146, "aten": 0.0145, "far": 0.0190}
     gpu = {"tile_a": 0.0077, "tile_b": 0.0055, "tma": 0.0060, "aten": 0.0046, "far": 0.0050}

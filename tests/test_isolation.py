@@ -9,8 +9,8 @@ import torch
 import kernels
 from backends.isolated_child import FAULT_ENV
 from backends.triton import TritonBackend
-from kernels.config import interpret_mode
-from kernels.problem import GemmProblem
+from kernels.core.config import interpret_mode
+from kernels.core.problem import GemmProblem
 from tests.test_triton_interpreter import assert_close, operand
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -4,7 +4,7 @@ import torch
 
 from backends.triton_templates import family
 from backends.triton_templates.kmajor import MIN_M, inner_problem, kmajor_ld
-from kernels.config import interpret_mode
+from kernels.core.config import interpret_mode
 from tests.test_heuristics import problem
 from tests.test_triton_interpreter import operand
 from tests.triton_util import build_offered, check_launches

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels import lut
-from kernels.cache import SelectionStore
-from kernels.choice import Choice
-from kernels.heuristics import GemmConfig
-from kernels.problem import GemmProblem
-from kernels.selection import Selection
+from kernels.space import lut
+from kernels.store.selections import SelectionStore
+from kernels.core.choice import Choice
+from kernels.space.heuristics import GemmConfig
+from kernels.core.problem import GemmProblem
+from kernels.core.selection import Selection
 
 
 def problem(m=64, n=32, k=128, dtype="bf16", op="mm", gpu="NVIDIA H100 80GB HBM3", col_b=False):

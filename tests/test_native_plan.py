@@ -6,8 +6,8 @@ import torch
 
 from backends.triton_launch import CompiledHandle, KernelCall, Operand, native_launch
 from backends.triton_templates import family
-from kernels import fastpath
-from kernels.problem import GemmProblem
+from kernels.native import fastpath
+from kernels.core.problem import GemmProblem
 
 HIDDEN_PARAMS = 2           # global and profile scratch pointers, appended to every kernel's arguments
 

@@ -21,11 +21,11 @@ def test_package_data_covers_every_template_file():
 
 def test_templates_root_falls_back_to_the_installed_copy(tmp_path, monkeypatch):
     """Installed from a wheel there is no top-level templates/ next to the package: kernels/templates is used."""
-    from kernels import templates_info
+    from kernels.space import families as templates_info
 
     package = tmp_path / "site" / "kernels"
     (package / "templates" / "triton").mkdir(parents=True)
-    monkeypatch.setattr(templates_info, "__file__", str(package / "templates_info.py"))
+    monkeypatch.setattr(templates_info, "__file__", str(package / "space" / "families.py"))
     assert templates_info._templates_root() == package / "templates"
     (tmp_path / "site" / "templates").mkdir()                 # a checkout: the top-level one wins
     assert templates_info._templates_root() == tmp_path / "site" / "templates"

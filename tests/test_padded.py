@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from backends.padded import PaddedBackend, inner_problem, is_aligned, padded_dims
-from kernels.config import interpret_mode
-from kernels.problem import GemmProblem
+from kernels.core.config import interpret_mode
+from kernels.core.problem import GemmProblem
 from tests.test_heuristics import problem
 from tests.test_triton_interpreter import assert_close, operand
 from tests.triton_util import build_padded, check_launches
@@ -86,8 +86,8 @@ def test_padded_products_over_many_tiles(template, la, lb):
     """Small tiles on a larger odd problem: many output tiles (the persistent kernel loops over several per
     program), partial edge tiles, the pointer epilogue's row and column masks."""
     from backends.triton import TritonBackend
-    from kernels.choice import Choice
-    from kernels.heuristics import GemmConfig
+    from kernels.core.choice import Choice
+    from kernels.space.heuristics import GemmConfig
 
     dtype = torch.int8 if "int8" in template else torch.float16
     a, b = operand(100, 70, la, dtype), operand(70, 150, lb, dtype)
@@ -102,8 +102,8 @@ def test_padded_choices_of_a_problem_share_one_copy_kernel():
     from backends.triton import triton_version
     from backends.triton_render import build_key, render
     from backends.triton_templates import family
-    from kernels.choice import Choice
-    from kernels.heuristics import GemmConfig
+    from kernels.core.choice import Choice
+    from kernels.space.heuristics import GemmConfig
 
     odd = problem(m=2047, n=2047, k=2047)
     keys = set()

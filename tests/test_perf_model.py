@@ -7,13 +7,14 @@ import random
 import pytest
 
 from backends import get_backend
-from kernels import config, perf_learned
-from kernels.choice import Choice
-from kernels.heuristics import GemmConfig, candidate_configs
-from kernels.perf_data import Row, append_rows, parse_shapes, read_dataset
-from kernels.perf_eval import score, spearman
-from kernels.perf_model import AnalyticModel, model_for
-from kernels.problem import GemmProblem
+from kernels import config
+from kernels.space import perf_learned
+from kernels.core.choice import Choice
+from kernels.space.heuristics import GemmConfig, candidate_configs
+from tools.perf_model.data import Row, append_rows, parse_shapes, read_dataset
+from tools.perf_model.evaluate import score, spearman
+from kernels.space.perf_model import AnalyticModel, model_for
+from kernels.core.problem import GemmProblem
 
 GPU = "NVIDIA H100 80GB HBM3"
 
@@ -101,7 +102,7 @@ def test_learned_model_fits_reproducibly_and_beats_analytic_on_held_out_syntheti
     assert params == perf_learned.fit(train, meta, steps=400)          # same data + seed -> same parameters
     model = perf_learned.LearnedModel(params)
     test = synthetic_rows(SYN_TEST, seed=1)
-    from kernels.perf_data import Row
+    from tools.perf_model.data import Row
     rows = [Row(p, c, t, "ok", p.device_name, "", "") for p, c, t in test]
     learned, analytic = score(model, rows, 5), score(AnalyticModel(), rows, 5)
     assert learned.mean_spearman > analytic.mean_spearman + 0.05
@@ -129,8 +130,8 @@ def test_model_for_uses_fresh_learned_models_and_falls_back_when_stale(tmp_path)
 
 
 def test_dataset_csv_round_trip_and_cli_train_eval(tmp_path, capsys):
-    from kernels.__main__ import main
-    from kernels.perf_data import COLUMNS
+    from tools.perf_model.__main__ import main
+    from tools.perf_model.data import COLUMNS
 
     path = tmp_path / "synthetic.csv"
     rows = []
@@ -152,18 +153,18 @@ def test_dataset_csv_round_trip_and_cli_train_eval(tmp_path, capsys):
     packed.write_bytes(gzip.compress(path.read_bytes()))
     assert read_dataset([packed]) == (back, [b.replace(str(path), str(packed)) for b in bad])
     out = tmp_path / "model.json"
-    assert main(["model", "train", "--data", str(path), "--out", str(out), "--steps", "60",
+    assert main(["train", "--data", str(path), "--out", str(out), "--steps", "60",
                  "--holdout-frac", "0.25", "--note", "SYNTHETIC test data"]) == 0
     text = capsys.readouterr().out
     assert "held-out problems (1)" in text and "learned:" in text and "analytic:" in text
     params = json.loads(out.read_text())
     assert params["meta"]["gpu"] == "SYNTHETIC-GPU" and params["meta"]["triton"] == "3.6.0"
     assert params["meta"]["note"] == "SYNTHETIC test data"
-    assert main(["model", "eval", "--data", str(path), "--model", str(out)]) == 0
+    assert main(["eval", "--data", str(path), "--model", str(out)]) == 0
     assert "top-5 regret" in capsys.readouterr().out
-    assert main(["model", "eval", "--data", str(path), "--model", str(out), "--dtypes", "int8"]) == 0
+    assert main(["eval", "--data", str(path), "--model", str(out), "--dtypes", "int8"]) == 0
     assert "0 problems" in capsys.readouterr().out          # the synthetic data is all bf16
-    assert main(["model", "cv", "--data", str(path), "--steps", "30", "--shares", "0,0.4", "--members", "2",
+    assert main(["cv", "--data", str(path), "--steps", "30", "--shares", "0,0.4", "--members", "2",
                  "--jobs", "2"]) == 0
     text = capsys.readouterr().out
     assert "leave-one-problem-out over 4 problems" in text and "analytic:" in text
@@ -173,7 +174,7 @@ def test_dataset_csv_round_trip_and_cli_train_eval(tmp_path, capsys):
     import subprocess
     import sys
     from tests.conftest import REPO
-    proc = subprocess.run([sys.executable, "-m", "kernels", "model", "cv", "--data", str(path), "--steps", "10",
+    proc = subprocess.run([sys.executable, "-m", "tools.perf_model", "cv", "--data", str(path), "--steps", "10",
                            "--shares", "0", "--members", "1", "--ensembles", "mean", "--jobs", "2"],
                           capture_output=True, text=True, timeout=300, cwd=str(REPO),
                           env=dict(os.environ, PYTHONPATH=str(REPO)))
@@ -192,7 +193,7 @@ def test_parse_shapes(tmp_path):
 
 def test_collect_on_cpu_writes_rows_and_resumes(tmp_path):
     """The collection command through the interpreter (int8 is exact there); times are CPU times."""
-    from kernels.perf_data import collect
+    from tools.perf_model.data import collect
 
     out = tmp_path / "d.csv"
     lines = []
@@ -228,7 +229,7 @@ def test_regret_as_tuning_runs_it_counts_aten_on_both_sides():
 
 
 def test_top_k_with_a_learned_model_gives_analytic_favourites_a_share():
-    from kernels.perf_model import ANALYTIC_SHARE, top_k
+    from kernels.space.perf_model import ANALYTIC_SHARE, top_k
 
     class Reversed:          # a "learned" model that ranks exactly opposite to the analytic one
         name = "learned"
@@ -248,7 +249,7 @@ def test_top_k_with_a_learned_model_gives_analytic_favourites_a_share():
 
 
 def test_analytic_model_charges_padding_its_copies_and_misaligned_loads_their_width():
-    from kernels.perf_model import MISALIGNED_OPERAND_FACTOR
+    from kernels.space.perf_model import MISALIGNED_OPERAND_FACTOR
 
     cfg = GemmConfig(128, 128, 64, 4, 8)
     odd = problem(2047, 2047, 2047, dtype="int8", op="int_mm")
@@ -287,7 +288,7 @@ class Fixed:
 
 
 def test_top_k_hedges_with_the_second_familys_best_when_it_is_close():
-    from kernels.perf_model import HEDGE_RATIO, family_heads, top_k
+    from kernels.space.perf_model import HEDGE_RATIO, family_heads, top_k
 
     p = problem(1500, 1500, 1500, dtype="int8", op="int_mm")
     cfgs = candidate_configs(p, "triton_int8_mm", "exhaustive")[:7]
@@ -312,7 +313,7 @@ class KnowsOnlyMm(Fixed):
 
 
 def test_top_k_gives_templates_the_learned_model_has_not_seen_one_place_judged_on_the_analytic_scale():
-    from kernels.perf_model import top_k
+    from kernels.space.perf_model import top_k
 
     p = problem()
     cfgs = candidate_configs(p, "triton_mm", "default")
@@ -348,7 +349,7 @@ class TwoMembers:
 
 
 def test_top_k_ranks_an_ensemble_by_its_fastest_member():
-    from kernels.perf_model import optimistic, top_k
+    from kernels.space.perf_model import optimistic, top_k
 
     assert optimistic([[3.0, 1.0, None], [2.0, 4.0, 1.0]]) == [2.0, 1.0, None]
     p = problem()
@@ -394,7 +395,7 @@ def test_learned_model_keeps_each_training_problems_winners_and_finds_the_neares
 
 
 def test_top_k_gives_the_nearest_training_problems_winners_places_even_when_predicted_slow():
-    from kernels.perf_model import NEIGHBOUR_PLACES, top_k
+    from kernels.space.perf_model import NEIGHBOUR_PLACES, top_k
 
     p = problem()
     cands = [Choice("triton", "triton_mm", "bf16", c) for c in candidate_configs(p, "triton_mm", "exhaustive")][:40]
@@ -419,7 +420,7 @@ def test_top_k_gives_the_nearest_training_problems_winners_places_even_when_pred
 
 
 def test_the_neighbour_place_comes_out_of_the_analytic_share_while_that_keeps_one():
-    from kernels.perf_model import top_k
+    from kernels.space.perf_model import top_k
 
     p = problem()
     cands = [Choice("triton", "triton_mm", "bf16", c) for c in candidate_configs(p, "triton_mm", "exhaustive")][:40]

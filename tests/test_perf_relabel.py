@@ -3,12 +3,12 @@ problem's candidates by, the relabel run through the interpreter with a stand-in
 backward-compatible `gpu_ms` column."""
 import csv
 
-from kernels.choice import Choice
-from kernels.heuristics import GemmConfig
-from kernels.perf_data import COLUMNS, LAUNCH_GAP_MS, Row, append_rows, collect, gpu_labelled, read_dataset
-from kernels.perf_relabel import plan, relabel
-from kernels.problem import GemmProblem
-from kernels.templates_info import SINGLE_LAUNCH_TEMPLATES
+from kernels.core.choice import Choice
+from kernels.space.heuristics import GemmConfig
+from tools.perf_model.data import COLUMNS, LAUNCH_GAP_MS, Row, append_rows, collect, gpu_labelled, read_dataset
+from tools.perf_model.relabel import plan, relabel
+from kernels.core.problem import GemmProblem
+from kernels.space.families import SINGLE_LAUNCH_TEMPLATES
 
 GPU = "NVIDIA H100 80GB HBM3"
 
@@ -116,7 +116,7 @@ def test_cli_labels_only_the_chosen_gpus_rows(tmp_path):
     """`model train/eval --gpu X` on data from two GPUs: another GPU's GPU times never label X's problems."""
     import json
 
-    from kernels.__main__ import _load_rows
+    from tools.perf_model.__main__ import _load_rows
 
     path = tmp_path / "two_gpus.csv"
     cfg = GemmConfig(32, 64, 64, 3, 4)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from backends.triton_templates import family
-from kernels.config import interpret_mode
-from kernels.heuristics_split_k import (
+from kernels.core.config import interpret_mode
+from kernels.space.heuristics_split_k import (
     decompose_k_splits,
     decompose_k_tile,
     k_per_split,
@@ -84,7 +84,7 @@ def test_k_offset_divisibility_is_only_assumed_when_true():
     """A split's K offset moves the operand pointers: 3008 / 16 = 188 is not a multiple of 16, so the binary must not
     assume 16-byte aligned rows of a split (on the GPU that assumption was a misaligned-address fault)."""
     p = problem(m=17, n=40, k=3008, dtype="int8", op="int_mm", stride_b=(1, 3008))
-    from kernels.choice import Choice
+    from kernels.core.choice import Choice
     spec = family("decompose_k").specs(p, Choice("triton", "decompose_k", "int8", None, (("split", 16),)))[0]
     kps = next(a for a in spec.args if a.name == "k_per_split")
     assert not kps.div16

@@ -1,10 +1,10 @@
-"""kernels.timing: the early stop that keeps tuning short (CPU timing path; the CUDA path shares the logic)."""
+"""kernels.measure.timing: the early stop that keeps tuning short (CPU timing path; the CUDA path shares the logic)."""
 import time
 
 import pytest
 import torch
 
-from kernels.timing import measure
+from kernels.measure.timing import measure
 
 
 def _sleeper(ms):
@@ -26,7 +26,7 @@ def test_contender_gets_the_full_budget():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU contract")
 def test_device_time_is_none_when_nothing_can_be_captured():
-    from kernels.timing import device_time_ms
+    from kernels.measure.timing import device_time_ms
 
     calls = []
     assert device_time_ms(lambda i: calls.append(i), 2) is None      # no CUDA: no graph, no exception
@@ -51,7 +51,7 @@ class _FakeClock:
 
 @pytest.fixture
 def clock(monkeypatch):
-    from kernels import timing
+    from kernels.measure import timing
 
     fake = _FakeClock()
     monkeypatch.setattr(timing, "time", fake)
@@ -61,7 +61,7 @@ def clock(monkeypatch):
 def test_interleaved_first_pass_spreads_drift_over_every_candidate(clock):
     """Two equal candidates and a host slow for the first 10 calls made, whoever makes them: timed one after the
     other, the first absorbs all of it; interleaved, neither is ranked apart."""
-    from kernels.timing import measure_interleaved
+    from kernels.measure.timing import measure_interleaved
 
     a, b = clock.call(1.0, 10, 3.0), clock.call(1.0, 10, 3.0)
     seq_a = measure(a, 1, "cpu", budget_ms=100, max_samples=9)
@@ -75,7 +75,7 @@ def test_interleaved_first_pass_spreads_drift_over_every_candidate(clock):
 
 
 def test_interleaved_first_pass_stops_candidates_beyond_the_cutoff(clock):
-    from kernels.timing import measure_interleaved
+    from kernels.measure.timing import measure_interleaved
 
     calls = {"fast": clock.call(1.0), "close": clock.call(1.2), "slow": clock.call(2.0)}
     timed, _ = measure_interleaved(calls, 1, "cpu", budget_ms=100, cutoff=1.25, min_samples=3, max_samples=9)
@@ -84,7 +84,7 @@ def test_interleaved_first_pass_stops_candidates_beyond_the_cutoff(clock):
 
 
 def test_interleaved_first_pass_reports_a_crashing_candidate_and_times_the_rest(clock):
-    from kernels.timing import measure_interleaved
+    from kernels.measure.timing import measure_interleaved
 
     count = {"n": 0}
 

@@ -13,9 +13,9 @@ import triton
 from backends.triton import TritonBackend
 from backends.triton_render import render
 from backends.triton_templates import family
-from kernels.choice import Choice
-from kernels.fsutil import write_if_different
-from kernels.heuristics import GemmConfig
+from kernels.core.choice import Choice
+from kernels.core.fsutil import write_if_different
+from kernels.space.heuristics import GemmConfig
 from tests.test_heuristics import problem
 
 pytestmark = pytest.mark.slow

@@ -6,10 +6,10 @@ import torch
 
 import kernels
 from backends.triton import TritonBackend
-from kernels.choice import Choice
-from kernels.config import interpret_mode
-from kernels.heuristics import GemmConfig
-from kernels.problem import GemmProblem
+from kernels.core.choice import Choice
+from kernels.core.config import interpret_mode
+from kernels.space.heuristics import GemmConfig
+from kernels.core.problem import GemmProblem
 
 pytestmark = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
 

@@ -5,7 +5,7 @@ import torch
 
 from backends.triton import TritonBackend
 from backends.triton_templates import family
-from kernels.problem import GemmProblem
+from kernels.core.problem import GemmProblem
 
 
 def op_of(a: torch.Tensor) -> str:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 
-from kernels.choice import Choice
-from kernels.problem import GemmProblem
+from kernels.core.choice import Choice
+from kernels.core.problem import GemmProblem
 
 # template name -> module defining FAMILY, or (module, attribute)
 _MODULES = {

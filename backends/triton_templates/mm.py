@@ -11,9 +11,9 @@ from backends.triton_render import (
     make_spec,
 )
 from backends.triton_templates import TritonFamily
-from kernels.choice import Choice
-from kernels.heuristics import candidate_configs, output_tiles
-from kernels.problem import DTYPES_BY_NAME
+from kernels.core.choice import Choice
+from kernels.space.heuristics import candidate_configs, output_tiles
+from kernels.core.problem import DTYPES_BY_NAME
 
 
 class MatmulFamily(TritonFamily):

@@ -16,9 +16,9 @@ from backends.triton_render import (Arg, dot_vars, even_k, gemm_args, int_arg, l
                                     ptr)
 from backends.triton_templates import TritonFamily
 from backends.triton_templates.tma import persistent_programs, tma_configs, tma_unsupported
-from kernels.choice import Choice
-from kernels.heuristics import cdiv, round_up
-from kernels.problem import DTYPES_BY_NAME, GemmProblem
+from kernels.core.choice import Choice
+from kernels.space.heuristics import cdiv, round_up
+from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
 
 INNER_TEMPLATE = {"triton_padded_mm": "triton_mm", "triton_padded_int8_mm": "triton_int8_mm",
                   "triton_padded_tma_mm": "triton_tma_mm", "triton_padded_tma_int8_mm": "triton_tma_int8_mm"}

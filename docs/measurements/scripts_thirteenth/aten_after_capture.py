@@ -2,7 +2,7 @@
 the shape whose tune once measured aten at >36 us (24 us usual)."""
 import gc, statistics, sys, time
 import torch
-from kernels.timing import device_time_ms, measure, measure_together, rotation_sets
+from kernels.measure.timing import device_time_ms, measure, measure_together, rotation_sets
 torch.manual_seed(0)
 def sets_for(m, n, k, dt=torch.bfloat16):
     cnt = rotation_sets((m * k + k * n) * 2, "cuda")

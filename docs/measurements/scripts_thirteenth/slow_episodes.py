@@ -5,9 +5,9 @@ import gc, json, os, statistics, time
 import torch
 from backends import get_backend
 from bench.fast_preset import cuda_problem
-from kernels.choice import Choice
-from kernels.heuristics import GemmConfig
-from kernels.timing import device_time_ms, rotation_sets, user_call
+from kernels.core.choice import Choice
+from kernels.space.heuristics import GemmConfig
+from kernels.measure.timing import device_time_ms, rotation_sets, user_call
 out = os.environ.get("OUT", "/tmp")
 p = cuda_problem("mm", "bf16", 3000, 2000, 1000)
 cnt = rotation_sets((3000 * 1000 + 1000 * 2000) * 2, "cuda")

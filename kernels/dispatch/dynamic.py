@@ -29,21 +29,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends import get_backend
-from kernels import counters
-from kernels.choice import Choice
-from kernels.config import config
-from kernels.dynamic_rules import (BucketRule, bucket_id, hints_for, nearest, outside_hints, parse_buckets,
+from kernels.core import counters
+from kernels.core.choice import Choice
+from kernels.core.config import config
+from kernels.space.dynamic_rules import (BucketRule, bucket_id, hints_for, nearest, outside_hints, parse_buckets,
                                    probe_sizes, round_inflation, worst_ratio,
                                    parse_dims, parse_hints, parse_mode, waves)
-from kernels.errors import InputTypeError, InputValueError, KernelsError
-from kernels.fsutil import atomic_write_text, file_lock, read_json
-from kernels.heuristics import GemmConfig, supports
-from kernels.perf_model import gpu_spec
-from kernels.problem import GemmProblem
-from kernels.selection import Selection
-from kernels.templates_info import TEMPLATE_OPS
-from kernels.timing import measure_interleaved, measure_together, user_call
-from kernels.verify import make_inputs, reference, timing_sets, verify_launch
+from kernels.core.errors import InputTypeError, InputValueError, KernelsError
+from kernels.core.fsutil import atomic_write_text, file_lock, read_json
+from kernels.space.heuristics import GemmConfig, supports
+from kernels.space.perf_model import gpu_spec
+from kernels.core.problem import GemmProblem
+from kernels.core.selection import Selection
+from kernels.space.families import TEMPLATE_OPS
+from kernels.measure.timing import measure_interleaved, measure_together, user_call
+from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
 
 STORE_SCHEMA = 1
 
@@ -51,7 +51,7 @@ STORE_SCHEMA = 1
 # -- declaration -----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Dynamic:
-    """Which dims are dynamic, and how. Fields left None come from kernels.config (dynamic_hints / dynamic_mode /
+    """Which dims are dynamic, and how. Fields left None come from kernels.core.config (dynamic_hints / dynamic_mode /
     dynamic_buckets) when the shape is first seen. Hashable, so it can be passed on every call."""
     dims: tuple[str, ...] | str = "m"
     hints: tuple | None = None          # (64, 256, 4096) for every dim, or {"m": (...), "k": (...)}
@@ -259,12 +259,12 @@ class Family:
                 except KernelsError as e:
                     self.notes.append(f"hint {_label(sizes)} skipped: {str(e).splitlines()[0]}")
             if not winners:
-                raise KernelsError(f"kernels.dynamic: no size hint could be tuned: {'; '.join(self.notes)}")
+                raise KernelsError(f"kernels.dispatch.dynamic: no size hint could be tuned: {'; '.join(self.notes)}")
             self.winners = winners
         return self.winners
 
     def store_key(self, backends: tuple[str, ...]) -> str:
-        from kernels.autotune import fingerprint
+        from kernels.tune.autotune import fingerprint
 
         return json.dumps({"hints": [hp.key() for hp in self.hint_problems], "buckets": self.rule.text,
                            "env": fingerprint(backends)}, sort_keys=True)
@@ -438,7 +438,7 @@ class Family:
             timings = benchmark_choices(runtime, [by_name[n] for n in names])
             timed = {n: t for n, t in timings.items() if isinstance(t, float)}
             if not timed:
-                raise KernelsError(f"kernels.dynamic: no hint candidate ran {runtime.short()}: {timings}")
+                raise KernelsError(f"kernels.dispatch.dynamic: no hint candidate ran {runtime.short()}: {timings}")
             probes = probe_sizes(self.rule, {d: getattr(runtime, d) for d in self.dims})[1:] \
                 if config.dynamic_bucket_probes == "edges" else []
             at_edges = {}
@@ -678,7 +678,7 @@ def family_for(problem: GemmProblem, dyn: Dynamic) -> Family:
 def launcher_for(problem: GemmProblem, dyn: Dynamic):
     """The launcher serving this runtime problem under `dyn` (resolved), deciding (and remembering) which hint
     winner serves it. Called by the api's cold path under its lock."""
-    from kernels import api
+    from kernels.dispatch import api
 
     runtime = dataclasses.replace(problem, dynamic=dyn.dims)
     memo = (runtime, dyn)
@@ -710,7 +710,7 @@ def launcher_for(problem: GemmProblem, dyn: Dynamic):
                 break
             dec.notes.append(f"{name} could not be built for this shape: {err}")
         else:
-            raise KernelsError(f"kernels.dynamic: no hint winner could be built for {runtime.short()}: "
+            raise KernelsError(f"kernels.dispatch.dynamic: no hint winner could be built for {runtime.short()}: "
                                f"{'; '.join(dec.notes)}")
         _decisions[memo] = dec
         _runtime[memo] = launch
@@ -730,7 +730,7 @@ def decision(problem: GemmProblem, dyn: Dynamic) -> Decision:
 
 def explain(problem: GemmProblem, dyn: Dynamic) -> Selection:
     """The serving hint winner's Selection, with source 'dynamic-<mode>' and the reason as its first note."""
-    from kernels import api
+    from kernels.dispatch import api
 
     dec = decision(problem, dyn)
     runtime = dataclasses.replace(problem, dynamic=dyn.dims)

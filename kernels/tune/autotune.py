@@ -16,21 +16,21 @@ from typing import TYPE_CHECKING
 import torch
 
 from backends import get_backend
-from kernels import counters
-from kernels.candidates import fingerprint_extra, narrow
-from kernels.config import config
-from kernels.errors import NoCandidateError
-from kernels.problem import GemmProblem
-from kernels.selection import Selection
-from kernels.templates_info import one_launch, template_tree_hash
-from kernels.timing import (HOST_SET_MAX_MS, LAUNCH_GAP_MS, device_time_ms, measure_interleaved, measure_together,
+from kernels.core import counters
+from kernels.tune.candidates import fingerprint_extra, narrow
+from kernels.core.config import config
+from kernels.core.errors import NoCandidateError
+from kernels.core.problem import GemmProblem
+from kernels.core.selection import Selection
+from kernels.space.families import one_launch, template_tree_hash
+from kernels.measure.timing import (HOST_SET_MAX_MS, LAUNCH_GAP_MS, device_time_ms, measure_interleaved, measure_together,
                             user_call)
-from kernels.verify import make_inputs, reference, timing_sets, verify_launch
-from kernels.version import __version__
+from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
+from kernels.core.version import __version__
 
 if TYPE_CHECKING:
     from backends.base import Backend, Runner
-    from kernels.choice import Choice
+    from kernels.core.choice import Choice
 
 
 @functools.lru_cache(maxsize=None)

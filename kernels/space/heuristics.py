@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass
 from importlib import resources
 
-from kernels.problem import DTYPE_BYTES, GemmProblem
+from kernels.core.problem import DTYPE_BYTES, GemmProblem
 
 # Largest dynamic shared memory one block may use, by compute capability (cudaDevAttrMaxSharedMemoryPerBlockOptin).
 # Streaming multiprocessors of the devices we tune for (H100 SXM / H200: 132); used where a choice depends on waves.
@@ -108,7 +108,7 @@ def _max_offset(rows: int, cols: int, stride: tuple[int, int]) -> int:
 
 def supports(problem: GemmProblem, template: str, config: GemmConfig | None) -> tuple[bool, str]:
     """Can `template` with `config` run `problem`? The reason names the first rule that fails."""
-    from kernels.templates_info import TEMPLATE_OPS
+    from kernels.space.families import TEMPLATE_OPS
 
     ops = TEMPLATE_OPS.get(template)
     if ops is None:
@@ -145,7 +145,7 @@ MIN_EXHAUSTIVE_STAGES_SM90 = 2
 
 def candidate_configs(problem: GemmProblem, template: str, space: str = "default") -> list[GemmConfig]:
     """The template's configs scaled to the problem, unsupported ones dropped, duplicates removed, order kept."""
-    from kernels.templates_info import TEMPLATE_CONFIG_LISTS
+    from kernels.space.families import TEMPLATE_CONFIG_LISTS
 
     if space == "exhaustive":
         base = exhaustive_configs()

@@ -1,4 +1,4 @@
-"""GPU-time labels for a dataset's short problems (`python -m kernels model relabel`).
+"""GPU-time labels for a dataset's short problems (`python -m tools.perf_model relabel`).
 
 A dataset row's `ms` is the time of a user's call. Below ~25 us per call that is set by the host, not the kernel: on
 the H100 int8 24x6144x1536's 32x64x128 tiles ran 8.7 us on the GPU and 10.1-15 us per call depending on the run, and
@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kernels.perf_data import Row, append_rows, problem_of, problems_in, read_dataset, run_env
-from kernels.timing import HOST_SET_MAX_MS
+from tools.perf_model.data import Row, append_rows, problem_of, problems_in, read_dataset, run_env
+from kernels.measure.timing import HOST_SET_MAX_MS
 
 # problems whose fastest call (aten aside) is under this are relabelled
 DEFAULT_BELOW_MS = HOST_SET_MAX_MS
@@ -48,10 +48,10 @@ def relabel_problem(rows: list[Row], gpu_time: Callable, device: str) -> list[di
     """Dataset rows (dicts) for one problem's candidates: built, verified, GPU-timed. A candidate that does not build,
     verify or capture gets a status saying why and no time (its source file keeps its call time)."""
     from backends import get_backend
-    from kernels.perf_data import selection_rows
-    from kernels.selection import Selection
-    from kernels.timing import user_call
-    from kernels.verify import make_inputs, reference, timing_sets, verify_launch
+    from tools.perf_model.data import selection_rows
+    from kernels.core.selection import Selection
+    from kernels.measure.timing import user_call
+    from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
 
     problem = rows[0].problem
     by_backend: dict[str, list] = {}
@@ -112,7 +112,7 @@ def relabel(paths: list[str], out: str, *, below_ms: float = DEFAULT_BELOW_MS, t
     if gpu_time is None:
         if not torch.cuda.is_available():
             raise RuntimeError("model relabel measures GPU time: it needs a CUDA GPU")
-        from kernels.timing import device_time_ms as gpu_time
+        from kernels.measure.timing import device_time_ms as gpu_time
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     rows, bad = read_dataset(paths)

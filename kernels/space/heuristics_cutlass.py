@@ -13,8 +13,8 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from kernels.heuristics import shared_memory_limit
-from kernels.problem import GemmProblem
+from kernels.space.heuristics import shared_memory_limit
+from kernels.core.problem import GemmProblem
 
 SM90_TEMPLATES = {"mm": "cutlass3x_sm90_mm", "int_mm": "cutlass3x_sm90_int8_mm"}
 SM80_TEMPLATES = {"mm": "cutlass2x_sm80_mm", "int_mm": "cutlass2x_sm80_int8_mm"}

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.choice import Choice
-from kernels.problem import GemmProblem
-from kernels.timing import LAUNCH_GAP_MS
+from kernels.core.choice import Choice
+from kernels.core.problem import GemmProblem
+from kernels.measure.timing import LAUNCH_GAP_MS
 
 COLUMNS = ("gpu", "arch", "device", "triton", "torch", "kernels", "date", "op", "dtype", "out_dtype", "precision",
            "m", "n", "k", "stride_a", "stride_b", "backend", "template", "name", "choice", "ms", "status", "gpu_ms")
@@ -149,7 +149,7 @@ def gpu_labelled(rows: list[Row], keep_unlabelled: bool) -> list[Row]:
     training)."""
     from dataclasses import replace
 
-    from kernels.templates_info import one_launch
+    from kernels.space.families import one_launch
 
     labelled = {problem_of(r) for r in rows if r.gpu_ms is not None}
     best: dict[tuple, tuple[tuple, Row]] = {}
@@ -178,8 +178,8 @@ def run_env() -> dict:
     """The versions and date a dataset row records beside its timing."""
     import torch
 
-    from kernels.autotune import _package_version
-    from kernels.version import __version__
+    from kernels.tune.autotune import _package_version
+    from kernels.core.version import __version__
     return {"triton": _package_version("triton"), "torch": torch.__version__, "kernels": __version__,
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
 
@@ -203,10 +203,10 @@ def collect(shapes: list[tuple[int, int, int]], dtypes: list[str], out: str | os
     `resume` skips problems already in the file). Returns rows written."""
     import torch
 
-    from kernels.autotune import tune
-    from kernels.config import config
-    from kernels.errors import NoCandidateError
-    from kernels.problem import DTYPES_BY_NAME
+    from kernels.tune.autotune import tune
+    from kernels.core.config import config
+    from kernels.core.errors import NoCandidateError
+    from kernels.core.problem import DTYPES_BY_NAME
 
     out = Path(out)
     if not resume and out.exists():

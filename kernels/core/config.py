@@ -5,8 +5,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from kernels.dynamic_rules import DEFAULT_HINTS, parse_buckets, parse_dims, parse_hints, parse_mode
-from kernels.version import __version__
+from kernels.space.dynamic_rules import DEFAULT_HINTS, parse_buckets, parse_dims, parse_hints, parse_mode
+from kernels.core.version import __version__
 
 ALL_BACKENDS = ("aten", "triton", "cutlass", "padded")
 SEARCH_SPACES = ("default", "exhaustive")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from kernels.heuristics import cdiv
+from kernels.space.heuristics import cdiv
 
 DIMS = ("m", "n", "k")
 MODES = ("benchmark", "similarity")

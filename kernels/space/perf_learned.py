@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from kernels.choice import Choice
-from kernels.problem import GemmProblem
+from kernels.core.choice import Choice
+from kernels.core.problem import GemmProblem
 
 KIND = "kernels-perf-mlp"
 VERSION = 2
@@ -34,7 +34,7 @@ def _log2(x: float) -> float:
 
 def problem_features(problem: GemmProblem) -> tuple:
     """What `features` needs of the problem alone: computed once per problem when ranking thousands of choices."""
-    from kernels.perf_model import gpu_spec
+    from kernels.space.perf_model import gpu_spec
 
     return (gpu_spec(problem.arch, problem.device_name), _log2(problem.m), _log2(problem.n), _log2(problem.k),
             float(problem.elem_bytes), float(problem.out_bytes),
@@ -46,7 +46,7 @@ def problem_features(problem: GemmProblem) -> tuple:
 def features(problem: GemmProblem, choice: Choice, per_problem: tuple | None = None) -> list[float] | None:
     """BASE_FEATURES for one candidate; None when it has no tile (aten). `per_problem`: problem_features(problem),
     where the caller has it."""
-    from kernels.perf_model import estimate_of, tile_of
+    from kernels.space.perf_model import estimate_of, tile_of
 
     tile = tile_of(problem, choice)
     if tile is None:
@@ -142,7 +142,7 @@ class LearnedModel:
     def _analytic_rest(problem: GemmProblem, choices: Sequence[Choice], where: list[int]) -> list[float | None]:
         """The analytic estimate of the choices not at `where` (None there): only those are estimated, as a new
         shape ranks thousands of choices."""
-        from kernels.perf_model import AnalyticModel
+        from kernels.space.perf_model import AnalyticModel
 
         out: list[float | None] = [None] * len(choices)
         rest = sorted(set(range(len(choices))) - set(where))
@@ -278,7 +278,7 @@ def _train_member(xn, yn, sizes: list[int], seed: int, steps: int, lr: float, we
 
 
 def save(params: dict, path: str | os.PathLike) -> None:
-    from kernels.fsutil import atomic_write_text
+    from kernels.core.fsutil import atomic_write_text
     atomic_write_text(Path(path), json.dumps(params, indent=None, separators=(",", ":")) + "\n")
 
 

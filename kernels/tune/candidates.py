@@ -19,9 +19,9 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-from kernels.choice import Choice
-from kernels.config import config
-from kernels.problem import GemmProblem
+from kernels.core.choice import Choice
+from kernels.core.config import config
+from kernels.core.problem import GemmProblem
 
 
 @dataclass
@@ -66,7 +66,7 @@ def _narrow(problem: GemmProblem, backend_name: str, choices: list[Choice]) -> N
 # -- 1. lookup table -------------------------------------------------------------------------------------------------
 def _from_lut(problem, backend_name, choices, out: Narrowed) -> tuple[list[Choice], bool]:
     """(the table's choices for this backend, whether they are the only candidates)."""
-    from kernels import lut as lut_mod
+    from kernels.space import lut as lut_mod
 
     table, _ = lut_mod.active()
     match = table.lookup(problem) if table is not None else None
@@ -117,7 +117,7 @@ def _pool(problem, backend_name, choices) -> dict[str, Choice]:
 
 
 def _resolve(problem, backend_name, ref, pool) -> tuple[Choice | None, str]:
-    from kernels.heuristics import supports
+    from kernels.space.heuristics import supports
 
     if ref.name:
         hit = pool.get(ref.name)
@@ -157,7 +157,7 @@ def _benchmark_space(problem, backend_name, choices: list[Choice], out: Narrowed
     k = _default_count(problem, backend_name, choices) if space == "default" else int(space)
     if len(choices) <= k:
         return choices
-    from kernels.perf_model import model_for, top_k
+    from kernels.space.perf_model import model_for, top_k
 
     model, why = model_for(problem)
     pred = model.predict(problem, choices)
@@ -245,7 +245,7 @@ def fingerprint_extra() -> dict:
         extra["benchmark_space"] = str(config.benchmark_space)
         extra["perf_model"] = config.perf_model
     if config.lut:
-        from kernels import lut as lut_mod
+        from kernels.space import lut as lut_mod
         extra["lut"] = lut_mod.active()[1] or "unreadable"
     if config.only or config.skip:
         extra["only"], extra["skip"] = list(config.only), list(config.skip)
@@ -259,7 +259,7 @@ def _explore(problem, backend_name, choices, count, out: Narrowed) -> list[Choic
     five unseen `triton_int8_mm` tiles predicted 28-32 us, the best measured 27.8 us ranked 71st). Timing the model's
     own top picks teaches it where it is wrong; the salted draw covers the rest of the space over many problems."""
     from backends import get_backend
-    from kernels.perf_model import model_for, top_k
+    from kernels.space.perf_model import model_for, top_k
 
     defaults = {c.name for c in get_backend(backend_name).choices(problem, "default")[0]}
     model, why = model_for(problem)

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kernels.choice import Choice
-from kernels.heuristics import cdiv
-from kernels.problem import GemmProblem
+from kernels.core.choice import Choice
+from kernels.space.heuristics import cdiv
+from kernels.core.problem import GemmProblem
 
 
 class PerfModel(Protocol):
@@ -111,7 +111,7 @@ def tile_of(problem: GemmProblem, choice: Choice) -> Tile | None:
         return Tile(c.block_m, c.block_n, c.block_k, c.num_stages, c.num_warps, c.group_m, split, wg)
     if choice.backend == "cutlass" and "" in params:
         try:
-            from kernels.heuristics_cutlass import CutlassConfig
+            from kernels.space.heuristics_cutlass import CutlassConfig
             cc = CutlassConfig.from_params(choice.params)
         except (ValueError, KeyError):
             return None
@@ -273,7 +273,7 @@ class AnalyticModel:
 
 # -- which model -----------------------------------------------------------------------------------------------------
 # With a learned model, 2 of every 5 places go to the analytic model's favourites. Chosen by leave-one-problem-out
-# cross-validation on the training sets only (`python -m kernels model cv`, 5-member ensembles ranked as below): top-5
+# cross-validation on the training sets only (`python -m tools.perf_model cv`, 5-member ensembles ranked as below): top-5
 # regret (geomean / worst) on H200 bf16 (16 problems) 1.036 / 1.377 with 2 analytic places, 1.037 / 1.377 with 1,
 # 1.073 / 1.448 with none; on H100 bf16 (16) 1.001 / 1.014 with 2 or 1, 1.003 / 1.046 with none.
 ANALYTIC_SHARE = 0.4
@@ -307,7 +307,7 @@ HEDGE_RATIO = 2.0
 # NEIGHBOURS nearest training problems of the same class (perf_learned.problem_class), the nearest first, out of the
 # analytic share while that keeps one place (bf16: 1 analytic, 1 neighbour, 3 learned; int8: 1 neighbour, 4 learned).
 # Top-5 regret (geomean / worst, aten beside the picks) on H100 held-out problems with every exhaustive candidate timed
-# (data/perf/h100_heldout_full_*.csv.gz): int8 (9 problems) 1.025 / 1.125 -> 1.010 / 1.048; bf16 (6) 1.010 / 1.060
+# (tools/perf_model/data/h100_heldout_full_*.csv.gz): int8 (9 problems) 1.025 / 1.125 -> 1.010 / 1.048; bf16 (6) 1.010 / 1.060
 # before and after. Two places taken from the learned ones put bf16 4096x128x4096 at 1.120 (its
 # second-ranked learned pick was the optimum); ordering the winners by the model's prediction instead of by distance
 # moved with the neighbour count (1.014 / 1.010 / 1.028 for 2 / 3 / 5): it trusts the model where it is wrong. On the
@@ -428,8 +428,8 @@ def optimistic(members: Sequence[Sequence[float | None]]) -> list[float | None]:
 def model_for(problem: GemmProblem) -> tuple[PerfModel, str]:
     """The model `kernels.config.perf_model` asks for, and a note when it is not the one asked for (stale or
     missing learned model -> analytic)."""
-    from kernels import perf_learned
-    from kernels.config import config
+    from kernels.space import perf_learned
+    from kernels.core.config import config
 
     wanted = config.perf_model
     if wanted == "analytic":

@@ -6,11 +6,11 @@ from pathlib import Path
 def _templates_root() -> Path:
     """The checkout's top-level templates/ (source tree, editable install), else the copy a wheel installs as
     kernels/templates (pyproject's package-dir)."""
-    here = Path(__file__).resolve().parent
-    for root in (here.parent / "templates", here / "templates"):
+    package = Path(__file__).resolve().parents[1]
+    for root in (package.parent / "templates", package / "templates"):
         if root.is_dir():
             return root
-    return here.parent / "templates"
+    return package.parent / "templates"
 
 
 TEMPLATES_ROOT = _templates_root()

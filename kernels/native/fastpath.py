@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.config import config
+from kernels.core.config import config
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fastpath.cpp"
 MODULE_NAME = "_kernels_fastpath"

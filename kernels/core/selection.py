@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from kernels.choice import Choice
-from kernels.problem import GemmProblem
+from kernels.core.choice import Choice
+from kernels.core.problem import GemmProblem
 
 SCHEMA_VERSION = 1
 # the times tuning's final round adds to a finalist's details (kernels.autotune._pick_winner)

@@ -9,16 +9,16 @@ import threading
 import torch
 
 from backends import get_backend
-from kernels import counters as _stats
-from kernels import dynamic as _dynamic
-from kernels import fastpath as _fastpath
-from kernels.autotune import fingerprint, tune
-from kernels.cache import SelectionStore, store_key
-from kernels.choice import Choice
-from kernels.config import config, interpret_mode
-from kernels.errors import InputTypeError, InputValueError
-from kernels.problem import GemmProblem
-from kernels.selection import Selection
+from kernels.core import counters as _stats
+from kernels.dispatch import dynamic as _dynamic
+from kernels.native import fastpath as _fastpath
+from kernels.tune.autotune import fingerprint, tune
+from kernels.store.selections import SelectionStore, store_key
+from kernels.core.choice import Choice
+from kernels.core.config import config, interpret_mode
+from kernels.core.errors import InputTypeError, InputValueError
+from kernels.core.problem import GemmProblem
+from kernels.core.selection import Selection
 
 _MM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _ATEN = {"mm": torch.mm, "int_mm": torch._int_mm}

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kernels.heuristics import GemmConfig
-from kernels.templates_info import TEMPLATE_COMPLEXITY
+from kernels.space.heuristics import GemmConfig
+from kernels.space.families import TEMPLATE_COMPLEXITY
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ import json
 import warnings
 from pathlib import Path
 
-from kernels.config import config
-from kernels.fsutil import atomic_write_text, file_lock, read_json
-from kernels.problem import GemmProblem
-from kernels.selection import Selection
+from kernels.core.config import config
+from kernels.core.fsutil import atomic_write_text, file_lock, read_json
+from kernels.core.problem import GemmProblem
+from kernels.core.selection import Selection
 
 
 def store_key(problem: GemmProblem, fingerprint: dict) -> str:

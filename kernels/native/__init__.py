@@ -1,0 +1,2 @@
+"""The C++ warm-call table (fastpath): build, load, and the native launch plans backends register with it.
+Imports only kernels.core."""
