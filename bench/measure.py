@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 
 import kernels
+from backends import get_backend
+from backends.aten import int_mm_limits
 from bench.columns import Column, NameFilter, pick_best
 from bench.results import Cell, DeviceFacts, KernelsMmResult
 from bench.shapes import Shape
@@ -234,8 +236,6 @@ def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets, bud
 
 def _aten_cannot_run(problem: GemmProblem) -> str:
     """'' when torch's own function runs the problem (torch._int_mm refuses M <= 16 on CUDA), else why not."""
-    from backends.aten import int_mm_limits
-
     return int_mm_limits(problem) if problem.op == "int_mm" else ""
 
 
@@ -254,8 +254,6 @@ def first_call_source(before: dict, after: dict) -> str:
 def cutlass_compile_cell(column: Column, problem: GemmProblem, arch: int = 90) -> Cell:
     """No GPU: build the best-ranked CUTLASS candidate of the column for the problem as an sm90 device would run
     it (compile-only: nvcc and the CUTLASS headers are checked, nothing runs)."""
-    from backends import get_backend
-
     backend = get_backend("cutlass")
     target = dataclasses.replace(problem, device="cuda", arch=arch, device_name=f"sm{arch} (compile-only)")
     ok, why = backend.available(target)
