@@ -26,10 +26,10 @@ import time
 import traceback
 from pathlib import Path
 
-from kernels.space import dynamic_rules
+from kernels.core import dynamic_spec
 
 DEFAULT_SHAPES = "4096x12288,11008x4096"           # K x N
-DEFAULT_HINTS = ",".join(map(str, dynamic_rules.DEFAULT_HINTS))
+DEFAULT_HINTS = ",".join(map(str, dynamic_spec.DEFAULT_HINTS))
 TARGETS = {"benchmark": {"geomean": 1.03, "worst": 1.10}, "similarity": {"geomean": 1.05, "worst": 1.20}}
 MODES = ("benchmark", "similarity")
 

@@ -181,7 +181,7 @@ def finalists(sel) -> dict[str, dict]:
 def _ranking() -> dict:
     """How the top k were ranked in this run (the settings a later reader cannot see in the rows)."""
     from kernels.tune import candidates
-    from kernels.space import perf_model
+    from kernels.space import ranking as perf_model
 
     return {"ensemble": perf_model.ENSEMBLE_PICKS, "analytic_share": perf_model.ANALYTIC_SHARE,
             "analytic_share_by_dtype": perf_model.ANALYTIC_SHARE_BY_DTYPE,
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import kernels
-    from kernels.space.perf_model import model_for
+    from kernels.space.ranking import model_for
 
     os.environ["KERNELS_CACHE_DIR"] = tempfile.mkdtemp(prefix="kernels_fast_")
     kernels.config.preset = "fast"

@@ -12,7 +12,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import warnings
+from collections import Counter
 from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from backends import get_backend
+from kernels.core.config import ALL_BACKENDS, config
+from kernels.core.problem import GemmProblem
+from kernels.core.toolchain import toolchain
+from kernels.native import fastpath
+from kernels.space import lut
 
 
 def _version(package: str) -> str:
@@ -24,7 +36,6 @@ def _version(package: str) -> str:
 
 def _probe_problem(arch: int, name: str):
     """A plain aligned bf16 problem on the first device: what `available()` is asked about."""
-    from kernels.core.problem import GemmProblem
 
     device = "cuda" if arch else "cpu"
     return GemmProblem(op="mm", m=1024, n=1024, k=1024, dtype="bf16", out_dtype="bf16", stride_a=(1024, 1),
@@ -32,8 +43,6 @@ def _probe_problem(arch: int, name: str):
 
 
 def _fastpath_line(mode: str) -> str:
-    from kernels.native import fastpath
-
     where = fastpath.paths()
     if where.library.exists():
         return f"built ({where.library}); KERNELS_FASTPATH={mode}"
@@ -43,12 +52,6 @@ def _fastpath_line(mode: str) -> str:
 
 
 def info_lines() -> list[str]:
-    import torch
-
-    from backends import get_backend
-    from kernels.core.config import ALL_BACKENDS, config
-    from kernels.core.toolchain import toolchain
-
     lines = []
     if torch.cuda.is_available():
         cap = torch.cuda.get_device_capability(0)
@@ -114,11 +117,6 @@ def _backend_status(backend, problem) -> str:
 
 
 def _lut_export(args) -> int:
-    from pathlib import Path
-
-    from kernels.space import lut
-    from kernels.core.config import config
-
     root = Path(args.store) if args.store else Path(config.cache_dir) / "selections"
     table = lut.export_from_store(root, args.top_k, args.mode)
     if args.output == "-":
@@ -131,11 +129,6 @@ def _lut_export(args) -> int:
 
 
 def _lut_check(args) -> int:
-    import warnings
-    from collections import Counter
-
-    from kernels.space import lut
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         table = lut.load(args.file)
@@ -153,8 +146,6 @@ def _lut_check(args) -> int:
 
 
 def _fastpath_build(args) -> int:
-    from kernels.native import fastpath
-
     try:
         library = fastpath.build(force=args.force)
     except fastpath.FastpathBuildError as e:
