@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from backends import get_backend
-from kernels.core.config import ALL_BACKENDS, config
+from kernels.core.config import ALL_BACKENDS, config, interpret_mode
 from kernels.core.problem import GemmProblem
 from kernels.core.toolchain import toolchain
 from kernels.native import fastpath
@@ -90,8 +90,6 @@ PADDED_PROBE_K = 1001
 def _backend_status(backend, problem) -> str:
     """Whether the backend serves problems on this machine, in words true here. `problem` is a made-up aligned bf16
     product on the first device, so each backend is asked about the problems it exists for."""
-    from kernels.core.config import interpret_mode
-
     if backend.name == "padded":
         # padded exists for unaligned operands: asked about the aligned probe it would only say it is not needed
         unaligned = dataclasses.replace(problem, k=PADDED_PROBE_K, stride_a=(PADDED_PROBE_K, 1))
