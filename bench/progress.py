@@ -7,6 +7,8 @@ import sys
 import time
 from typing import TextIO
 
+from kernels.core.progress import held_by_caller
+
 
 class RunProgress:
     """Use as a context manager around the per-shape loop: `step(text)` says what runs now, `advance()` ends a
@@ -21,6 +23,7 @@ class RunProgress:
         self.done = 0
         self._rich = None          # (Progress, task id) while a rich bar is live
         self._plain_width = 0      # characters of the plain counter line now on screen
+        self._hold = None          # while the bar is shown, tuning's own status line stays off the terminal
 
     @property
     def elapsed(self) -> float:
@@ -28,10 +31,15 @@ class RunProgress:
 
     def __enter__(self) -> "RunProgress":
         if self.bar:
+            self._hold = held_by_caller()
+            self._hold.__enter__()
             self._rich = _rich_bar(self.stream, self.total)
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._hold is not None:
+            self._hold.__exit__(*exc)
+            self._hold = None
         if self._rich is not None:
             self._rich[0].stop()
             self._rich = None
