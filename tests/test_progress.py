@@ -51,3 +51,10 @@ def test_status_updates_reach_rich_on_a_terminal(monkeypatch):
     with progress.status("start") as update:
         update("build")
     assert updates == ["start", "build"]
+
+
+def test_a_callers_bar_keeps_the_tuning_status_off_the_terminal(monkeypatch):
+    monkeypatch.setattr(progress, "shown", lambda: True)
+    with progress.held_by_caller():
+        with progress.status("tuning") as update:
+            assert update is progress._quiet

@@ -7,9 +7,22 @@ import contextlib
 import sys
 from typing import Callable, Iterator
 
+_held = [0]       # > 0 while a caller (bench's bar over its shapes) owns the terminal's progress line
+
 
 def _quiet(_text: str) -> None:
     pass
+
+
+@contextlib.contextmanager
+def held_by_caller() -> Iterator[None]:
+    """A caller drawing its own progress (bench.compare's bar) keeps tuning's status line off the terminal meanwhile:
+    two live displays on one line overwrite each other."""
+    _held[0] += 1
+    try:
+        yield
+    finally:
+        _held[0] -= 1
 
 
 def shown() -> bool:
@@ -22,7 +35,7 @@ def shown() -> bool:
 @contextlib.contextmanager
 def status(text: str) -> Iterator[Callable[[str], None]]:
     """A status line while the block runs; yields update(text). Quiet off a terminal or without rich."""
-    if not shown():
+    if _held[0] or not shown():
         yield _quiet
         return
     try:

@@ -1,10 +1,13 @@
-"""Issue 6's reference done in full: the fast preset's winner against a full exhaustive benchmark (every candidate of
+"""Showed the fast preset 1.113-1.118x off the full exhaustive optimum on int8 4000x4000x320 (H100, ninth session;
+`bash bench/gpu_check.sh exhaustive`).
+
+Issue 6's reference done in full: the fast preset's winner against a full exhaustive benchmark (every candidate of
 the exhaustive search space built and timed), in one process, the two winners then timed side by side three times.
 
-    python -m bench.exhaustive_reference --problems int8:4000x4000x320,bf16:96x22016x4096 --time-limit-s 250
+    python -m experiments.exhaustive_reference --problems int8:4000x4000x320,bf16:96x22016x4096 --time-limit-s 250
 
 A full exhaustive tune took 20-190 s per problem on the H100 (900-2,700 candidates). Where the full exhaustive timings
-are already on file (`tools/perf_model/data/h100_heldout_full_*.csv.gz`, `bash bench/gpu_check.sh truth`), `bench.fast_preset
+are already on file (`tools/perf_model/data/h100_heldout_full_*.csv.gz`, `bash bench/gpu_check.sh truth`), `experiments.fast_preset
 --data` on those files makes the same comparison without tuning every candidate again.
 """
 from __future__ import annotations
@@ -34,7 +37,7 @@ def compare(problem, backends: tuple[str, ...], repeats: int = 3, budget_ms: flo
     """Tune `problem` with the fast preset, then with every exhaustive candidate; the winners' side-by-side ratios.
     `truth_csv`: every exhaustive candidate's timing is appended there (the dataset format of `model collect`), the
     offline ground truth `python -m kernels model eval` scores a model's top k against."""
-    from bench.fast_preset import tuned, timed_together
+    from experiments.fast_preset import tuned, timed_together
     from kernels.core.config import config
     from kernels.measure.verify import make_inputs
 
@@ -74,7 +77,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from bench.fast_preset import cuda_problem
+    from experiments.fast_preset import cuda_problem
 
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (a full exhaustive tune under the interpreter would take hours)")

@@ -1,8 +1,11 @@
-"""How tuning ranked each problem's candidates, tune after tune: the AUTOTUNE table with every finalist's first-pass,
+"""Showed that host-bound first passes are host jitter (int8 64x64x65536: 13.5-16.5 us per call for a 10.6 us tile),
+which led to the wider host-bound final round (tenth session).
+
+How tuning ranked each problem's candidates, tune after tune: the AUTOTUNE table with every finalist's first-pass,
 re-timed (final round) and GPU times (`Selection.table(rounds=True)`). For small (host-bound) problems, whose first
 passes are host jitter.
 
-    python -m bench.host_bound_diag --problems int8:64x64x65536,int8:24x6144x1536 --repeats 3 --preset fast
+    python -m experiments.host_bound_diag --problems int8:64x64x65536,int8:24x6144x1536 --repeats 3 --preset fast
 
 Each tune starts from an empty cache (nothing selected, every pick compiled again).
 """
@@ -13,7 +16,7 @@ import tempfile
 
 
 def main(argv=None) -> int:
-    from bench.exhaustive_reference import parse_problems
+    from experiments.exhaustive_reference import parse_problems
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--problems", type=parse_problems, required=True, help="DTYPE:MxNxK,... (bf16, fp16, int8)")
@@ -23,7 +26,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from bench.fast_preset import cuda_problem
+    from experiments.fast_preset import cuda_problem
     from kernels.tune.autotune import tune
     from kernels.core.config import config
 
