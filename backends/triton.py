@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
+import math
 import os
+import re
 import time
 from pathlib import Path
 
@@ -16,6 +17,8 @@ import torch
 
 from backends.base import Backend, BuildOutcome, Runner
 from backends.triton_launch import CompiledHandle, InterpretedHandle
+from backends.triton_modules import module_file_name
+from backends.triton_modules import publish as publish_module
 from backends.triton_render import TritonKernelSpec, build_key, render
 from backends.triton_templates import family, templates
 from backends.triton_worker import compile_job, load_kernel
@@ -23,7 +26,7 @@ from backends.worker_pool import WorkerPool, worker_env
 from kernels.core import counters
 from kernels.core.choice import Choice
 from kernels.core.config import config, interpret_mode
-from kernels.core.fsutil import atomic_write_text, read_json, write_if_different
+from kernels.core.fsutil import atomic_write_text, read_json
 from kernels.core.problem import GemmProblem
 from kernels.space.families import TEMPLATE_OPS
 
@@ -89,8 +92,8 @@ class TritonBackend(Backend):
                     source = render(spec)
                     key = build_key(source, spec, f"cuda:{problem.arch}", triton_version())
                     if key not in kernels:
-                        path = self.root / "src" / f"{spec.template_file.split('.')[0]}_{_digest(source)}.py"
-                        write_if_different(path, source)
+                        path = self.root / "src" / module_file_name(spec.template_file.split('.')[0], source)
+                        publish_module(path, source, atomic_write_text)
                         kernels[key] = (spec, path, source)
                     keys.append(key)
                 plans.append((choice, specs, keys, start, None))
@@ -127,7 +130,7 @@ class TritonBackend(Backend):
                 keys = [build_key(render(spec), spec, f"cuda:{problem.arch}", triton_version()) for spec in specs]
             except Exception:  # noqa: BLE001 - a choice that does not render is not built
                 continue
-            if keys and all(self._stored(key) for key in keys):
+            if keys and all(self._stored(key, spec, problem.arch) for key, spec in zip(keys, specs)):
                 names.add(choice.name)
         return names
 
@@ -160,7 +163,7 @@ class TritonBackend(Backend):
         compiled_now: set[str] = set()
         to_compile = []
         for key, (spec, path, _) in kernels.items():
-            if not self._stored(key):
+            if not self._stored(key, spec, problem.arch):
                 job = self._job(problem, spec, path)
                 job["id"] = len(to_compile)
                 to_compile.append((key, job))
@@ -184,14 +187,17 @@ class TritonBackend(Backend):
                 handles[key] = self._load(problem, spec, path, key, from_store=key not in compiled_now)
         return handles, compiled_now
 
-    def _stored(self, key: str) -> bool:
-        """The artifact store has the kernel with this build key, and its files are still in Triton's cache."""
+    def _stored(self, key: str, spec: TritonKernelSpec, arch: int) -> bool:
+        """The artifact store has a well-formed record of this kernel under its build key, and the kernel's files
+        are still in Triton's cache. A record that is not what this process would have written is a miss (the
+        kernel is compiled again and the record rewritten)."""
         meta = read_json(self.root / "artifacts" / f"{key}.json")
-        return meta is not None and self._in_triton_cache(meta.get("cache_group", ""))
+        return (meta is not None and _artifact_record_valid(meta, spec.kernel_name, arch)
+                and self._in_triton_cache(meta["cache_group"]))
 
     def _in_triton_cache(self, group: str) -> bool:
         """The compiled kernel's files are still in Triton's cache (its metadata JSON is written last)."""
-        return bool(group) and any((self.triton_cache_dir / group).glob("*.json"))
+        return any((self.triton_cache_dir / group).glob("*.json"))
 
     def _load(self, problem, spec, module_path, key, from_store: bool):
         try:
@@ -220,8 +226,20 @@ class TritonBackend(Backend):
         return self._pool
 
 
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
+# what a record's strings may hold: Triton's kernel hash is hex; its cache folder is one plain path component
+_HEX = re.compile(r"[0-9a-f]{16,128}")
+_CACHE_GROUP = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def _artifact_record_valid(meta: dict, kernel_name: str, arch: int) -> bool:
+    """`meta` is the record `_compiled` writes for this kernel: right types, this kernel, this Triton and arch, and a
+    cache folder name that stays inside Triton's cache."""
+    seconds = meta.get("compile_seconds")
+    return (meta.get("kernel") == kernel_name and meta.get("triton") == triton_version()
+            and type(meta.get("arch")) is int and meta["arch"] == arch
+            and isinstance(meta.get("triton_hash"), str) and _HEX.fullmatch(meta["triton_hash"]) is not None
+            and isinstance(meta.get("cache_group"), str) and _CACHE_GROUP.fullmatch(meta["cache_group"]) is not None
+            and (seconds is None or (type(seconds) in (int, float) and math.isfinite(seconds) and seconds >= 0)))
 
 
 def _json(obj) -> str:

@@ -6,24 +6,23 @@ Jobs are compiled into Triton's cache (TRITON_CACHE_DIR, set by the parent), whe
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
 import time
 import traceback
 
+from backends import triton_modules
+
 _modules: dict = {}
 
 
 def load_kernel(module_path: str, kernel_name: str):
-    """Import a rendered module file once per process and return its kernel function."""
+    """Load a rendered module once per process, from its content-checked bytes (backends.triton_modules), and
+    return its kernel function."""
     mod = _modules.get(module_path)
     if mod is None:
-        name = "kernels_gen_" + os.path.basename(module_path)[:-3]
-        spec = importlib.util.spec_from_file_location(name, module_path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = triton_modules.load(module_path, "kernels_gen_" + os.path.basename(module_path)[:-3])
         _modules[module_path] = mod
     return getattr(mod, kernel_name)
 
