@@ -46,9 +46,13 @@ def _probe_problem(arch: int, name: str):
 
 def _fastpath_line(mode: str) -> str:
     where = fastpath.paths()
-    if where.library.exists():
+    found = fastpath.state(where)
+    if found == "built":
         return f"built ({where.library}); KERNELS_FASTPATH={mode}"
-    if where.failed.exists():
+    if found == "unverified":
+        return (f"{where.library} does not match its marker (truncated, replaced or not built here): never "
+                f"loaded; removed and built again on the first tune, or by `python -m kernels fastpath build`")
+    if found == "failed":
         return f"build failed (log: {where.log}); `python -m kernels fastpath build --force` retries"
     return f"not built; KERNELS_FASTPATH={mode} ('auto' builds it in the background on the first tune)"
 

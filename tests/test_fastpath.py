@@ -1,16 +1,24 @@
-"""The C++ warm-call table (kernels/fastpath.py, kernels/csrc/fastpath.cpp): built once for the session, then each
-test copies it into its own cache dir. It must serve exactly the calls the Python table would (same key), decline
-what it cannot serve (fp32, autograd, subclasses, torch-function modes), and never take a call down."""
+"""The C++ warm-call table (kernels/native/fastpath.py, kernels/native/csrc/fastpath.cpp): built once for the
+session, then each test copies it into its own cache dir. It must serve exactly the calls the Python table would
+(same key), decline what it cannot serve (fp32, autograd, subclasses, torch-function modes), and never take a call
+down. The library on disk is loaded only when its marker vouches for it, and built once at a time by a builder
+process that outlives the process that started it."""
+import os
 import shutil
+import subprocess
 import threading
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
 import kernels
+from kernels.core import fsutil
+from kernels.core.config import interpret_mode
 from kernels.dispatch import api
 from kernels.native import fastpath
-from kernels.core.config import interpret_mode
+from tests.conftest import run_python
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +38,7 @@ def fast(built_library, monkeypatch):
     where = fastpath.paths()
     where.folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(built_library, where.library)
+    shutil.copy(built_library.parent / where.marker.name, where.marker)     # same tag: the marker vouches for it
     monkeypatch.setenv("KERNELS_FASTPATH", "auto")
     monkeypatch.setattr(api, "_fast", fastpath.Fastpath())
     monkeypatch.setattr(api, "_fast_call", None)
@@ -142,12 +151,14 @@ def test_background_build_switches_warm_calls_over(fast, built_library, monkeypa
     fast.library.unlink()
     release = threading.Event()
 
-    def gated_build(force=False):
-        assert release.wait(30)
-        shutil.copy(built_library, fast.library)        # what the compile publishes
-        return fast.library
+    class GatedBuilder:                                 # stands in for the detached builder process
+        def wait(self):
+            assert release.wait(30)
+            shutil.copy(built_library, fast.library)    # what the builder publishes
+            shutil.copy(built_library.parent / fast.marker.name, fast.marker)
+            return 0
 
-    monkeypatch.setattr(fastpath, "build", gated_build)
+    monkeypatch.setattr(fastpath, "start_builder", lambda job, wait: GatedBuilder())
     a, b = torch.randn(4, 8).half(), torch.randn(8, 4).half()
     kernels.mm(a, b)
     assert api._fast_call is None and api._fast.why_not == "building in the background"
@@ -304,3 +315,161 @@ def test_gpu_triton_winner_is_a_native_entry(fast):
 
     assert served(call) == 1
     torch.testing.assert_close(out.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-2)
+
+
+# -- the library on disk: verified before dlopen, built once at a time, by a builder that outlives its starter ------
+
+def fake_compiler(folder, library, sleep_s=0.0, partial=False):
+    """A stand-in for c++ (set as CXX, so also its own build tag): records each call in `calls`, sleeps, then writes
+    `library` to the -o target (with `partial`, a first kilobyte of it, then sleeps a minute in a child process, as
+    cc1plus would)."""
+    calls = folder / "compiler_calls"
+    script = folder / "fake-c++"
+    tail = (f'head -c 1000 "{library}" > "$out"\nsleep 60\n' if partial else
+            f'sleep {sleep_s}\ncp "{library}" "$out"\n')
+    script.write_text('#!/bin/sh\nout=""; prev=""\nfor a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done\n'
+                      f'echo "$$" >> "{calls}"\n' + tail)
+    script.chmod(0o755)
+    return script, calls
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that contain `text` (a cache path: builders and compilers name it)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmdline = (Path("/proc") / pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{pid}: {cmdline[:200]}")
+    return found
+
+
+def wait_until_gone(text: str, timeout_s: float) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while (left := processes_mentioning(text)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def temporaries(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+LOAD_AND_CALL = """
+import torch, kernels
+status = kernels.load_fastpath(wait=True)
+a, b = torch.randn(4, 8).half(), torch.randn(8, 4).half()
+assert torch.equal(kernels.mm(a, b), torch.mm(a, b))
+print(status)
+"""
+
+
+@pytest.fixture
+def rebuilding(built_library, tmp_path, monkeypatch, isolated_cache):
+    """KERNELS_FASTPATH=auto with a compiler that 'builds' the good library at once: the paths of this cache's
+    library, for a test to plant something there first."""
+    cxx, _ = fake_compiler(tmp_path, built_library)
+    monkeypatch.setenv("CXX", str(cxx))
+    monkeypatch.setenv("KERNELS_FASTPATH", "auto")
+    monkeypatch.setenv("KERNELS_BACKENDS", "aten")
+    where = fastpath.paths()
+    where.folder.mkdir(parents=True)
+    return where
+
+
+@pytest.mark.parametrize("marker", ["none", "of the whole library"])
+def test_truncated_library_never_reaches_dlopen_and_is_rebuilt(rebuilding, built_library, marker):
+    """A truncated library (a copy cut short, or one corrupted after it was published) used to kill every process
+    that loaded it (SIGBUS, exit 135)."""
+    data = built_library.read_bytes()
+    rebuilding.library.write_bytes(data[: len(data) // 2])
+    if marker != "none":
+        fsutil.publish_marker(built_library, rebuilding.marker, rebuilding.key, {})
+    out = run_python(LOAD_AND_CALL, timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    assert out.stdout.strip() == "loaded", out.stderr[-3000:]
+    assert out.stderr.count("FastpathWarning") == 1, out.stderr[-3000:]
+    assert rebuilding.library.read_bytes() == data
+    assert fastpath.state(rebuilding) == "built"
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to make a foreign library")
+@pytest.mark.parametrize("marker", ["none", "of another library"])
+def test_foreign_library_is_never_loaded(rebuilding, built_library, tmp_path, marker):
+    ran = tmp_path / "foreign_library_ran"
+    source = tmp_path / "foreign.c"
+    source.write_text('#include <stdio.h>\n__attribute__((constructor)) static void run(void) '
+                      f'{{ FILE *f = fopen("{ran}", "w"); if (f) fclose(f); }}\n')
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(rebuilding.library), str(source)], check=True)
+    if marker != "none":
+        fsutil.publish_marker(built_library, rebuilding.marker, rebuilding.key, {})
+    out = run_python(LOAD_AND_CALL, timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    assert not ran.exists(), "the foreign library was loaded"
+    assert out.stdout.strip() == "loaded" and out.stderr.count("FastpathWarning") == 1, out.stderr[-3000:]
+    assert rebuilding.library.read_bytes() == built_library.read_bytes()
+
+
+def test_state_names_an_unverified_library_and_removes_nothing(rebuilding, built_library):
+    rebuilding.library.write_bytes(built_library.read_bytes()[:1000])
+    assert fastpath.state(rebuilding) == "unverified"
+    assert os.path.exists(rebuilding.library)           # reading the state removes nothing
+
+
+@pytest.mark.slow
+def test_twenty_short_processes_build_once_and_leave_no_compiler_or_temporary(built_library, tmp_path, monkeypatch,
+                                                                           isolated_cache):
+    """Each process asks for the library and exits at once, while the (slow) compile still runs: the build used to
+    die unpublished with the first process's thread, each process leaving an orphan compiler and a temporary."""
+    cxx, calls = fake_compiler(tmp_path, built_library, sleep_s=4)
+    monkeypatch.setenv("CXX", str(cxx))
+    monkeypatch.setenv("KERNELS_FASTPATH", "auto")
+    where = fastpath.paths()
+    code = "import kernels; kernels.load_fastpath(wait=False)"
+    for _ in range(20):
+        out = run_python(code, timeout=60)
+        assert out.returncode == 0, out.stderr[-2000:]
+    left = wait_until_gone(str(isolated_cache), 60)
+    assert not left, left
+    assert where.library.exists(), "the build never published the library"
+    assert temporaries(where.folder) == []
+    assert len(calls.read_text().split()) == 1        # one compile for twenty processes
+    assert fastpath.state(where) == "built"
+
+
+def test_interrupted_builder_takes_its_compiler_down_and_removes_its_temporary(built_library, tmp_path, monkeypatch,
+                                                                              isolated_cache):
+    cxx, _ = fake_compiler(tmp_path, built_library, partial=True)
+    monkeypatch.setenv("CXX", str(cxx))
+    where = fastpath.paths()
+    where.folder.mkdir(parents=True)
+    builder = fastpath.start_builder(fastpath.build_job(where), wait=False)
+    deadline = time.monotonic() + 30
+    while not temporaries(where.folder) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert temporaries(where.folder), "the compile never started"
+    builder.terminate()
+    assert builder.wait(30) != 0
+    assert not wait_until_gone(str(isolated_cache), 10)
+    assert temporaries(where.folder) == [] and not where.library.exists()
+
+
+def test_build_removes_what_dead_builders_left(built_library, tmp_path, monkeypatch, isolated_cache):
+    cxx, _ = fake_compiler(tmp_path, built_library)
+    monkeypatch.setenv("CXX", str(cxx))
+    where = fastpath.paths()
+    where.folder.mkdir(parents=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left_behind = [f".{fastpath.MODULE_NAME}.tmp.{dead.pid}.so", f".{fastpath.MODULE_NAME}.{dead.pid}.deadbeef.so",
+                   f".{where.marker.name}.{dead.pid}.0123abcd.tmp"]
+    for name in left_behind:
+        (where.folder / name).write_bytes(b"half-written")
+    live = f".{fastpath.MODULE_NAME}.tmp.{os.getpid()}.so"      # a live writer's: not for this build to remove
+    (where.folder / live).write_bytes(b"being written")
+    assert fastpath.build() == where.library
+    assert temporaries(where.folder) == [live]

@@ -1,15 +1,19 @@
-"""The C++ warm-call table (kernels/csrc/fastpath.cpp): built once per torch/Python/source, loaded when present.
+"""The C++ warm-call table (kernels/native/csrc/fastpath.cpp): built once per torch/Python/source, loaded when its
+marker vouches for it.
 
 Why: a warm `kernels.mm` in Python builds a 13-field key from tensor attributes (~1 us here, ~2 us on the H100's
 host) before it reaches torch.mm; for host-bound problems that is the whole gap to torch.mm. The C++ table reads the
 same fields from the TensorImpls and calls at::mm itself.
 
 Build: one g++ call ($CXX, default c++) against torch's headers (~15-25 s on 2 cores), into
-<cache_dir>/fastpath/<tag>/ (one library per torch/Python/source/compiler), published with os.replace so concurrent
-builders and killed builds never leave a half-written library where a loader looks. A failed build leaves its log and
-a FAILED marker (not retried in later processes; `python -m kernels fastpath build` retries). `KERNELS_FASTPATH`: auto
-(default: load if built, else build in a background thread on the first tune), build (build in the caller, blocking:
-tests and benchmarks), off.
+<cache_dir>/fastpath/<tag>/ (one library per torch/Python/source/compiler), run by a builder process
+(kernels.native.fastpath_build) under a lock beside the library: one build at a time, published with os.replace and
+a marker written last (size and sha256). A library is loaded only when its marker matches it: one that does not
+(truncated, swapped, planted) is removed with a warning and built again, and never reaches dlopen. A failed build
+leaves its log and a FAILED marker (not retried in later processes; `python -m kernels fastpath build` retries).
+`KERNELS_FASTPATH`: auto (default: load if built, else start a detached builder on the first tune, which publishes
+even when this process has exited; this process loads the library when the builder is done), build (build and
+wait: tests and benchmarks), off.
 """
 from __future__ import annotations
 
@@ -18,52 +22,42 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
 import threading
-import uuid
-from dataclasses import dataclass
+import warnings
 from pathlib import Path
 
 import torch
 from torch.utils import cpp_extension
 
 from kernels.core.config import config, tool_variable
+from kernels.core.fsutil import file_lock
+from kernels.native.fastpath_build import (MODULE_NAME, OUTPUT, BuildJob, BuildPaths, FastpathBuildError,
+                                           published)
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fastpath.cpp"
-MODULE_NAME = "_kernels_fastpath"
-BUILD_TIMEOUT_S = 600
+# the folder that holds the `kernels` package: builder processes import kernels.native.fastpath_build from there
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+_started: list[subprocess.Popen] = []   # detached builders this process started (kept so none is reaped early)
 
 
-class FastpathBuildError(RuntimeError):
-    """The C++ table did not build; carries the command and the compiler's output."""
-
-    def __init__(self, message: str, log: str = ""):
-        super().__init__(message)
-        self.log = log
-
-
-@dataclass(frozen=True)
-class BuildPaths:
-    folder: Path
-    library: Path
-    failed: Path
-    log: Path
+class FastpathWarning(RuntimeWarning):
+    """A fastpath library on disk did not match its marker and was removed (it is built again)."""
 
 
 def compiler() -> str:
     return tool_variable("CXX") or "c++"
 
 
-def _compile_command(output: Path) -> list[str]:
+def _compile_command(output: str) -> list[str]:
     torch_lib = Path(torch.__file__).resolve().parent / "lib"
     includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return [compiler(), "-O2", "-std=c++20", "-fPIC", "-shared", "-w",
             f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-            *[f"-I{p}" for p in includes], str(SOURCE), "-o", str(output),
+            *[f"-I{p}" for p in includes], str(SOURCE), "-o", output,
             f"-L{torch_lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", "-ldl", f"-Wl,-rpath,{torch_lib}"]
 
 
@@ -71,44 +65,82 @@ def paths() -> BuildPaths:
     tag_text = "\n".join([SOURCE.read_text(), torch.__version__, sys.version, sysconfig.get_config_var("SOABI") or "",
                           compiler()])
     tag = hashlib.sha256(tag_text.encode()).hexdigest()[:16]
-    folder = Path(config.cache_dir) / "fastpath" / tag
-    return BuildPaths(folder, folder / f"{MODULE_NAME}.so", folder / "FAILED", folder / "build.log")
+    return BuildPaths.under(Path(config.cache_dir) / "fastpath" / tag, tag)
+
+
+def build_job(where: BuildPaths, force: bool = False) -> BuildJob:
+    return BuildJob(where, tuple(_compile_command(OUTPUT)), force)
+
+
+def start_builder(job: BuildJob, wait: bool) -> subprocess.Popen:
+    """Start a builder process for the job in its own session: it outlives this process (and a Ctrl-C meant for
+    this one), and publishes or records its failure either way."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.Popen([sys.executable, "-m", "kernels.native.fastpath_build", job.to_json()],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE if wait else subprocess.DEVNULL, text=True,
+                            start_new_session=True, env=env, cwd=str(job.where.folder))
+    _started.append(proc)
+    return proc
 
 
 def build(force: bool = False) -> Path:
-    """Compile the table unless already built; returns the library path. Raises FastpathBuildError."""
+    """Build the table unless a verified library is there, and wait for it; returns the library path. Raises
+    FastpathBuildError."""
     where = paths()
-    if where.library.exists():
-        return where.library
+    library = verified_library(where)
+    if library is not None:
+        return library
     if where.failed.exists() and not force:
         raise FastpathBuildError(f"an earlier build failed; log: {where.log}", _read(where.log))
     where.folder.mkdir(parents=True, exist_ok=True)
-    tmp = where.folder / f".{MODULE_NAME}.{os.getpid()}.{uuid.uuid4().hex[:8]}.so"
-    cmd = _compile_command(tmp)
-    if shutil.which(cmd[0]) is None:
-        _fail(where, f"C++ compiler {cmd[0]!r} not found (set CXX)", "")
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        _fail(where, f"compile timed out after {BUILD_TIMEOUT_S} s", " ".join(cmd))
-        raise AssertionError("unreachable") from e
-    try:
-        if proc.returncode != 0:
-            _fail(where, f"compile failed (exit {proc.returncode})", " ".join(cmd) + "\n" + proc.stderr[-20000:])
-        os.replace(tmp, where.library)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    with contextlib.suppress(FileNotFoundError):
-        where.failed.unlink()
-    return where.library
+    proc = start_builder(build_job(where, force), wait=True)
+    _, errors = proc.communicate()
+    return _outcome(where, proc.returncode, errors)
 
 
-def _fail(where: BuildPaths, message: str, log: str):
-    where.folder.mkdir(parents=True, exist_ok=True)
-    where.log.write_text(f"{message}\n{log}")
-    where.failed.write_text(message + "\n")
-    raise FastpathBuildError(f"{message}; log: {where.log}", log)
+def _outcome(where: BuildPaths, returncode: int, errors: str = "") -> Path:
+    """The published library once a builder exited, or FastpathBuildError saying why there is none."""
+    library = published(where)
+    if library is not None:
+        return library
+    if where.failed.exists():
+        raise FastpathBuildError(f"{_read(where.failed).strip()}; log: {where.log}", _read(where.log))
+    raise FastpathBuildError(f"the builder exited with {returncode} without publishing the library", errors[-4000:])
+
+
+def verified_library(where: BuildPaths) -> Path | None:
+    """The library when its marker vouches for it. A library that fails the check is removed (one warning), so the
+    next build replaces it; not while a build holds the lock, since that build may be publishing it right now."""
+    library = published(where)
+    if library is not None or not os.path.lexists(where.library):
+        return library
+    try:
+        with file_lock(where.lock, timeout_s=0):
+            if published(where) is not None:
+                return where.library
+            os.unlink(where.library)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(where.marker)
+    except TimeoutError:
+        return None                 # a build is running: its library is published with its marker
+    except OSError as e:
+        warnings.warn(f"kernels: the fastpath library {where.library} does not match its marker and cannot be "
+                      f"removed ({e}); it is not loaded", FastpathWarning, stacklevel=3)
+        return None
+    warnings.warn(f"kernels: the fastpath library {where.library} does not match its marker (truncated, replaced "
+                  f"or not built here); removed, it is built again", FastpathWarning, stacklevel=3)
+    return None
+
+
+def state(where: BuildPaths) -> str:
+    """'built', 'failed', 'unverified' (a library its marker does not vouch for) or 'absent'. Reads only."""
+    if published(where) is not None:
+        return "built"
+    if os.path.lexists(where.library):
+        return "unverified"
+    return "failed" if where.failed.exists() else "absent"
 
 
 def _read(path: Path) -> str:
@@ -119,7 +151,9 @@ def _read(path: Path) -> str:
 
 
 def load_library(library: Path):
-    """Import the built extension from its file (torch is imported first: the library links against it)."""
+    """Import the built extension from its file (torch is imported first: the library links against it). Callers
+    pass only a library its marker vouched for (verified_library, published); the check and the dlopen are not one
+    step, so what keeps anyone else from swapping the file in between is the cache directory's permissions."""
 
     loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, str(library))
     spec = importlib.util.spec_from_file_location(MODULE_NAME, str(library), loader=loader)
@@ -138,12 +172,13 @@ def loaded_module():
 
 
 def load_if_built() -> None:
-    """Load the library when it is already built (never builds): helper processes, such as the isolated
-    verify-and-time child, then verify and time the same native launches the caller's warm path will use."""
+    """Load the library when it is already built and verified (never builds, never removes): helper processes, such
+    as the isolated verify-and-time child, then verify and time the same native launches the caller's warm path will
+    use."""
     if loaded_module() is not None or config.fastpath == "off":
         return
     where = paths()
-    if where.library.exists():
+    if published(where) is not None:
         try:
             _loaded[0] = load_library(where.library)
         except (ImportError, OSError):
@@ -151,7 +186,7 @@ def load_if_built() -> None:
 
 
 class Fastpath:
-    """Process state: the loaded module (or why not), and the background build when one runs."""
+    """Process state: the loaded module (or why not), and the thread that waits for a background build."""
 
     def __init__(self):
         self.module = None
@@ -160,9 +195,10 @@ class Fastpath:
         self._lock = threading.Lock()
 
     def try_load(self, on_loaded) -> None:
-        """Called on cold calls: loads a built library, or builds it per config.fastpath (in a background thread for
-        'auto'). `on_loaded(module)` runs once, when the module becomes available: the caller registers its entries
-        then, so a process that only makes warm calls after the background build still switches over."""
+        """Called on cold calls: loads a verified library, or builds it per config.fastpath ('auto': a detached
+        builder, and a thread here that loads its library when it is done). `on_loaded(module)` runs once, when the
+        module becomes available: the caller registers its entries then, so a process that only makes warm calls
+        after the background build still switches over."""
         if self.module is not None:
             return
         mode = config.fastpath
@@ -177,24 +213,41 @@ class Fastpath:
             except OSError as e:
                 self.why_not = f"cannot read {SOURCE}: {e}"
                 return
-            if not where.library.exists() and where.failed.exists():
+            library = verified_library(where)
+            if library is None and where.failed.exists():
                 self.why_not = f"build failed earlier; log: {where.log}"
                 return
-            if not where.library.exists() and mode == "auto":
+            if library is None and mode == "auto":
+                try:
+                    where.folder.mkdir(parents=True, exist_ok=True)
+                    proc = start_builder(build_job(where), wait=False)
+                except OSError as e:
+                    self.why_not = f"cannot start the builder: {e}"
+                    return
                 self.why_not = "building in the background"
-                self._thread = threading.Thread(target=self._build_and_load, args=(on_loaded,),
+                self._thread = threading.Thread(target=self._load_when_built, args=(where, proc, on_loaded),
                                                 name="kernels-fastpath-build", daemon=True)
                 self._thread.start()
                 return
-        self._build_and_load(on_loaded)
+        if library is None:
+            try:
+                library = build()
+            except FastpathBuildError as e:
+                self.why_not = str(e)
+                return
+        self._load(library, on_loaded)
 
-    def _build_and_load(self, on_loaded) -> None:
+    def _load_when_built(self, where: BuildPaths, proc: subprocess.Popen, on_loaded) -> None:
         try:
-            library = build()
-            module = load_library(library)
+            library = _outcome(where, proc.wait())
         except FastpathBuildError as e:
             self.why_not = str(e)
             return
+        self._load(library, on_loaded)
+
+    def _load(self, library: Path, on_loaded) -> None:
+        try:
+            module = load_library(library)
         except (ImportError, OSError) as e:
             self.why_not = f"load failed: {e}"
             return
