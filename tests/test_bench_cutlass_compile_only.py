@@ -8,7 +8,7 @@ from backends import get_backend
 from bench.columns import Column
 from bench.measure import cutlass_compile_cell
 from kernels.core.toolchain import resolve
-from tests.test_heuristics import problem
+from tests.helpers import problem
 
 TOOLS = resolve()
 pytestmark = [pytest.mark.slow,

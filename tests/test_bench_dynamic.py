@@ -12,7 +12,7 @@ import torch
 
 from bench import dynamic as bd
 from kernels.core.config import interpret_mode
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def test_parse_shapes_ints_range():

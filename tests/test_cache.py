@@ -10,8 +10,7 @@ from kernels.store.selections import SelectionStore
 from kernels.core.choice import Choice
 from kernels.core.config import interpret_mode
 from kernels.core.selection import Selection
-from tests.conftest import run_python
-from tests.test_heuristics import problem
+from tests.helpers import REPO, problem, run_python
 
 needs_interp = pytest.mark.skipif(not interpret_mode(), reason="exercised through the interpreter on CPU")
 
@@ -79,7 +78,6 @@ def test_two_processes_tuning_at_once_tune_once(isolated_cache):
     import subprocess
     import sys
     import os
-    from tests.conftest import REPO
 
     env = dict(os.environ, KERNELS_CACHE_DIR=str(isolated_cache), TRITON_INTERPRET="1",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -4,7 +4,7 @@ from backends.triton_render import render
 from backends.triton_templates import family
 from kernels.core.choice import Choice
 from kernels.space.heuristics import GemmConfig
-from tests.test_heuristics import problem
+from tests.helpers import problem
 
 
 def test_choice_names_are_stable_identities():

@@ -15,7 +15,7 @@ from backends.cutlass_render import BuildJob, render, spec_for
 from kernels.core.choice import Choice
 from kernels.space.heuristics_cutlass import CutlassConfig
 from kernels.core.toolchain import resolve
-from tests.cutlass_util import problem
+from tests.helpers import problem
 
 TOOLS = resolve()
 needs_toolchain = pytest.mark.skipif(not TOOLS.usable or shutil.which("ninja") is None,

@@ -8,7 +8,7 @@ from kernels.core.config import config
 from kernels.space.heuristics_cutlass import (CutlassConfig, config_pool, kernel_operands, ranked_configs, score,
                                         supports_cutlass)
 from kernels.core.toolchain import Toolchain
-from tests.cutlass_util import problem
+from tests.helpers import problem
 
 SM90, SM80 = "cutlass3x_sm90_mm", "cutlass2x_sm80_mm"
 SM90_I8, SM80_I8 = "cutlass3x_sm90_int8_mm", "cutlass2x_sm80_int8_mm"

@@ -6,7 +6,7 @@ import pytest
 
 from backends.cutlass import CutlassBackend
 from kernels.core.toolchain import resolve
-from tests.cutlass_util import problem
+from tests.helpers import problem
 
 TOOLS = resolve()
 pytestmark = pytest.mark.skipif(not TOOLS.usable or shutil.which("ninja") is None,

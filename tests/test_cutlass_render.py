@@ -8,7 +8,7 @@ from backends.isolated_child import TAG, _parse
 from backends.cutlass_render import BuildJob, build_key, ninja_text, render, spec_for
 from kernels.core.choice import Choice
 from kernels.space.heuristics_cutlass import CutlassConfig
-from tests.cutlass_util import problem
+from tests.helpers import problem
 
 
 def choice(template, cfg, dtype="bf16"):

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from kernels.core import toolchain
+from tests.helpers import problem, run_python
 
 
 def fake_cutlass(root: Path, version=(3, 9, 1)) -> Path:
@@ -83,7 +84,6 @@ def test_nvcc_from_path_then_cuda_home(tmp_path):
 
 def test_backend_reports_missing_toolchain(tmp_path):
     from backends.cutlass import CutlassBackend
-    from tests.cutlass_util import problem
 
     tc = toolchain.Toolchain(None, None, "", ("CUTLASS_DIR: not set", "nvcc: not on PATH"))
     ok, why = CutlassBackend(tc).available(problem())
@@ -93,8 +93,6 @@ def test_backend_reports_missing_toolchain(tmp_path):
 
 
 def test_kernels_info_runs():
-    from tests.conftest import run_python
-
     proc = run_python("from kernels.__main__ import main; main(['info'])", timeout=300)
     assert proc.returncode == 0, proc.stderr
     for field in ("torch:", "triton:", "nvcc:", "cutlass:", "cache dir:", "cutlass  "):

@@ -16,7 +16,7 @@ from kernels.dispatch.dynamic import BucketStore, Dynamic
 from kernels.space.dynamic_rules import nearest
 from kernels.core.errors import InputTypeError, InputValueError
 from kernels.core.problem import GemmProblem
-from tests.conftest import run_python
+from tests.helpers import run_python
 
 pytestmark = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
 

@@ -9,7 +9,7 @@ import torch
 import kernels
 from kernels.core import counters
 from kernels.dispatch import dynamic as dyn_mod
-from tests.conftest import run_python
+from tests.helpers import run_python
 
 pytestmark = pytest.mark.gpu
 

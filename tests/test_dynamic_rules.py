@@ -9,6 +9,7 @@ from kernels.space.dynamic_rules import (DEFAULT_HINTS, BucketRule, bucket_id, h
                                    parse_dims, parse_hints, parse_mode)
 from kernels.core.errors import InputTypeError, InputValueError
 from kernels.core.problem import GemmProblem
+from tests.helpers import problem
 
 
 def prob(m=64, n=48, k=32, sa=None, sb=None, dynamic=()):
@@ -158,7 +159,6 @@ def test_similarity_extrapolates_with_the_aten_winner():
     from kernels.dispatch.dynamic import Dynamic, Family, HintWinner, resolve, substitute
     from kernels.space.heuristics import GemmConfig
     from kernels.core.selection import Selection
-    from tests.test_heuristics import problem
 
     base = problem(m=64, n=4096, k=11008)
     fam = Family(base, resolve(Dynamic("m", hints=(64, 256, 4096), mode="similarity")))
@@ -192,7 +192,6 @@ def _family(winners_by_m, runners_up=()):
     """A similarity/benchmark Family over K=11008, N=4096 with the given hint winners (no tuning, no GPU)."""
     from kernels.dispatch.dynamic import Dynamic, Family, HintWinner, resolve, substitute
     from kernels.core.selection import Selection
-    from tests.test_heuristics import problem
 
     base = problem(m=64, n=4096, k=11008)
     fam = Family(base, resolve(Dynamic("m", hints=tuple(winners_by_m), mode="similarity")))
@@ -376,7 +375,6 @@ def test_benchmark_mode_leaves_a_bucket_winner_whose_rounds_step_up_between_time
     from kernels.core.choice import Choice
     from kernels.dispatch.dynamic import inflation_guard, substitute
     from kernels.space.heuristics import GemmConfig
-    from tests.test_heuristics import problem
 
     aten = Choice("aten", "aten_mm", "bf16")
     tma = Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8))
@@ -447,7 +445,6 @@ def test_benchmark_guard_takes_the_measurement_at_a_timed_shape():
     from kernels.core.choice import Choice
     from kernels.dispatch.dynamic import inflation_guard, predicted_ms, substitute
     from kernels.space.heuristics import GemmConfig
-    from tests.test_heuristics import problem
 
     aten = Choice("aten", "aten_mm", "bf16")
     tma = Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8))
@@ -473,7 +470,6 @@ def test_similarity_keeps_aten_on_compute_bound_shapes():
     from kernels.space.heuristics import GemmConfig
     from kernels.dispatch.dynamic import Dynamic, Family, HintWinner, resolve
     from kernels.core.selection import Selection
-    from tests.test_heuristics import problem
 
     aten = Choice("aten", "aten_mm", "bf16")
     tma = Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8))
@@ -498,7 +494,6 @@ def test_bucket_benchmark_retimes_only_the_contenders(monkeypatch):
     from kernels.core.choice import Choice
     from kernels.space.heuristics import GemmConfig
     from kernels.measure.timing import Timing
-    from tests.test_heuristics import problem
 
     speed = {"aten_mm": 0.72, "tma": 0.73, "tiny": 4.4}
     choices = [Choice("aten", "aten_mm", "bf16"),

@@ -11,6 +11,7 @@ import kernels
 from kernels.dispatch import api
 from kernels.native import fastpath
 from kernels.core.config import interpret_mode
+from tests.triton_helpers import assert_close, build_offered
 
 
 @pytest.fixture(scope="session")
@@ -263,8 +264,6 @@ def test_gpu_native_launch_matches_torch_on_every_path(fast, template, dtype, sh
     """The C++ launch of each family: right on repeated calls (workspaces stay clean), into a caller's `out`, on
     another stream (the Python path takes over), under CUDA-graph capture, and beside the Python path."""
     from kernels.measure.timing import device_time_ms, user_call
-    from tests.test_triton_interpreter import assert_close
-    from tests.triton_util import build_offered
 
     assert kernels.load_fastpath() == "loaded"
     m, n, k = shape

@@ -6,26 +6,10 @@ import pytest
 import torch
 
 import kernels
-from tests.conftest import run_python
+from tests.helpers import run_python
+from tests.triton_helpers import cuda_operand as operand, rel_err
 
 pytestmark = pytest.mark.gpu
-
-
-def operand(rows, cols, layout, dtype):
-    def rand(r, c):
-        if dtype == torch.int8:
-            return torch.randint(-128, 128, (r, c), dtype=torch.int8, device="cuda")
-        return torch.randn(r, c, device="cuda").to(dtype)
-    if layout == "row":
-        return rand(rows, cols)
-    if layout == "col":
-        return rand(cols, rows).t()
-    return rand(rows, cols + 8)[:, :cols]          # sliced: leading dim > row length
-
-
-def rel_err(c, a, b):
-    ref = a.double() @ b.double()
-    return float((c.double() - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

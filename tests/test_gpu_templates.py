@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from backends.triton_templates import templates
-from tests.test_gpu_core import operand, rel_err
-from tests.triton_util import build_offered, build_padded, op_of
+from tests.triton_helpers import build_offered, build_padded, cuda_operand as operand, op_of, rel_err
 
 pytestmark = pytest.mark.gpu
 

@@ -4,12 +4,7 @@ import torch
 from kernels.space.heuristics import (GemmConfig, candidate_configs, config_list, exhaustive_configs, scale_config,
                                 shared_memory_bytes, supports)
 from kernels.core.problem import GemmProblem
-
-
-def problem(m=4096, n=4096, k=4096, dtype="bf16", op="mm", arch=90, stride_a=None, stride_b=None):
-    return GemmProblem(op=op, m=m, n=n, k=k, dtype=dtype, out_dtype="int32" if op == "int_mm" else dtype,
-                       stride_a=stride_a or (k, 1), stride_b=stride_b or (n, 1), align_a=16, align_b=16,
-                       device="cuda", arch=arch, device_name="test", precision="tf32" if dtype == "fp32" else "")
+from tests.helpers import problem
 
 
 def test_inductor_lists_have_expected_sizes():

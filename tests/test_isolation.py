@@ -11,7 +11,7 @@ from backends.isolated_child import FAULT_ENV
 from backends.triton import TritonBackend
 from kernels.core.config import interpret_mode
 from kernels.core.problem import GemmProblem
-from tests.test_triton_interpreter import assert_close, operand
+from tests.triton_helpers import assert_close, operand
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not interpret_mode(),

@@ -5,9 +5,8 @@ import torch
 from backends.triton_templates import family
 from backends.triton_templates.kmajor import MIN_M, inner_problem, kmajor_ld
 from kernels.core.config import interpret_mode
-from tests.test_heuristics import problem
-from tests.test_triton_interpreter import operand
-from tests.triton_util import build_offered, check_launches
+from tests.helpers import problem
+from tests.triton_helpers import build_offered, check_launches, operand
 
 interpreted = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
 TEMPLATE = "triton_kmajor_int8_mm"

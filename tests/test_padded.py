@@ -5,9 +5,8 @@ import torch
 from backends.padded import PaddedBackend, inner_problem, is_aligned, padded_dims
 from kernels.core.config import interpret_mode
 from kernels.core.problem import GemmProblem
-from tests.test_heuristics import problem
-from tests.test_triton_interpreter import assert_close, operand
-from tests.triton_util import build_padded, check_launches
+from tests.helpers import problem
+from tests.triton_helpers import assert_close, build_offered, build_padded, check_launches, operand
 
 interpreted = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
 
@@ -70,7 +69,6 @@ def test_misaligned_pointer_is_copied():
 def test_two_launch_triton_padded_matches_torch(dtype, m, n, k, la, lb, inner):
     """triton_padded_* and triton_padded_tma_*: one copy kernel for both operands, then the mm (tiled, or persistent
     over descriptors with a pointer epilogue) writing the N-wide output directly."""
-    from tests.triton_util import build_offered
 
     a, b = operand(m, k, la, dtype), operand(k, n, lb, dtype)
     template = f"triton_padded_{inner}int8_mm" if dtype == torch.int8 else f"triton_padded_{inner}mm"

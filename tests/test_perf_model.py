@@ -15,6 +15,7 @@ from tools.perf_model.data import Row, append_rows, parse_shapes, read_dataset
 from tools.perf_model.evaluate import score, spearman
 from kernels.space.perf_model import AnalyticModel, model_for
 from kernels.core.problem import GemmProblem
+from tests.helpers import REPO
 
 GPU = "NVIDIA H100 80GB HBM3"
 
@@ -173,7 +174,6 @@ def test_dataset_csv_round_trip_and_cli_train_eval(tmp_path, capsys):
     import os
     import subprocess
     import sys
-    from tests.conftest import REPO
     proc = subprocess.run([sys.executable, "-m", "tools.perf_model", "cv", "--data", str(path), "--steps", "10",
                            "--shares", "0", "--members", "1", "--ensembles", "mean", "--jobs", "2"],
                           capture_output=True, text=True, timeout=300, cwd=str(REPO),

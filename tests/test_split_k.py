@@ -13,9 +13,8 @@ from kernels.space.heuristics_split_k import (
     k_per_split,
     split_k_choices,
 )
-from tests.test_heuristics import problem
-from tests.test_triton_interpreter import assert_close, operand
-from tests.triton_util import build_offered
+from tests.helpers import problem
+from tests.triton_helpers import assert_close, build_offered, operand
 
 interpreted = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
 

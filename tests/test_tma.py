@@ -7,9 +7,8 @@ import torch
 from backends.triton_templates import family
 from backends.triton_templates.tma import tma_unsupported
 from kernels.core.config import interpret_mode
-from tests.test_heuristics import problem
-from tests.test_triton_interpreter import assert_close, operand
-from tests.triton_util import build_offered
+from tests.helpers import problem
+from tests.triton_helpers import assert_close, build_offered, operand
 
 
 def test_descriptor_rules():

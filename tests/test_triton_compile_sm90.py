@@ -16,7 +16,7 @@ from backends.triton_templates import family
 from kernels.core.choice import Choice
 from kernels.core.fsutil import write_if_different
 from kernels.space.heuristics import GemmConfig
-from tests.test_heuristics import problem
+from tests.helpers import problem
 
 pytestmark = pytest.mark.slow
 

@@ -10,24 +10,11 @@ from kernels.core.choice import Choice
 from kernels.core.config import interpret_mode
 from kernels.space.heuristics import GemmConfig
 from kernels.core.problem import GemmProblem
+from tests.triton_helpers import assert_close, operand
 
 pytestmark = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
 
 DTYPES = {"fp16": torch.float16, "fp32": torch.float32, "int8": torch.int8}
-
-
-def operand(rows, cols, layout, dtype):
-    def rand(r, c):
-        if dtype == torch.int8:
-            return torch.randint(-128, 128, (r, c), dtype=torch.int8)
-        return torch.randn(r, c).to(dtype)
-    if layout == "row":
-        return rand(rows, cols)
-    if layout == "col":
-        return rand(cols, rows).t()
-    if layout == "sliced":          # leading dimension larger than the row
-        return rand(rows, cols + 7)[:, :cols]
-    return rand(rows * 2, cols * 3)[::2, ::3]      # no unit stride at all
 
 
 def run_choice(a, b, cfg):
@@ -37,19 +24,6 @@ def run_choice(a, b, cfg):
     outcome = TritonBackend().build(p, [Choice("triton", template, p.dtype, cfg)])[0]
     assert outcome.runner is not None, outcome.error
     return outcome.runner.launch(a, b, None)
-
-
-def assert_close(c, a, b):
-    ref = a.double() @ b.double()
-    if a.dtype == torch.int8:
-        assert c.dtype == torch.int32 and torch.equal(c.double(), ref)
-    else:
-        # relative to the result, unless cancellation made the result small against the terms summed
-        # (a 1x1 output of 700 random products): then relative to the typical size of such a sum
-        scale = torch.maximum(ref.norm(), (a.double().abs() @ b.double().abs()).norm() / max(a.shape[1], 1) ** 0.5)
-        err = (c.double() - ref).norm() / scale.clamp_min(1e-30)
-        tol = 1e-5 if (a.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest") else 1e-2
-        assert c.dtype == a.dtype and err < tol, float(err)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp32", "int8"])
