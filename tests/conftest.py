@@ -8,7 +8,7 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
-# the C++ warm-call table is built (~15-25 s) only by the tests that are about it (tests/test_fastpath.py)
+# the C++ warm-call table is built (~15-25 s) only by the tests that are about it (tests/interp/test_fastpath.py, tests/gpu/test_fastpath.py)
 os.environ.setdefault("KERNELS_FASTPATH", "off")
 
 

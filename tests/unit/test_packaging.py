@@ -1,17 +1,16 @@
 """What a wheel carries: every template file (a non-editable install renders from kernels/templates)."""
 import fnmatch
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
 
 
 def test_package_data_covers_every_template_file():
     tomllib = pytest.importorskip("tomllib")      # Python 3.11+
-    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert "kernels.templates" in setuptools["packages"]
-    source = ROOT / setuptools["package-dir"]["kernels.templates"]
+    source = REPO / setuptools["package-dir"]["kernels.templates"]
     patterns = setuptools["package-data"]["kernels.templates"]
     files = [p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file()]
     assert files, f"no template files under {source}"
@@ -29,4 +28,4 @@ def test_templates_root_falls_back_to_the_installed_copy(tmp_path, monkeypatch):
     assert templates_info._templates_root() == package / "templates"
     (tmp_path / "site" / "templates").mkdir()                 # a checkout: the top-level one wins
     assert templates_info._templates_root() == tmp_path / "site" / "templates"
-    assert templates_info.TEMPLATES_ROOT == ROOT / "templates"
+    assert templates_info.TEMPLATES_ROOT == REPO / "templates"

@@ -3,20 +3,19 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="exercises the no-GPU mode")
 
 
 def _run(args, tmp_path, timeout=240):
-    env = dict(os.environ, KERNELS_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, KERNELS_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(REPO))
     env.pop("TRITON_INTERPRET", None)       # the command must set it itself
-    return subprocess.run([sys.executable, "-m", "bench.compare", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "bench.compare", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -1,5 +1,5 @@
 """GPU: every default CUTLASS choice vs torch over ragged shapes and layouts, isolation of a faulting kernel,
-shape-agnostic binaries, and CUTLASS inside kernels.mm. Run on the device: `pytest -m gpu tests/test_cutlass_gpu.py`.
+shape-agnostic binaries, and CUTLASS inside kernels.mm. Run on the device: `pytest -m gpu tests/gpu/test_cutlass.py`.
 
 Binaries are shared across the tests of this module (one artifact cache dir), so each is compiled once."""
 import os

@@ -1,6 +1,6 @@
 """Isolated measurement (backends/isolated_child.py) end to end on CPU: Triton candidates verified and timed in a
 child process through the interpreter, and a candidate whose child dies (fault injection) loses without taking the
-caller down. On the GPU the same path guards against illegal-address faults (tests/test_cutlass_gpu.py)."""
+caller down. On the GPU the same path guards against illegal-address faults (tests/gpu/test_cutlass.py)."""
 import re
 
 import pytest
