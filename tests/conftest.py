@@ -1,6 +1,7 @@
 """Test setup. On a machine without CUDA, Triton runs through its interpreter: that must be decided before
 triton is first imported, so it is set here, at collection time."""
 import os
+import shutil
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
-# the C++ warm-call table is built (~15-25 s) only by the tests that are about it (tests/interp/test_fastpath.py, tests/gpu/test_fastpath.py)
+# the C++ warm-call table is built (~15-25 s) only by the tests that are about it (the `fast` fixture below)
 os.environ.setdefault("KERNELS_FASTPATH", "off")
 
 
@@ -32,3 +33,38 @@ def isolated_cache(tmp_path_factory, monkeypatch):
     kernels.config.reset()
     kernels.clear_memory_cache()
 
+
+# kernels is imported inside the fixtures: importing it here, before TRITON_INTERPRET is set above, would import
+# triton in the wrong mode
+
+
+@pytest.fixture(scope="session")
+def built_library(tmp_path_factory):
+    """The C++ warm-call table, built once for the session (~15-25 s on 2 cores)."""
+    from kernels.native import fastpath
+
+    folder = tmp_path_factory.mktemp("fastpath_build")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("KERNELS_CACHE_DIR", str(folder))          # unless KERNELS_FASTPATH_DIR names a shared build
+    try:
+        return fastpath.build()
+    finally:
+        mp.undo()
+
+
+@pytest.fixture
+def fast(built_library, monkeypatch):
+    """The library in this test's cache dir, KERNELS_FASTPATH=auto, and a fresh Fastpath state (restored after)."""
+    import kernels
+    from kernels.dispatch import api
+    from kernels.native import fastpath
+
+    monkeypatch.delenv("KERNELS_FASTPATH_DIR", raising=False)    # a shared build dir serves only the session build
+    where = fastpath.paths()
+    where.folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(built_library, where.library)
+    monkeypatch.setenv("KERNELS_FASTPATH", "auto")
+    monkeypatch.setattr(api, "_fast", fastpath.Fastpath())
+    monkeypatch.setattr(api, "_fast_call", None)
+    kernels.config.backends = ("aten",)
+    return where

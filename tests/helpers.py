@@ -1,5 +1,7 @@
 """What many test modules share and that is not a fixture: problems described without tensors, running code in a
-fresh interpreter, and the split of a GPU grid into the cases `pytest -m gpu` runs and the long sweep."""
+fresh interpreter, a lookup table file, the C++ table's hit count, and the split of a GPU grid into the cases
+`pytest -m gpu` runs and the long sweep."""
+import json
 import os
 import subprocess
 import sys
@@ -7,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from kernels.core.config import config
 from kernels.core.problem import GemmProblem
+from kernels.dispatch import api
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,3 +51,18 @@ def gpu_grid(cases: list[tuple], representative: list[tuple]) -> list:
     assert not missing, f"representative cases not in the grid: {missing}"
     return [pytest.param(*c, id="-".join(str(v).removeprefix("torch.") for v in c),
                          marks=pytest.mark.gpu if c in representative else pytest.mark.gpu_sweep) for c in cases]
+
+
+def write_lut(folder: Path, entries: list[dict]) -> Path:
+    """A lookup table of `entries` in `folder`, set as config.lut."""
+    path = folder / "lut.json"
+    path.write_text(json.dumps({"schema": "kernels-lut", "version": 1, "entries": entries}))
+    config.lut = str(path)
+    return path
+
+
+def served(fn) -> int:
+    """How many calls the C++ warm-call table served while fn ran."""
+    before = api._fast.module.hits() if api._fast.module is not None else 0
+    fn()
+    return api._fast.module.hits() - before

@@ -1,19 +1,18 @@
-"""The narrowing stage (kernels.candidates): lookup table add/only, name filters, benchmark space, settings,
-fingerprint; and one interpreter tune through it end to end."""
+"""The narrowing stage (kernels.tune.candidates): lookup table add/only, name filters, benchmark space, settings,
+fingerprint (one interpreter tune through it: tests/interp/test_candidates_tune.py)."""
 import json
 
 import pytest
-import torch
 
-import kernels
 from backends import get_backend
 from kernels import config
-from kernels.tune.autotune import fingerprint, tune
+from kernels.tune.autotune import fingerprint
 from kernels.tune.candidates import narrow
 from kernels.core.choice import Choice
 from kernels.space.heuristics import GemmConfig
 from kernels.space.perf_model import AnalyticModel
 from kernels.core.problem import GemmProblem
+from tests.helpers import write_lut
 
 GPU = "NVIDIA H100 80GB HBM3"
 
@@ -26,13 +25,6 @@ def problem(m=4096, n=4096, k=4096, dtype="bf16", op="mm"):
 
 def triton_choices(p, space="default"):
     return [c for c in get_backend("triton").choices(p, space)[0] if c.template == "triton_mm"]
-
-
-def write_lut(tmp_path, entries):
-    path = tmp_path / "lut.json"
-    path.write_text(json.dumps({"schema": "kernels-lut", "version": 1, "entries": entries}))
-    config.lut = str(path)
-    return path
 
 
 def test_defaults_keep_everything():
@@ -211,20 +203,3 @@ def test_fingerprint_changes_only_when_narrowing_is_configured(tmp_path):
     path.write_text(json.dumps({"version": 1, "entries": [{"op": "mm", "dtype": "bf16", "shape": [1, 2, 3],
                                                            "choices": ["aten_mm"]}]}))
     assert fingerprint(("aten",))["lut"] != first
-
-
-def test_tune_through_the_interpreter_with_lut_only_and_top_k(tmp_path):
-    """int8 is exact in the interpreter: a 16x16x32 tune with an 'only' table builds only the table's choices."""
-    a = torch.randint(-8, 8, (16, 32), dtype=torch.int8)
-    b = torch.randint(-8, 8, (32, 16), dtype=torch.int8)
-    p = GemmProblem.from_tensors("int_mm", a, b)
-    cands = get_backend("triton").choices(p, "default")[0]
-    picked = [c.name for c in cands if c.template == "triton_int8_mm"][:2]
-    write_lut(tmp_path, [{"gpu": "*", "op": "int_mm", "dtype": "int8", "shape": [16, 16, 32], "mode": "only",
-                          "choices": picked}])
-    sel, _ = tune(p, ("aten", "triton"))
-    timed = [n for n, t in sel.timings.items() if isinstance(t, float)]
-    assert sorted(timed) == sorted(picked)
-    assert sel.winner in picked
-    assert any("'only'" in n for n in sel.notes)
-    assert torch.equal(kernels.int_mm(a, b), a.int() @ b.int())      # kernels.int_mm serves a table choice

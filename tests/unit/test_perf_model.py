@@ -1,12 +1,12 @@
 """Performance models: analytic behaviour, the learned model on a SYNTHETIC dataset generated here (never measured
-data), reproducibility, staleness fallback, Spearman, dataset CSV and the model CLI; collection on CPU."""
+data), reproducibility, staleness fallback, Spearman, dataset CSV and the model CLI (collection on CPU:
+tests/interp/test_perf_collect.py)."""
 import json
 import math
 import random
 
 import pytest
 
-from backends import get_backend
 from kernels import config
 from kernels.space import perf_learned
 from kernels.core.choice import Choice
@@ -189,27 +189,6 @@ def test_parse_shapes(tmp_path):
     assert parse_shapes(str(f)) == [(16, 32, 48), (8, 8, 8)]
     with pytest.raises(ValueError):
         parse_shapes("16x32")
-
-
-def test_collect_on_cpu_writes_rows_and_resumes(tmp_path):
-    """The collection command through the interpreter (int8 is exact there); times are CPU times."""
-    from tools.perf_model.data import collect
-
-    out = tmp_path / "d.csv"
-    lines = []
-    n = collect([(16, 16, 32)], ["int8"], out, max_configs=1, bench_ms=1.0, progress=lines.append)
-    rows, bad = read_dataset([out])
-    assert n == len(rows) > 1 and not bad
-    assert any(r.choice.backend == "triton" and r.ms for r in rows)
-    assert any("[1/1] int8 16x16x32" in line for line in lines)
-    assert config.search_space == "default" and config.benchmark_space == "all"    # settings restored
-    assert collect([(16, 16, 32)], ["int8"], out, max_configs=1, bench_ms=1.0, resume=True,
-                   progress=lines.append) == 0
-    assert get_backend("triton") is not None
-    explored = tmp_path / "e.csv"
-    assert collect([(16, 16, 32)], ["int8"], explored, max_configs=2, bench_ms=1.0, explore=True,
-                   progress=lines.append) > 1
-    assert config.benchmark_space == "all"
 
 
 def test_regret_as_tuning_runs_it_counts_aten_on_both_sides():

@@ -1,14 +1,13 @@
 """GPU-time labels (kernels.perf_relabel, kernels.perf_data.gpu_labelled): what training and scoring rank a short
-problem's candidates by, the relabel run through the interpreter with a stand-in GPU timer, and the dataset's
-backward-compatible `gpu_ms` column."""
+problem's candidates by, and the dataset's backward-compatible `gpu_ms` column (the relabel run through the
+interpreter: tests/interp/test_perf_collect.py)."""
 import csv
 
 from kernels.core.choice import Choice
 from kernels.space.heuristics import GemmConfig
-from tools.perf_model.data import COLUMNS, LAUNCH_GAP_MS, Row, append_rows, collect, gpu_labelled, read_dataset
-from tools.perf_model.relabel import plan, relabel
+from tools.perf_model.data import COLUMNS, LAUNCH_GAP_MS, Row, append_rows, gpu_labelled, read_dataset
+from tools.perf_model.relabel import plan
 from kernels.core.problem import GemmProblem
-from kernels.space.families import SINGLE_LAUNCH_TEMPLATES
 
 GPU = "NVIDIA H100 80GB HBM3"
 
@@ -64,35 +63,6 @@ def test_plan_picks_short_problems_fastest_first_with_aten():
     assert names == [_row(short, 64, 0).choice.name, _row(short, 32, 0).choice.name, "aten_mm"]
     assert todo[1][1][0].ms == 0.017                # a candidate timed twice: its fastest call
     assert plan(rows, "another GPU", 0.025, None) == []
-
-
-def test_relabel_on_cpu_writes_gpu_times_and_resumes(tmp_path):
-    """Through the interpreter (int8 is exact there), with a stand-in timer: the rows it writes carry `gpu_ms`, read
-    back as the labels of that problem."""
-    data, out = tmp_path / "d.csv", tmp_path / "g.csv"
-    assert collect([(16, 16, 32)], ["int8"], data, max_configs=2, bench_ms=1.0, progress=lambda s: None) > 1
-    calls = []
-
-    def timer(call, n_sets):
-        call(0)
-        calls.append(n_sets)
-        return 0.001 * len(calls)
-
-    lines = []
-    n = relabel([str(data)], str(out), below_ms=1e9, gpu_time=timer, progress=lines.append)
-    rows, bad = read_dataset([out])
-    assert n == len(rows) > 1 and not bad and calls
-    timed = [r for r in rows if r.gpu_ms is not None]
-    assert {r.choice.backend for r in timed} >= {"triton", "aten"} and len(timed) == len(calls)
-    assert all(r.ms is not None for r in timed)          # the collected call time stays beside the GPU time
-    assert any("GPU-timed" in line for line in lines)
-    source, _ = read_dataset([data])
-    merged = {r.choice.name: r.ms for r in gpu_labelled(source + rows, keep_unlabelled=False)}
-    for r in timed:
-        one_launch = r.choice.template in SINGLE_LAUNCH_TEMPLATES
-        assert merged[r.choice.name] == (r.gpu_ms + LAUNCH_GAP_MS if one_launch else min(
-            s.ms for s in source + rows if s.choice.name == r.choice.name and s.ms is not None))
-    assert relabel([str(data)], str(out), below_ms=1e9, gpu_time=timer, progress=lines.append) == 0
 
 
 def test_append_keeps_an_older_files_columns(tmp_path):
