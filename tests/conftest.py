@@ -2,6 +2,7 @@
 triton is first imported, so it is set here, at collection time."""
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,11 +14,24 @@ if not HAS_CUDA:
 os.environ.setdefault("KERNELS_FASTPATH", "off")
 
 
+GPU_MARKS = ("gpu", "gpu_sweep")
+GPU_DIR = Path(__file__).resolve().parent / "gpu"
+
+
 def pytest_collection_modifyitems(config, items):
+    """GPU tests skip without CUDA; a test is a GPU test exactly when it lives in tests/gpu (a collection error
+    otherwise, so `pytest -m gpu` and the folders cannot drift apart)."""
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on the device machine)")
+    misfiled = []
     for item in items:
-        if "gpu" in item.keywords and not HAS_CUDA:
+        on_gpu = any(item.get_closest_marker(mark) for mark in GPU_MARKS)
+        if on_gpu != (GPU_DIR in item.path.parents):
+            misfiled.append(item.nodeid)
+        if on_gpu and not HAS_CUDA:
             item.add_marker(skip_gpu)
+    if misfiled:
+        raise pytest.UsageError("tests marked gpu or gpu_sweep belong in tests/gpu, and tests there need one of the "
+                                f"two marks: {misfiled[:5]}")
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,6 @@
-"""GPU: kernels.mm / kernels.int_mm vs torch over shapes, dtypes and layouts; warm processes do no work."""
+"""GPU: kernels.mm / kernels.int_mm vs torch over shapes, dtypes and layouts; warm processes do no work.
+`pytest -m gpu` tunes one case per dtype and layout; `pytest -m gpu_sweep` the rest of each grid."""
+import itertools
 import json
 import textwrap
 
@@ -6,16 +8,21 @@ import pytest
 import torch
 
 import kernels
-from tests.helpers import run_python
+from tests.helpers import gpu_grid, run_python
 from tests.triton_helpers import cuda_operand as operand, rel_err
 
-pytestmark = pytest.mark.gpu
+MM_GRID = [(dtype, *shape, *layouts) for dtype, shape, layouts in itertools.product(
+    [torch.bfloat16, torch.float16, torch.float32],
+    [(1, 1, 1), (17, 33, 65), (128, 1, 300), (257, 129, 1000), (1024, 1024, 1024), (16, 4096, 4096)],
+    [("row", "row"), ("col", "col"), ("sliced", "col")])]
+MM_EACH_DTYPE_AND_LAYOUT = [(torch.bfloat16, 1024, 1024, 1024, "row", "row"), (torch.float16, 17, 33, 65, "col", "col"),
+                            (torch.float32, 257, 129, 1000, "sliced", "col")]
+INT_MM_GRID = [(*shape, lb) for shape in [(8, 64, 64), (33, 48, 96), (1024, 2048, 512), (256, 12288, 4096)]
+               for lb in ("row", "col")]
+INT_MM_EACH_PATH = [(8, 64, 64, "col"), (1024, 2048, 512, "row")]      # M <= 16 (no torch._int_mm) and M > 16
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (17, 33, 65), (128, 1, 300), (257, 129, 1000), (1024, 1024, 1024),
-                                   (16, 4096, 4096)])
-@pytest.mark.parametrize("la,lb", [("row", "row"), ("col", "col"), ("sliced", "col")])
+@pytest.mark.parametrize("dtype,m,n,k,la,lb", gpu_grid(MM_GRID, MM_EACH_DTYPE_AND_LAYOUT))
 def test_mm_matches_torch(dtype, m, n, k, la, lb):
     a, b = operand(m, k, la, dtype), operand(k, n, lb, dtype)
     c = kernels.mm(a, b)
@@ -26,8 +33,7 @@ def test_mm_matches_torch(dtype, m, n, k, la, lb):
     assert rel_err(kernels.mm(a2, b2), a2, b2) < tol
 
 
-@pytest.mark.parametrize("m,n,k", [(8, 64, 64), (33, 48, 96), (1024, 2048, 512), (256, 12288, 4096)])
-@pytest.mark.parametrize("lb", ["row", "col"])
+@pytest.mark.parametrize("m,n,k,lb", gpu_grid(INT_MM_GRID, INT_MM_EACH_PATH))
 def test_int_mm_exact(m, n, k, lb):
     a, b = operand(m, k, "row", torch.int8), operand(k, n, lb, torch.int8)
     c = kernels.int_mm(a, b)
@@ -37,6 +43,7 @@ def test_int_mm_exact(m, n, k, lb):
         assert sel.timings["aten_int_mm"].startswith("unsupported: torch._int_mm needs M > 16")
 
 
+@pytest.mark.gpu
 def test_every_triton_candidate_is_verified_not_just_the_winner():
     a, b = operand(300, 200, "row", torch.bfloat16), operand(200, 100, "col", torch.bfloat16)
     sel = kernels.explain(a, b)
@@ -44,6 +51,7 @@ def test_every_triton_candidate_is_verified_not_just_the_winner():
     assert len(triton_times) >= 5 and all(isinstance(t, float) for t in triton_times), sel.failures()
 
 
+@pytest.mark.gpu
 def test_out_argument_and_streams():
     a, b = operand(200, 64, "row", torch.float16), operand(64, 96, "row", torch.float16)
     ref = a.double() @ b.double()
@@ -71,6 +79,7 @@ WARM = textwrap.dedent("""
 """)
 
 
+@pytest.mark.gpu
 def test_fresh_process_with_warm_caches_compiles_and_benchmarks_nothing(isolated_cache):
     env = {"KERNELS_CACHE_DIR": str(isolated_cache), "KERNELS_BACKENDS": "triton", "TRITON_INTERPRET": None}
     cold = run_python(WARM, env)
@@ -85,6 +94,7 @@ def test_fresh_process_with_warm_caches_compiles_and_benchmarks_nothing(isolated
     assert s["compiles"] == 0 and s["benchmarks"] == 0 and s["tunes"] == 0 and s["disk_hits"] == 1
 
 
+@pytest.mark.gpu
 def test_new_shape_reuses_built_binaries(isolated_cache):
     kernels.config.backends = ("triton",)
     # triton_mm's configs do not depend on M (split-K's do: its split follows the tile count)

@@ -1,7 +1,9 @@
 """GPU: every default CUTLASS choice vs torch over ragged shapes and layouts, isolation of a faulting kernel,
 shape-agnostic binaries, and CUTLASS inside kernels.mm. Run on the device: `pytest -m gpu tests/gpu/test_cutlass.py`.
 
-Binaries are shared across the tests of this module (one artifact cache dir), so each is compiled once."""
+Binaries are shared across the tests of this module (one artifact cache dir), so each is compiled once. `pytest -m
+gpu` checks one mm and one int8 problem's every default choice (41 binaries with the other tests here);
+`pytest -m gpu_sweep` the other shapes and layouts (about 125 binaries in all)."""
 import os
 import subprocess
 
@@ -13,9 +15,7 @@ from backends import get_backend
 from backends.cutlass import publish_marker
 from kernels.core.problem import GemmProblem
 from kernels.measure.timing import Timing
-
-pytestmark = pytest.mark.gpu
-
+from tests.helpers import gpu_grid
 
 @pytest.fixture(scope="module")
 def shared_cache(tmp_path_factory):
@@ -97,21 +97,23 @@ MM_CASES = [  # (m, n, k, layout a, layout b): big, ragged-but-aligned, small M 
     (16, 4096, 4096, "row", "row"),
     (77, 1001, 130, "row", "col"),
 ]
+# fp16 shares bf16's code paths: its ragged shape alone keeps compiles down
+MM_GRID = [(torch.bfloat16, *case) for case in MM_CASES] + \
+    [(torch.float16, *case) for case in MM_CASES if case[:3] == (1000, 3000, 520)]
+INT8_GRID = [(4096, 4096, 4096), (1024, 22016, 4096), (33, 1000, 4112), (17, 4096, 4096)]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m,n,k,la,lb", MM_CASES)
+@pytest.mark.parametrize("dtype,m,n,k,la,lb", gpu_grid(MM_GRID, [(torch.bfloat16, 1000, 3000, 520, "row", "row")]))
 def test_every_default_mm_choice_matches_torch(backend, dtype, m, n, k, la, lb):
-    if dtype == torch.float16 and (m, n, k) != (1000, 3000, 520):
-        pytest.skip("fp16 shares the code paths; one ragged shape keeps compiles down")
     _check_every_choice(backend, "mm", *_operands(m, n, k, la, lb, dtype))
 
 
-@pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (1024, 22016, 4096), (33, 1000, 4112), (17, 4096, 4096)])
+@pytest.mark.parametrize("m,n,k", gpu_grid(INT8_GRID, [(1024, 22016, 4096)]))
 def test_every_default_int8_choice_matches_int_mm(backend, m, n, k):
     _check_every_choice(backend, "int_mm", *_operands(m, n, k, "row", "col", torch.int8))
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("la,lb", [("row", "row"), ("col", "col"), ("col", "row")])
 def test_int8_other_layouts_are_excluded_not_attempted(backend, la, lb):
     a, b = _operands(256, 256, 256, la, lb, torch.int8)
@@ -119,6 +121,7 @@ def test_int8_other_layouts_are_excluded_not_attempted(backend, la, lb):
     assert chosen == [] and all("A row-major and B column-major" in why for why in skipped.values())
 
 
+@pytest.mark.gpu
 def test_second_shape_compiles_nothing(backend):
     a, b = _operands(2048, 2048, 2048, "row", "row", torch.bfloat16)
     p1 = GemmProblem.from_tensors("mm", a, b)
@@ -146,6 +149,7 @@ extern "C" int kernels_cutlass_run(const void*, const void*, void*, int, int, in
 """
 
 
+@pytest.mark.gpu
 def test_faulting_kernel_in_child_leaves_caller_working(backend, tmp_path):
     # fp16 col x row is used by no other test here, so the planted binary shares no path with a loaded one
     a, b = _operands(512, 512, 512, "col", "row", torch.float16)
@@ -178,6 +182,7 @@ def test_faulting_kernel_in_child_leaves_caller_working(backend, tmp_path):
     paths.marker.unlink()       # leave no poisoned artifact in the shared cache
 
 
+@pytest.mark.gpu
 def test_kernels_mm_with_cutlass_backend(backend):
     kernels.config.backends = ("aten", "triton", "cutlass")
     a, b = _operands(2048, 2048, 2048, "row", "col", torch.bfloat16)

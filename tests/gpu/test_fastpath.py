@@ -1,22 +1,23 @@
 """GPU: the C++ warm-call table on a GPU -- warm calls served and right, every Triton family's native launch on
 every path (repeated, `out`, another stream, graph capture), and a Triton winner as a native entry (the CPU tests are
-tests/interp/test_fastpath.py)."""
+tests/interp/test_fastpath.py). `pytest -m gpu` serves each dtype's warm call once (Triton bf16 also through
+test_gpu_triton_winner_is_a_native_entry); `pytest -m gpu_sweep` the other backend of each."""
 import pytest
 import torch
 
 import kernels
 from kernels.dispatch import api
-from tests.helpers import served
+from tests.helpers import gpu_grid, served
 from tests.triton_helpers import assert_close, build_offered
 
 
 GPU_CASES = [("mm", torch.bfloat16, (256, 512, 128)), ("mm", torch.float16, (17, 33, 65)),
              ("int_mm", torch.int8, (64, 128, 64))]
+WARM_GRID = [(backends, *case) for backends in [("aten",), ("triton",)] for case in GPU_CASES]
+WARM_EACH_DTYPE = [(("aten",), *GPU_CASES[0]), (("aten",), *GPU_CASES[1]), (("triton",), *GPU_CASES[2])]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("backends", [("aten",), ("triton",)])
-@pytest.mark.parametrize("op,dtype,shape", GPU_CASES)
+@pytest.mark.parametrize("backends,op,dtype,shape", gpu_grid(WARM_GRID, WARM_EACH_DTYPE))
 def test_gpu_warm_calls_are_served_and_match_torch(fast, backends, op, dtype, shape):
     kernels.config.backends = backends
     m, n, k = shape
