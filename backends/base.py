@@ -7,7 +7,9 @@ from typing import Callable, Optional
 
 import torch
 
+from backends.isolated_child import run_isolated
 from kernels.core.choice import Choice
+from kernels.core.config import config
 from kernels.core.problem import GemmProblem
 
 # launch(a, b, out) -> out: the call exactly as `kernels.mm` makes it on the warm path (allocates out when None)
@@ -49,8 +51,6 @@ class Backend(ABC):
         """For runners with isolated=True: verify and time each one in a child process (with the same
         kernels.verify / kernels.timing code) and return name -> kernels.timing.Timing, or name -> failure text.
         A fault in the child is a failure for that choice, never an exception here."""
-        from backends.isolated_child import run_isolated
-        from kernels.core.config import config
 
         return run_isolated(self.name, problem, [r.choice for r in runners], budget_ms, config.child_timeout_s)
 

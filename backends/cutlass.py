@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import shutil
 import subprocess
 import time
@@ -21,15 +20,23 @@ import torch
 
 from backends.base import Backend, BuildOutcome, Runner
 from backends.cutlass_render import BuildJob, CutlassKernelSpec, build_key, ninja_text, render, spec_for
-from kernels.core.counters import bump as bump_stat
 from kernels.core.choice import Choice
 from kernels.core.config import config
+from kernels.core.counters import bump as bump_stat
 from kernels.core.errors import BuildError, KernelsError
-from kernels.core.fsutil import atomic_write_text, file_lock, read_json, write_if_different
-from kernels.space.heuristics_cutlass import (SM80_TEMPLATES, SM90_TEMPLATES, CutlassConfig, kernel_operands, name_filter,
-                                        ranked_configs, select)
+from kernels.core.fsutil import file_lock, marker_valid, write_if_different
+from kernels.core.fsutil import publish_marker as fs_publish_marker
 from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
 from kernels.core.toolchain import Toolchain, toolchain
+from kernels.space.heuristics_cutlass import (
+    SM80_TEMPLATES,
+    SM90_TEMPLATES,
+    CutlassConfig,
+    kernel_operands,
+    name_filter,
+    ranked_configs,
+    select,
+)
 
 LOG_TAIL_CHARS = 1500
 
@@ -59,30 +66,12 @@ class ArtifactPaths:
         return self.root / "meta.json"
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def publish_marker(paths: ArtifactPaths, key: str, info: dict) -> None:
-    """Mark a built binary valid: written last, records size and hash so a truncated or swapped file is a miss."""
-    meta = dict(info, key=key, size=paths.binary.stat().st_size, sha256=_file_sha256(paths.binary))
-    atomic_write_text(paths.marker, json.dumps(meta, sort_keys=True, indent=1))
+    fs_publish_marker(paths.binary, paths.marker, key, info)
 
 
 def artifact_valid(paths: ArtifactPaths, key: str) -> bool:
-    meta = read_json(paths.marker)
-    if meta is None or meta.get("key") != key:
-        return False
-    try:
-        if paths.binary.stat().st_size != meta.get("size"):
-            return False
-    except OSError:
-        return False
-    return _file_sha256(paths.binary) == meta.get("sha256")
+    return marker_valid(paths.binary, paths.marker, key)
 
 
 # -- loading and launching ----------------------------------------------------------------------------------------

@@ -3,15 +3,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import jinja2
 
 from kernels.core.choice import Choice
-from kernels.space.heuristics_cutlass import FAMILY, CutlassConfig, kernel_operands
 from kernels.core.problem import GemmProblem
 from kernels.space.families import TEMPLATES_ROOT
+from kernels.space.heuristics_cutlass import FAMILY, CutlassConfig, kernel_operands
 
 TEMPLATE_FILES = {"sm90": "cutlass/sm90_gemm.cu.jinja", "sm80": "cutlass/sm80_gemm.cu.jinja"}
 CUTLASS_TYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "int8": "int8_t", "int32": "int32_t",
@@ -110,8 +111,6 @@ def _ninja_escape(text: str) -> str:
 
 
 def _shell_quote(text: str) -> str:
-    import shlex
-
     return shlex.quote(text)
 
 

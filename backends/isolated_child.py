@@ -19,6 +19,17 @@ import subprocess
 import sys
 import time
 
+import torch
+
+from backends import get_backend
+from kernels.core.choice import Choice
+from kernels.core.config import config
+from kernels.core.problem import GemmProblem
+from kernels.core.toolchain import REPO_ROOT
+from kernels.measure.timing import Timing, measure, user_call
+from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
+from kernels.native import fastpath
+
 TAG = "@@kernels-child "
 FAULT_ENV = "KERNELS_CHILD_FAULT"
 STDERR_TAIL = 1500
@@ -52,8 +63,6 @@ def _parse(stdout: str) -> tuple[dict[str, dict], str | None]:
 
 def child_environment() -> dict:
     """Environment for helper processes: the checkout importable, the parent's cache and device choice kept."""
-    from kernels.core.config import config
-    from kernels.core.toolchain import REPO_ROOT
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
@@ -64,11 +73,6 @@ def child_environment() -> dict:
 def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: float) -> dict:
     """name -> kernels.timing.Timing, or name -> failure text, for every choice of `backend`. Never raises for a
     kernel's fault."""
-    import torch
-
-    from kernels.core.config import config
-    from kernels.measure.timing import Timing
-    from kernels.core.toolchain import REPO_ROOT
 
     results: dict = {}
     remaining = list(choices)
@@ -106,8 +110,6 @@ def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: fl
 
 # -- child side -----------------------------------------------------------------------------------------------------
 def _context_alive(device: str) -> bool:
-    import torch
-
     if device != "cuda":
         return True
     try:
@@ -119,15 +121,6 @@ def _context_alive(device: str) -> bool:
 
 
 def main() -> int:
-    import torch
-
-    from backends import get_backend
-    from kernels.core.choice import Choice
-    from kernels.core.config import config
-    from kernels.core.problem import GemmProblem
-    from kernels.measure.timing import measure, user_call
-    from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
-
     request = json.loads(sys.stdin.read())
     config.cache_dir = request["cache_dir"]
     problem = GemmProblem.from_dict(request["problem"])
@@ -137,8 +130,6 @@ def main() -> int:
     choices = [Choice.from_dict(c) for c in request["choices"]]
     budget_ms = float(request["budget_ms"])
     if device == "cuda":
-        from kernels.native import fastpath
-
         fastpath.load_if_built()            # so native launches are verified and timed here like the caller's
     outcomes = get_backend(request["backend"]).build(problem, choices)    # artifacts exist: this only loads
     fault = os.environ.get(FAULT_ENV)

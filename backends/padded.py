@@ -9,10 +9,12 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from backends import get_backend
 from backends.base import Backend, BuildOutcome, Runner
 from kernels.core.choice import Choice
-from kernels.space.heuristics import DEFAULT_NUM_SMS, candidate_configs, config_list, output_tiles, round_up, supports
 from kernels.core.problem import GemmProblem
+from kernels.space.families import backend_of
+from kernels.space.heuristics import DEFAULT_NUM_SMS, candidate_configs, config_list, output_tiles, round_up, supports
 
 INNER_TRITON_CONFIGS = 4      # aligned Triton configs tried behind the padding (aten is always tried)
 # Hopper's largest wgmma tiles (128x256 and 256x128, from Inductor's persistent list; the mm lists have none) join
@@ -46,8 +48,7 @@ def inner_problem(problem: GemmProblem) -> GemmProblem:
 
 def _inner_choice(choice: Choice) -> Choice:
     template = choice.template[len("padded_"):]
-    backend = "aten" if template.startswith("aten") else "triton"
-    return Choice(backend, template, choice.dtype, choice.config, choice.params)
+    return Choice(backend_of(template), template, choice.dtype, choice.config, choice.params)
 
 
 def inner_triton_configs(inner: GemmProblem, template: str, space: str) -> list:
@@ -87,8 +88,6 @@ class PaddedBackend(Backend):
         return True, ""
 
     def choices(self, problem, space="default"):
-        from backends import get_backend
-
         aten, triton_template = INNER_TEMPLATES[problem.op]
         inner = inner_problem(problem)
         result = [Choice("padded", "padded_" + aten, problem.dtype)] if aten else []
@@ -100,8 +99,6 @@ class PaddedBackend(Backend):
         return result, skipped
 
     def build(self, problem, choices):
-        from backends import get_backend
-
         outcomes = []
         inner = inner_problem(problem)
         groups: dict[str, list[tuple[Choice, Choice]]] = {}

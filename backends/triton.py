@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import json
 import os
 import time
 from pathlib import Path
@@ -219,14 +221,10 @@ class TritonBackend(Backend):
 
 
 def _digest(text: str) -> str:
-    import hashlib
-
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
 def _json(obj) -> str:
-    import json
-
     return json.dumps(obj, sort_keys=True, indent=1)
 
 

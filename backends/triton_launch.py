@@ -16,6 +16,8 @@ from typing import Callable
 
 import torch
 
+from kernels.native import fastpath
+
 Run = Callable[..., None]
 
 
@@ -288,7 +290,6 @@ def attach_native(launch, shape: tuple[int, int], out_dtype: torch.dtype, calls:
     """Give `launch` a NativeLaunch as `.native` and `.direct` when one can be made (the dispatch table and the
     tuner's timing call `.direct(a, b)`; verification calls `.native(a, b, out)`); `.native_why` says why not.
     `calls()` describes the launches for the current stream; it is only called when the table is loaded."""
-    from kernels.native import fastpath
 
     module = fastpath.loaded_module()
     if module is None:

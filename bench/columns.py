@@ -16,6 +16,8 @@ TEMPLATE_GROUPS = {"triton_mm": "triton", "triton_int8_mm": "triton", "triton_tm
                    "padded_triton": "padded",
                    "cutlass3x": "cutlass", "cutlass2x": "cutlass"}
 _PREFIX_BACKEND = (("cutlass", "cutlass"), ("triton_", "triton"), ("padded_", "padded"))
+# how the tuner records a candidate it left out because the problem is outside the template (kernels.tune.autotune)
+UNSUPPORTED = "unsupported: "
 
 
 class ColumnError(ValueError):
@@ -108,6 +110,8 @@ class Pick:
     failure: str | None = None
     candidates: int = 0
     failed: int = 0
+    unsupported: int = 0     # of the failed, those the tuner never built ("unsupported: ...")
+    broken: str | None = None  # the failures of candidates that were built (wrong result, crash), summarized
 
 
 def pick_best(selection_timings: dict, selection_choices: dict, column: Column, flt: NameFilter) -> Pick:
@@ -128,11 +132,14 @@ def pick_best(selection_timings: dict, selection_choices: dict, column: Column, 
         if _name_in_column(cname, column) and flt.keeps(cname, column.backend):
             n += 1
             failures.append((cname, t))
+    built_failures = [(cname, why) for cname, why in failures if not why.startswith(UNSUPPORTED)]
+    unsupported = len(failures) - len(built_failures)
+    broken = summarize_failures(built_failures) if built_failures else None
     if timed:
         t, cname = min(timed)
-        return Pick(cname, t, None, n, len(failures))
+        return Pick(cname, t, None, n, len(failures), unsupported, broken)
     if failures:
-        return Pick(None, None, summarize_failures(failures), n, len(failures))
+        return Pick(None, None, summarize_failures(failures), n, len(failures), unsupported, broken)
     return Pick(None, None, "no candidates" + (" after --only/--skip" if flt.only or flt.skip else ""), 0, 0)
 
 

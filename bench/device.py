@@ -11,6 +11,7 @@ import torch
 
 from bench.results import DeviceFacts
 from kernels.core.problem import DTYPES_BY_NAME
+from kernels.core.version import __version__
 from kernels.measure.timing import measure
 
 
@@ -52,13 +53,8 @@ def _gpu_clocks() -> dict:
 def environment() -> dict:
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
-           "triton": _version("triton"), "kernels": _version("kernels"), "nvcc": _nvcc_version(),
+           "triton": _version("triton"), "kernels": __version__, "nvcc": _nvcc_version(),
            "cuda_runtime": torch.version.cuda or "none"}
-    try:
-        from kernels.core.version import __version__
-        env["kernels"] = __version__
-    except ImportError:
-        pass
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         env.update({"gpu": props.name, "capability": f"{props.major}.{props.minor}",

@@ -26,10 +26,10 @@ import time
 import traceback
 from pathlib import Path
 
-from kernels.space import dynamic_rules
+from kernels.core import dynamic_spec
 
 DEFAULT_SHAPES = "4096x12288,11008x4096"           # K x N
-DEFAULT_HINTS = ",".join(map(str, dynamic_rules.DEFAULT_HINTS))
+DEFAULT_HINTS = ",".join(map(str, dynamic_spec.DEFAULT_HINTS))
 TARGETS = {"benchmark": {"geomean": 1.03, "worst": 1.10}, "similarity": {"geomean": 1.05, "worst": 1.20}}
 MODES = ("benchmark", "similarity")
 
@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--num-m", type=int, default=64, help="M values in the sweep (0: no sweep)")
     ap.add_argument("--m-range", type=parse_range, default=None, help="LO,HI of the sweep (default 1,8192)")
     ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None, help="default bf16 (fp16 on CPU)")
-    ap.add_argument("--backends", default="aten,triton")
+    ap.add_argument("--backends", default="aten,triton", help="KERNELS_BACKENDS for every tune (default %(default)s)")
     ap.add_argument("--buckets", default="pow2", help="benchmark-mode bucket rule")
     ap.add_argument("--bench-ms", type=float, default=None,
                     help="kernels.core.config.bench_budget_ms for every tune, hints and static alike (default: config's)")

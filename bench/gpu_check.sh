@@ -27,15 +27,15 @@ case "${1:-native}" in
 native)
   python3 -m kernels fastpath build
   gpu_tests 240 tests/test_fastpath.py | tee "$OUT/fastpath_tests.txt"
-  timeout 170 python3 -m bench.core_quick --suite issue3 --backends aten,triton,padded --json "$OUT/issue3.json" \
+  timeout 170 python3 -m experiments.core_quick --suite issue3 --backends aten,triton,padded --json "$OUT/issue3.json" \
     > "$OUT/issue3.txt" 2>&1; tail -28 "$OUT/issue3.txt"
-  timeout 150 python3 -m bench.core_quick --suite core --backends aten,triton,padded --json "$OUT/core.json" \
+  timeout 150 python3 -m experiments.core_quick --suite core --backends aten,triton,padded --json "$OUT/core.json" \
     > "$OUT/core.txt" 2>&1; tail -22 "$OUT/core.txt"
   ;;
 issue3)
   python3 -m kernels fastpath build
   gpu_tests 200 tests/test_gpu_templates.py -k "padded"
-  timeout 200 python3 -m bench.core_quick --suite issue3 --backends aten,triton,padded --json "$OUT/issue3.json" \
+  timeout 200 python3 -m experiments.core_quick --suite issue3 --backends aten,triton,padded --json "$OUT/issue3.json" \
     > "$OUT/issue3.txt" 2>&1; tail -28 "$OUT/issue3.txt"
   ;;
 tests)
@@ -76,7 +76,7 @@ exhaustive)
   # EXHAUSTIVE_PROBLEMS: DTYPE:MxNxK,... instead of the list below (the first int8 problem compiles ~3,600 kernels)
   limit=${EXHAUSTIVE_S:-400}
   problems=${EXHAUSTIVE_PROBLEMS:-int8:640x2560x10240,bf16:4096x128x4096,int8:1234x4321x2345,bf16:768x768x768,int8:200x5120x5120}
-  timeout $((limit + 160)) python3 -m bench.exhaustive_reference --time-limit-s "$limit" \
+  timeout $((limit + 160)) python3 -m experiments.exhaustive_reference --time-limit-s "$limit" \
     --json "$OUT/exhaustive_reference.json" --truth-csv "$OUT/exhaustive_truth.csv" \
     --problems "$problems" \
     2>&1 | grep -v Warning | tee "$OUT/exhaustive_reference.txt" | tail -8
@@ -116,7 +116,7 @@ fast)
   data=${FAST_DATA:-tools/perf_model/data/h100_heldout_bf16.csv tools/perf_model/data/h100_heldout_int8.csv}; limit=${FAST_S:-500}
   tag=${FAST_TAG:+_$FAST_TAG}
   # shellcheck disable=SC2086 - $data is a list of paths
-  timeout $((limit + 60)) python3 -m bench.fast_preset --data $data \
+  timeout $((limit + 60)) python3 -m experiments.fast_preset --data $data \
     --time-limit-s "$limit" --json "$OUT/fast_preset$tag.json" 2>&1 | tee "$OUT/fast_preset$tag.txt" | tail -60
   ;;
 esac

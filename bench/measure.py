@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 
 import kernels
+from backends import get_backend
+from backends.aten import int_mm_limits
 from bench.columns import Column, NameFilter, pick_best
 from bench.results import Cell, DeviceFacts, KernelsMmResult
 from bench.shapes import Shape
@@ -92,24 +94,35 @@ def tuned_cell(column: Column, outcome: TuneOutcome, problem: GemmProblem, facts
                flt: NameFilter, interpreted: bool) -> Cell:
     """The column's best candidate from its backend's tune, with rates and the speedup vs aten in that tune."""
     pick = pick_best(outcome.timings, outcome.choices, column, flt)
-    cell = Cell(column.name, "ok", tune_s=outcome.seconds, candidates=pick.candidates, failed=pick.failed)
+    cell = Cell(column.name, "ok", tune_s=outcome.seconds, candidates=pick.candidates, failed=pick.failed,
+                unsupported=pick.unsupported)
     if pick.name is None:
         why = _unavailable_note(outcome.notes, column.backend)
         if pick.candidates == 0:
             cell.status = "unavailable"
             cell.message = why or f"{pick.failure} for {column.name} on this problem"
         else:
-            cell.status, cell.message = "failed", pick.failure or "no result"
+            # the built candidates' failures when there are any: beside "verified / built" the counts then agree
+            cell.status, cell.message = "failed", pick.broken or pick.failure or "no result"
         return cell
     details = outcome.selection.details.get(pick.name, {}) if outcome.selection else {}
     cell.best, cell.median_ms = pick.name, pick.median_ms
-    cell.p20_ms, cell.p80_ms = details.get("p20_ms"), details.get("p80_ms")
+    cell.p20_ms, cell.p80_ms = spread_of(details, pick.median_ms)
     if interpreted:
-        cell.message = "CPU time (interpreter / CPU aten): correctness only, not performance"
+        cell.message = pick.broken or ""       # correctness only: the candidates that failed are the news
         return cell
     cell.aten_ms = _aten_ms(outcome)
     fill_rates(cell, problem, facts)
     return cell
+
+
+def spread_of(details: dict, median_ms: float) -> tuple[float | None, float | None]:
+    """The 20th and 80th percentiles of the samples `median_ms` is the median of, or (None, None) when those are not
+    on record. A finalist's time in a Selection is its final round's median, while its details keep the first pass's
+    percentiles: printed beside each other they disagreed (a median outside its own p20-p80)."""
+    if details.get("median_ms") != median_ms:
+        return None, None
+    return details.get("p20_ms"), details.get("p80_ms")
 
 
 def fill_rates(cell: Cell, problem: GemmProblem, facts: DeviceFacts) -> None:
@@ -175,8 +188,10 @@ def seed_selection(outcome: TuneOutcome) -> None:
     SelectionStore().put(store_key(outcome.selection.problem, fingerprint(outcome.backends)), outcome.selection)
 
 
-def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets, budget_ms: float) -> KernelsMmResult:
-    """kernels.mm (or int_mm) as users call it: first call (tunes or loads), then steady state beside torch.mm."""
+def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets, budget_ms: float,
+                      timed: bool = True) -> KernelsMmResult:
+    """kernels.mm (or int_mm) as users call it: first call (tunes or loads), checked against the reference, then
+    (`timed`) steady state beside torch.mm."""
     config.backends = backends
     entry = kernels.mm if problem.op == "mm" else kernels.int_mm
     a, b = sets[0]
@@ -195,6 +210,10 @@ def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets, bud
     result = check(problem, out, reference(problem, a, b))
     if not result.ok:
         return KernelsMmResult("error", winner=sel.winner, message=f"wrong result: {result.message}")
+    source = first_call_source(before, kernels.stats())
+    if not timed:
+        return KernelsMmResult("ok", winner=sel.winner, source=source, first_call_s=first,
+                               message="matches the reference (correctness only: not timed)")
     why_not_torch = _aten_cannot_run(problem)
     calls = {"kernels": _calls(entry, sets)}
     if not why_not_torch:
@@ -207,7 +226,7 @@ def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets, bud
         regret = sel.timings[sel.winner] / ranked[0][1] - 1.0
     message = "CPU times: correctness only" if device != "cuda" else (
         f"no torch baseline: {why_not_torch}" if why_not_torch else "")
-    return KernelsMmResult("ok", winner=sel.winner, source=first_call_source(before, kernels.stats()),
+    return KernelsMmResult("ok", winner=sel.winner, source=source,
                            mm_ms=km.median_ms, mm_p20_ms=km.p20_ms, mm_p80_ms=km.p80_ms,
                            torch_ms=tm.median_ms if tm else None, torch_p20_ms=tm.p20_ms if tm else None,
                            torch_p80_ms=tm.p80_ms if tm else None,
@@ -217,8 +236,6 @@ def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets, bud
 
 def _aten_cannot_run(problem: GemmProblem) -> str:
     """'' when torch's own function runs the problem (torch._int_mm refuses M <= 16 on CUDA), else why not."""
-    from backends.aten import int_mm_limits
-
     return int_mm_limits(problem) if problem.op == "int_mm" else ""
 
 
@@ -237,8 +254,6 @@ def first_call_source(before: dict, after: dict) -> str:
 def cutlass_compile_cell(column: Column, problem: GemmProblem, arch: int = 90) -> Cell:
     """No GPU: build the best-ranked CUTLASS candidate of the column for the problem as an sm90 device would run
     it (compile-only: nvcc and the CUTLASS headers are checked, nothing runs)."""
-    from backends import get_backend
-
     backend = get_backend("cutlass")
     target = dataclasses.replace(problem, device="cuda", arch=arch, device_name=f"sm{arch} (compile-only)")
     ok, why = backend.available(target)

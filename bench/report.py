@@ -11,10 +11,25 @@ from pathlib import Path
 from bench.results import Cell, KernelsMmResult, Report
 
 HEADERS = ("shape", "backend", "best candidate", "median ms (p20-p80)", "TFLOP/s", "% floor", "vs aten", "tune s")
+# correctness-only runs (no GPU) print no times, rates or ratios: CPU and interpreter times say nothing of a GPU
+CORRECTNESS_HEADERS = ("shape", "backend", "result", "verified / built", "tune s")
+PLOT_INSTALL = 'pip install "kernels[plot]" (or: pip install matplotlib)'
 
 
 class PlotError(RuntimeError):
     """The plot could not be produced (matplotlib missing, nothing to plot)."""
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend; PlotError with the install line when matplotlib is missing. Called
+    before a run that will plot, so that a missing matplotlib fails before any work."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise PlotError(f"--plot needs matplotlib, which is not installed: {PLOT_INSTALL}") from e
+    return plt
 
 
 def _fmt(v, spec: str, none: str = "-") -> str:
@@ -27,6 +42,29 @@ def _ms(median, p20, p80) -> str:
     if p20 is None or p80 is None:
         return f"{median:.4f}"
     return f"{median:.4f} ({p20:.4f}-{p80:.4f})"
+
+
+def _verified(cell: Cell) -> str:
+    """'21 / 21, 4 unsupported': candidates that matched the reference of those built, and those never built."""
+    if not cell.candidates:
+        return "-"
+    return f"{cell.verified} / {cell.built}" + (f", {cell.unsupported} unsupported" if cell.unsupported else "")
+
+
+def _correctness_cell_row(cell: Cell) -> tuple[str, ...]:
+    if not cell.ok:
+        result = f"{cell.status}: {cell.message}"
+    elif cell.verified < cell.built:
+        result = f"partly failed: {cell.message}"
+    else:
+        result = "verified"
+    return (cell.column, result[:120], _verified(cell), _fmt(cell.tune_s, ".1f"))
+
+
+def _correctness_mm_row(r: KernelsMmResult) -> tuple[str, ...]:
+    if r.status != "ok":
+        return ("kernels.mm", f"error: {r.message}"[:120], "-", _fmt(r.first_call_s, ".1f"))
+    return ("kernels.mm", f"{r.winner} [{r.source}]: {r.message}", "-", _fmt(r.first_call_s, ".1f"))
 
 
 def _cell_row(cell: Cell) -> tuple[str, ...]:
@@ -51,37 +89,71 @@ def _mm_row(r: KernelsMmResult) -> tuple[str, ...]:
 
 def rows(report: Report) -> list[tuple[str, ...]]:
     """Table rows: each shape's columns, then its kernels.mm line (shape label only on the first row)."""
+    cell_row, mm_row = (_cell_row, _mm_row) if report.speed else (_correctness_cell_row, _correctness_mm_row)
     out = []
     for sr in report.shapes:
         label = f"{sr.label()} {sr.dtype} {sr.layout}"
-        body = [_cell_row(sr.cells[c]) for c in report.columns if c in sr.cells]
+        body = [cell_row(sr.cells[c]) for c in report.columns if c in sr.cells]
         if sr.kernels_mm is not None:
-            body.append(_mm_row(sr.kernels_mm))
+            body.append(mm_row(sr.kernels_mm))
         for i, r in enumerate(body):
             out.append(((label if i == 0 else ""),) + r)
     return out
+
+
+def _shapes(n: int) -> str:
+    return f"{n} shape" + ("" if n == 1 else "s")
+
+
+def summary_title(report: Report) -> str:
+    s = report.summary
+    if report.speed:
+        return "geomean speedup vs aten (over the shapes where the column ran beside aten)"
+    return f"correctness over {_shapes(s.shapes)} (no speedups without a GPU)"
 
 
 def summary_rows(report: Report) -> list[tuple[str, str, str]]:
     s = report.summary
     if s is None:
         return []
+    if not report.speed:
+        return _correctness_summary_rows(report)
     x = lambda v: "-" if v is None else f"{v:.3f}x"  # noqa: E731
-    out = [(c, f"{x(s.geomean_speedup.get(c))} over {s.shapes_counted.get(c, 0)} shapes",
-            f"fastest on {s.wins.get(c, 0)}") for c in report.columns]
+    out = [(c, f"{x(s.geomean_speedup.get(c))} over {_shapes(s.shapes_counted.get(c, 0))}",
+            f"fastest on {s.wins.get(c, 0)} of them") for c in report.columns]
     out.append(("best overall", x(s.best_overall_geomean), ""))
     if s.kernels_mm_geomean is not None:
-        out.append(("kernels.mm vs torch.mm", x(s.kernels_mm_geomean),
+        out.append(("kernels.mm vs torch.mm", f"{x(s.kernels_mm_geomean)} over {_shapes(s.kernels_mm_shapes)}",
                     "max regret " + _fmt(None if s.kernels_mm_max_regret is None else
                                          100 * s.kernels_mm_max_regret, ".1f") + "%"))
     return out
 
 
+# how a correctness summary names each status, in the order it lists them
+_OUTCOME_WORDS = (("ok", "verified"), ("compiled", "compiled only"), ("failed", "failed"), ("error", "error"),
+                  ("unavailable", "unavailable"), ("skipped", "skipped"))
+
+
+def _correctness_summary_rows(report: Report) -> list[tuple[str, str, str]]:
+    s = report.summary
+    out = []
+    for c in report.columns:
+        counts = s.outcomes.get(c, {})
+        words = [f"{word} on {counts[status]}" for status, word in _OUTCOME_WORDS if counts.get(status)]
+        if s.partly_failed.get(c):
+            words.append(f"some candidates failed on {s.partly_failed[c]}")
+        words += [f"{status} on {n}" for status, n in counts.items() if status not in dict(_OUTCOME_WORDS)]
+        out.append((c, "; ".join(words) or "no cells", f"of {_shapes(s.shapes)}"))
+    if s.kernels_mm_run:
+        out.append(("kernels.mm", f"matches the reference on {s.kernels_mm_ok}", f"of {s.kernels_mm_run} called"))
+    return out
+
+
 def title(report: Report) -> str:
     d = report.device
-    if report.mode != "gpu":
-        return (f"NO GPU: {report.mode} mode on {d.name}; times are CPU times (Triton interpreter), "
-                f"correctness only, not performance")
+    if not report.speed:
+        return (f"NO GPU: correctness only (Triton interpreter on {d.name}): candidates checked against a float64 "
+                f"reference, no speedups")
     unit = "TOPS" if report.args.get("dtype") == "int8" else "TFLOP/s"
     return (f"{d.name} | peak {_fmt(d.peak_tflops, '.0f')} {unit} ({d.peak_shape}) | copy "
             f"{_fmt(d.bandwidth_gbs, '.0f')} GB/s | torch {report.env.get('torch')} triton "
@@ -91,6 +163,8 @@ def title(report: Report) -> str:
 
 
 def headers(report: Report) -> tuple[str, ...]:
+    if not report.speed:
+        return CORRECTNESS_HEADERS
     if report.args.get("dtype") == "int8":
         return tuple("TOPS" if h == "TFLOP/s" else h for h in HEADERS)
     return HEADERS
@@ -106,8 +180,8 @@ def plain_table(report: Report) -> str:
     summ = summary_rows(report)
     if summ:
         out.append("")
-        out.append("geomean speedup vs aten:")
-        out.extend(f"  {a:<24} {b:<28} {c}" for a, b, c in summ)
+        out.append(summary_title(report) + ":")
+        out.extend(f"  {a:<24} {b:<28} {c}".rstrip() for a, b, c in summ)
     return "\n".join(out)
 
 
@@ -116,27 +190,30 @@ def print_table(report: Report, file=None) -> None:
     try:
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
     except ImportError:
         print(plain_table(report), file=file)
         return
     out = file if file is not None else sys.stdout
     # piped output gets a wide fixed width so candidate names are not folded into slivers
     console = Console(file=out, width=None if out.isatty() else 220)
-    table = Table(title=title(report), show_lines=False)
+    console.print(Text(title(report)))        # a line of its own: a table title is wrapped to the table's width
+    table = Table(show_lines=False)
     for h in headers(report):
         table.add_column(h, overflow="fold")
     for r in rows(report):
         if r[0]:
             table.add_section()
-        table.add_row(*r)
+        table.add_row(*(Text(v) for v in r))     # Text: "[tuned, regret 0.4%]" is not rich markup
     console.print(table)
     summ = summary_rows(report)
     if summ:
-        st = Table(title="geomean speedup vs aten")
-        for h in ("column", "geomean", "wins"):
+        console.print(Text(summary_title(report)))
+        st = Table()
+        for h in (("column", "geomean", "wins") if report.speed else ("column", "outcome", "out of")):
             st.add_column(h)
         for r in summ:
-            st.add_row(*r)
+            st.add_row(*(Text(v) for v in r))
         console.print(st)
 
 
@@ -168,16 +245,15 @@ def write_csv(report: Report, path: str | Path) -> None:
 
 
 def write_plot(report: Report, path: str | Path) -> None:
-    """Grouped bars: one group per shape, one bar per column (TFLOP/s; speedup vs aten when not on a GPU)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise PlotError(f"--plot needs matplotlib (pip install matplotlib): {e}") from e
-    gpu = report.mode == "gpu"
-    metric = "tflops" if gpu else "median_ms"
-    ylabel = ("TOPS" if report.args.get("dtype") == "int8" else "TFLOP/s") if gpu else "CPU ms (not performance)"
+    """Grouped bars: one group per shape, one bar per column: TFLOP/s on a GPU; without one, how many candidates
+    matched the reference (correctness only: no times)."""
+    plt = pyplot()
+    if report.speed:
+        value = lambda cell: cell.tflops if cell.ok else None  # noqa: E731
+        ylabel = "TOPS" if report.args.get("dtype") == "int8" else "TFLOP/s"
+    else:
+        value = lambda cell: cell.verified if cell.candidates else None  # noqa: E731
+        ylabel = "candidates verified (correctness only)"
     shapes = report.shapes
     if not shapes:
         raise PlotError("nothing to plot: no shapes were measured")
@@ -188,9 +264,9 @@ def write_plot(report: Report, path: str | Path) -> None:
         xs, ys = [], []
         for i, sr in enumerate(shapes):
             cell = sr.cells.get(c)
-            if cell is not None and cell.ok and getattr(cell, metric) is not None:
+            if cell is not None and value(cell) is not None:
                 xs.append(i + (j - (len(cols) - 1) / 2) * width)
-                ys.append(getattr(cell, metric))
+                ys.append(value(cell))
         ax.bar(xs, ys, width=width, label=c)
     ax.set_xticks(range(len(shapes)))
     ax.set_xticklabels([sr.label() for sr in shapes], rotation=30, ha="right", fontsize=8)

@@ -20,12 +20,22 @@ class Cell:
     aten_ms: float | None = None      # the baseline the speedup is against
     tune_s: float | None = None       # wall time of tuning this backend for this shape (Inductor: compile time)
     candidates: int = 0
-    failed: int = 0
+    failed: int = 0                   # candidates without a time: unsupported, build failed, wrong result, crashed
+    unsupported: int = 0              # of those failed, the ones never built (the problem is outside the template)
     message: str = ""                 # failure text, or a note (e.g. "CPU interpreter time")
 
     @property
     def ok(self) -> bool:
         return self.status == "ok" and self.median_ms is not None
+
+    @property
+    def verified(self) -> int:
+        """Candidates that matched the reference (every timed candidate was verified first)."""
+        return self.candidates - self.failed
+
+    @property
+    def built(self) -> int:
+        return self.candidates - self.unsupported
 
 
 @dataclass
@@ -84,11 +94,19 @@ class DeviceFacts:
 
 @dataclass
 class Summary:
-    geomean_speedup: dict[str, float | None]     # column -> geomean over shapes where it ran
-    shapes_counted: dict[str, int]
-    wins: dict[str, int]                         # column -> shapes where it was the fastest column
+    """What the summary lines print, each count over the same shapes as the number beside it."""
+    shapes: int                                  # shapes in the run, skipped ones included
+    outcomes: dict[str, dict[str, int]]          # column -> status -> shapes (ok, failed, unavailable, skipped, ...)
+    partly_failed: dict[str, int]                # column -> shapes where it is ok but some built candidates failed
+    kernels_mm_ok: int                           # shapes where kernels.mm ran and matched the reference
+    kernels_mm_run: int                          # shapes where kernels.mm was called
+    # speed: only when times are performance (a GPU); None / empty in correctness-only mode
+    geomean_speedup: dict[str, float | None]     # column -> geomean over the shapes it ran beside aten
+    shapes_counted: dict[str, int]               # ... and how many those are
+    wins: dict[str, int]                         # column -> shapes (of those) where it was the fastest column
     best_overall_geomean: float | None           # geomean over shapes of the best column's speedup
     kernels_mm_geomean: float | None             # geomean of torch.mm / kernels.mm
+    kernels_mm_shapes: int                       # ... over this many shapes
     kernels_mm_max_regret: float | None
 
 
@@ -103,6 +121,11 @@ class Report:
     summary: Summary | None = None
     prebuild: dict = field(default_factory=dict)   # the suite-wide build before the first shape: seconds, compiled
 
+    @property
+    def speed(self) -> bool:
+        """Whether times are performance (a GPU run); otherwise the run checks correctness only."""
+        return self.mode == "gpu"
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -114,25 +137,44 @@ def geomean(values) -> float | None:
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
 
 
-def summarize(columns: list[str], shapes: list[ShapeResult]) -> Summary:
+def _rate(v: float | None) -> bool:
+    """A speedup the geomean takes (the counts beside it count exactly these)."""
+    return v is not None and v > 0 and math.isfinite(v)
+
+
+def summarize(columns: list[str], shapes: list[ShapeResult], speed: bool = True) -> Summary:
+    """Counts per column and status, and with `speed` the speedups over aten. A column's wins are counted over the
+    shapes where it has a speedup, so it is never "fastest on" more shapes than its geomean is "over"."""
+    outcomes: dict[str, dict[str, int]] = {c: {} for c in columns}
+    partly_failed = {c: 0 for c in columns}
     per_col: dict[str, list[float]] = {c: [] for c in columns}
     wins = {c: 0 for c in columns}
     best_speedups = []
     for sr in shapes:
-        ok = {c: cell for c, cell in sr.cells.items() if cell.ok}
-        for c, cell in ok.items():
-            if cell.speedup is not None:
-                per_col.setdefault(c, []).append(cell.speedup)
-        if ok:
-            fastest = min(ok, key=lambda c: ok[c].median_ms)
+        for c, cell in sr.cells.items():
+            status = "ok" if cell.ok else cell.status
+            counts = outcomes.setdefault(c, {})
+            counts[status] = counts.get(status, 0) + 1
+            if cell.ok and cell.verified < cell.built:
+                partly_failed[c] = partly_failed.get(c, 0) + 1
+        if not speed:
+            continue
+        rated = {c: cell for c, cell in sr.cells.items() if cell.ok and _rate(cell.speedup)}
+        for c, cell in rated.items():
+            per_col.setdefault(c, []).append(cell.speedup)
+        if rated:
+            fastest = min(rated, key=lambda c: rated[c].median_ms)
             wins[fastest] = wins.get(fastest, 0) + 1
-            sp = [cell.speedup for cell in ok.values() if cell.speedup is not None]
-            if sp:
-                best_speedups.append(max(sp))
-    km = [sr.kernels_mm for sr in shapes if sr.kernels_mm is not None and sr.kernels_mm.status == "ok"]
-    regrets = [r.regret for r in km if r.regret is not None]
-    return Summary(geomean_speedup={c: geomean(v) for c, v in per_col.items()},
-                   shapes_counted={c: len(v) for c, v in per_col.items()}, wins=wins,
+            best_speedups.append(max(cell.speedup for cell in rated.values()))
+    called = [sr.kernels_mm for sr in shapes if sr.kernels_mm is not None]
+    km = [r for r in called if r.status == "ok"]
+    km_speedups = [r.speedup for r in km if _rate(r.speedup)] if speed else []
+    regrets = [r.regret for r in km if r.regret is not None] if speed else []
+    return Summary(shapes=len(shapes), outcomes=outcomes, partly_failed=partly_failed, kernels_mm_ok=len(km),
+                   kernels_mm_run=len(called),
+                   geomean_speedup={c: geomean(v) for c, v in per_col.items()} if speed else {},
+                   shapes_counted={c: len(v) for c, v in per_col.items()} if speed else {},
+                   wins=wins if speed else {},
                    best_overall_geomean=geomean(best_speedups),
-                   kernels_mm_geomean=geomean(r.speedup for r in km if r.speedup is not None),
+                   kernels_mm_geomean=geomean(km_speedups), kernels_mm_shapes=len(km_speedups),
                    kernels_mm_max_regret=max(regrets) if regrets else None)

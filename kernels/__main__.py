@@ -10,8 +10,21 @@ Performance-model training lives outside the runtime: `python -m tools.perf_mode
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+import warnings
+from collections import Counter
 from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from backends import get_backend
+from kernels.core.config import ALL_BACKENDS, config, interpret_mode
+from kernels.core.problem import GemmProblem
+from kernels.core.toolchain import toolchain
+from kernels.native import fastpath
+from kernels.space import lut
 
 
 def _version(package: str) -> str:
@@ -23,7 +36,6 @@ def _version(package: str) -> str:
 
 def _probe_problem(arch: int, name: str):
     """A plain aligned bf16 problem on the first device: what `available()` is asked about."""
-    from kernels.core.problem import GemmProblem
 
     device = "cuda" if arch else "cpu"
     return GemmProblem(op="mm", m=1024, n=1024, k=1024, dtype="bf16", out_dtype="bf16", stride_a=(1024, 1),
@@ -31,8 +43,6 @@ def _probe_problem(arch: int, name: str):
 
 
 def _fastpath_line(mode: str) -> str:
-    from kernels.native import fastpath
-
     where = fastpath.paths()
     if where.library.exists():
         return f"built ({where.library}); KERNELS_FASTPATH={mode}"
@@ -42,12 +52,6 @@ def _fastpath_line(mode: str) -> str:
 
 
 def info_lines() -> list[str]:
-    import torch
-
-    from backends import get_backend
-    from kernels.core.config import ALL_BACKENDS, config
-    from kernels.core.toolchain import toolchain
-
     lines = []
     if torch.cuda.is_available():
         cap = torch.cuda.get_device_capability(0)
@@ -72,19 +76,45 @@ def info_lines() -> list[str]:
     problem = _probe_problem(arch, name)
     for backend_name in ALL_BACKENDS:
         try:
-            ok, why = get_backend(backend_name).available(problem)
+            status = _backend_status(get_backend(backend_name), problem)
         except Exception as e:  # noqa: BLE001 - a backend that cannot even load is reported, not fatal
-            ok, why = False, f"{type(e).__name__}: {e}"
-        lines.append(f"  {backend_name:8s} {'available' if ok else 'unavailable: ' + why}")
+            status = f"unavailable: {type(e).__name__}: {e}"
+        lines.append(f"  {backend_name:8s} {status}")
     return lines
 
 
+# the unaligned probe padded is asked about: bf16 rows of K=1001 elements start 2 bytes off a 16-byte boundary
+PADDED_PROBE_K = 1001
+
+
+def _backend_status(backend, problem) -> str:
+    """Whether the backend serves problems on this machine, in words true here. `problem` is a made-up aligned bf16
+    product on the first device, so each backend is asked about the problems it exists for."""
+    if backend.name == "padded":
+        # padded exists for unaligned operands: asked about the aligned probe it would only say it is not needed
+        unaligned = dataclasses.replace(problem, k=PADDED_PROBE_K, stride_a=(PADDED_PROBE_K, 1))
+        ok, why = backend.available(unaligned)
+        what = ("pads operands whose rows are not 16-byte aligned (e.g. bf16 K=1001) and runs aten or Triton on "
+                "the aligned copies; aligned problems skip it")
+        return f"available: {what}" if ok else f"unavailable: {why}"
+    gpu = problem.device == "cuda"
+    if backend.name == "cutlass" and not gpu:
+        # no GPU to run on, but what a GPU would run can still be built (bench.compare --backends cutlass does)
+        target = dataclasses.replace(problem, device="cuda", arch=90, device_name="sm90 (compile-only)")
+        ok, why = backend.available(target)
+        return ("no GPU: compile-only (nvcc and CUTLASS headers found; builds for sm90, runs nothing)" if ok
+                else f"unavailable: no GPU, and cannot compile for one either: {why}")
+    ok, why = backend.available(problem)
+    if backend.name == "triton" and not gpu:
+        if ok:
+            return ("available through the Triton interpreter (TRITON_INTERPRET=1) on CPU tensors, slowly; not bf16, "
+                    "whose dot the interpreter gets wrong (triton issue #11584)")
+        return ("no GPU: Triton runs only through its interpreter on CPU tensors, which TRITON_INTERPRET=1 turns on "
+                "before triton is imported (bench.compare sets it)")
+    return "available" if ok else f"unavailable: {why}"
+
+
 def _lut_export(args) -> int:
-    from pathlib import Path
-
-    from kernels.space import lut
-    from kernels.core.config import config
-
     root = Path(args.store) if args.store else Path(config.cache_dir) / "selections"
     table = lut.export_from_store(root, args.top_k, args.mode)
     if args.output == "-":
@@ -97,11 +127,6 @@ def _lut_export(args) -> int:
 
 
 def _lut_check(args) -> int:
-    import warnings
-    from collections import Counter
-
-    from kernels.space import lut
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         table = lut.load(args.file)
@@ -119,8 +144,6 @@ def _lut_check(args) -> int:
 
 
 def _fastpath_build(args) -> int:
-    from kernels.native import fastpath
-
     try:
         library = fastpath.build(force=args.force)
     except fastpath.FastpathBuildError as e:

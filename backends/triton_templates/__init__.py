@@ -10,21 +10,10 @@ from abc import ABC, abstractmethod
 
 from kernels.core.choice import Choice
 from kernels.core.problem import GemmProblem
+from kernels.space.families import families_of
 
-# template name -> module defining FAMILY, or (module, attribute)
-_MODULES = {
-    "triton_mm": "backends.triton_templates.mm",
-    "triton_int8_mm": "backends.triton_templates.mm",
-    "triton_tma_mm": "backends.triton_templates.tma",
-    "triton_tma_int8_mm": "backends.triton_templates.tma",
-    "triton_padded_mm": "backends.triton_templates.padded",
-    "triton_padded_int8_mm": "backends.triton_templates.padded",
-    "triton_padded_tma_mm": ("backends.triton_templates.padded", "TMA_FAMILY"),
-    "triton_padded_tma_int8_mm": ("backends.triton_templates.padded", "TMA_FAMILY"),
-    "triton_kmajor_int8_mm": "backends.triton_templates.kmajor",
-    "split_k": ("backends.triton_templates.split_k", "SPLIT_K"),
-    "decompose_k": ("backends.triton_templates.split_k", "DECOMPOSE_K"),
-}
+# template name -> "module:attribute" of its family object (kernels/space/families.py is the one list)
+_MODULES = {f.name: f.implementation for f in families_of("triton")}
 
 
 class TritonFamily(ABC):
@@ -50,6 +39,5 @@ def templates() -> tuple[str, ...]:
 def family(template: str) -> TritonFamily:
     if template not in _MODULES:
         raise KeyError(f"no Triton family implements {template!r}; known: {', '.join(_MODULES)}")
-    where = _MODULES[template]
-    module, attr = where if isinstance(where, tuple) else (where, "FAMILY")
+    module, attr = _MODULES[template].split(":")
     return getattr(importlib.import_module(module), attr)

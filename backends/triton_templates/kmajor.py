@@ -9,13 +9,13 @@ import dataclasses
 
 import torch
 
+from backends.padded import is_aligned
 from backends.triton_launch import kernel_sequence, per_stream
-from backends.triton_render import (dot_vars, even_k, gemm_args, int_arg, layout_vars, ldc_multiple, make_spec,
-                                    ptr)
+from backends.triton_render import dot_vars, even_k, gemm_args, int_arg, layout_vars, ldc_multiple, make_spec, ptr
 from backends.triton_templates import TritonFamily
 from kernels.core.choice import Choice
-from kernels.space.heuristics import candidate_configs, cdiv, output_tiles, round_up
 from kernels.core.problem import GemmProblem
+from kernels.space.heuristics import candidate_configs, cdiv, output_tiles, round_up
 
 TRANSPOSE_BLOCK = (128, 128)    # K x N elements one transpose program moves: 128-byte rows both ways for int8
 # Skinny problems are bound by reading B, and a transpose reads and writes B once more; still, on the H200 the
@@ -38,8 +38,6 @@ class KMajorTritonFamily(TritonFamily):
     templates = ("triton_kmajor_int8_mm",)
 
     def choices(self, problem, template, space):
-        from backends.padded import is_aligned
-
         if problem.layout_b == "col":
             return [], {template: "B is already K-major"}
         if problem.m < MIN_M:

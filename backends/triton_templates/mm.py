@@ -12,8 +12,8 @@ from backends.triton_render import (
 )
 from backends.triton_templates import TritonFamily
 from kernels.core.choice import Choice
-from kernels.space.heuristics import candidate_configs, output_tiles
 from kernels.core.problem import DTYPES_BY_NAME
+from kernels.space.heuristics import candidate_configs, output_tiles
 
 
 class MatmulFamily(TritonFamily):

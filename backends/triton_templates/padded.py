@@ -11,14 +11,14 @@ import dataclasses
 
 import torch
 
+from backends.padded import fills_first, hopper_wave_tiles, inner_triton_configs, is_aligned
 from backends.triton_launch import kernel_sequence, per_stream
-from backends.triton_render import (Arg, dot_vars, even_k, gemm_args, int_arg, layout_vars, ldc_multiple, make_spec,
-                                    ptr)
+from backends.triton_render import Arg, dot_vars, even_k, gemm_args, int_arg, layout_vars, ldc_multiple, make_spec, ptr
 from backends.triton_templates import TritonFamily
 from backends.triton_templates.tma import persistent_programs, tma_configs, tma_unsupported
 from kernels.core.choice import Choice
-from kernels.space.heuristics import cdiv, round_up
 from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
+from kernels.space.heuristics import cdiv, round_up
 
 INNER_TEMPLATE = {"triton_padded_mm": "triton_mm", "triton_padded_int8_mm": "triton_int8_mm",
                   "triton_padded_tma_mm": "triton_tma_mm", "triton_padded_tma_int8_mm": "triton_tma_int8_mm"}
@@ -49,8 +49,6 @@ class PaddedTritonFamily(TritonFamily):
     templates = ("triton_padded_mm", "triton_padded_int8_mm")
 
     def choices(self, problem, template, space):
-        from backends.padded import inner_triton_configs, is_aligned
-
         if is_aligned(problem):
             return [], {template: "operands are already 16-byte aligned"}
         configs = inner_triton_configs(inner_problem(problem), INNER_TEMPLATE[template], space)
@@ -86,8 +84,6 @@ class PaddedTmaFamily(TritonFamily):
     templates = ("triton_padded_tma_mm", "triton_padded_tma_int8_mm")
 
     def choices(self, problem, template, space):
-        from backends.padded import fills_first, hopper_wave_tiles, is_aligned
-
         if is_aligned(problem):
             return [], {template: "operands are already 16-byte aligned"}
         inner = inner_problem(problem)

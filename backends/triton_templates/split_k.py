@@ -17,9 +17,9 @@ from backends.triton_render import (
 )
 from backends.triton_templates import TritonFamily
 from kernels.core.choice import Choice
+from kernels.core.problem import DTYPES_BY_NAME
 from kernels.space.heuristics import cdiv, output_tiles
 from kernels.space.heuristics_split_k import decompose_k_splits, decompose_k_tile, k_per_split, split_k_choices
-from kernels.core.problem import DTYPES_BY_NAME
 
 REDUCE_BLOCK = 1024
 

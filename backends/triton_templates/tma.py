@@ -11,8 +11,15 @@ from backends.triton_launch import kernel_sequence
 from backends.triton_render import dot_vars, int_arg, ldc_multiple, make_spec, ptr
 from backends.triton_templates import TritonFamily
 from kernels.core.choice import Choice
-from kernels.space.heuristics import candidate_configs, output_tiles, shared_memory_limit
 from kernels.core.problem import DTYPE_BYTES, DTYPES_BY_NAME, GemmProblem
+from kernels.space.heuristics import (
+    candidate_configs,
+    config_list,
+    output_tiles,
+    scale_config,
+    shared_memory_limit,
+    supports,
+)
 
 SUBTILE_MIN_TILE = 128 * 256      # tiles at least this large also get an epilogue-subtiled variant
 INTERPRETER_PROGRAMS = 3          # few programs on CPU, so the persistent loop runs more than once
@@ -98,8 +105,6 @@ def persistent_programs(problem: GemmProblem, cfg, device: torch.device) -> int:
 
 
 def _persistent(problem, template):
-    from kernels.space.heuristics import config_list, scale_config, supports
-
     seen, result = set(), []
     for base in config_list("persistent_mm_configs"):
         cfg = scale_config(base, problem)

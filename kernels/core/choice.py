@@ -1,10 +1,27 @@
 """Choice: a backend + template + config. Its `.name` is its identity in logs, caches and lookup tables."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-from kernels.space.heuristics import GemmConfig
-from kernels.space.families import TEMPLATE_COMPLEXITY
+
+@dataclass(frozen=True, order=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_stages: int
+    num_warps: int
+    group_m: int = 8
+
+    def tag(self) -> str:
+        return f"{self.block_m}x{self.block_n}x{self.block_k}_s{self.num_stages}_w{self.num_warps}_g{self.group_m}"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "GemmConfig":
+        return cls(**{k: int(v) for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -24,10 +41,6 @@ class Choice:
             parts.append(self.config.tag())
         parts.extend(f"{k}{v}" for k, v in self.params)
         return "_".join(parts)
-
-    @property
-    def complexity(self) -> int:
-        return TEMPLATE_COMPLEXITY.get(self.template, 100)
 
     def as_dict(self) -> dict:
         return {"backend": self.backend, "template": self.template, "dtype": self.dtype,

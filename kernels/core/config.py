@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable
 
-from kernels.space.dynamic_rules import DEFAULT_HINTS, parse_buckets, parse_dims, parse_hints, parse_mode
+from kernels.core.dynamic_spec import DEFAULT_HINTS, parse_buckets, parse_dims, parse_hints, parse_mode
 from kernels.core.version import __version__
 
 ALL_BACKENDS = ("aten", "triton", "cutlass", "padded")
@@ -39,8 +40,6 @@ def _positive_int(text: str | int) -> int:
 
 
 def _parse_regex(text: str) -> str:
-    import re
-
     try:
         re.compile(text)
     except re.error as e:

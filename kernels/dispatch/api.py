@@ -4,32 +4,26 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import threading
 
 import torch
 
-from backends import get_backend
 from kernels.core import counters as _stats
-from kernels.dispatch import dynamic as _dynamic
-from kernels.native import fastpath as _fastpath
-from kernels.tune.autotune import fingerprint, tune
-from kernels.store.selections import SelectionStore, store_key
 from kernels.core.choice import Choice
-from kernels.core.config import config, interpret_mode
+from kernels.core.config import interpret_mode
 from kernels.core.errors import InputTypeError, InputValueError
 from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
+from kernels.dispatch import dynamic as _dynamic
+from kernels.dispatch import selected
+from kernels.native import fastpath as _fastpath
 
 _MM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _ATEN = {"mm": torch.mm, "int_mm": torch._int_mm}
 
 # warm path: fast key -> launch(a, b, out). Filled on the first call of each problem.
 _dispatch: dict[tuple, object] = {}
-_selections: dict[GemmProblem, Selection] = {}
-_launchers: dict[tuple[GemmProblem, int], object] = {}    # (problem, device index) -> launch
 _memory_hits = [0]
-_lock = threading.RLock()
-_store = SelectionStore()
+_lock = selected.lock          # one lock for the warm table and the selections behind it
 _fast = _fastpath.Fastpath()
 _fast_call = None       # the C++ table's call(op, a, b) once loaded: the product, or None when it does not serve it
 _FAST_OP = {"mm": 0, "int_mm": 1}
@@ -201,7 +195,7 @@ def _cold(op: str, a, b, out, dynamic=None):
     else:
         problem = GemmProblem.from_tensors(op, a, b)
         with _device_ctx(a):
-            launch = _launcher_for(problem) if dyn is None else _dynamic.launcher_for(problem, dyn)
+            launch = selected.launcher_for(problem) if dyn is None else _dynamic.launcher_for(problem, dyn)
     with _lock:
         _dispatch[key] = entry = (_two_arg(launch), launch)
         if dynamic is None and _fast.module is not None:
@@ -231,50 +225,6 @@ def _device_ctx(t):
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
-def _launcher_for(problem: GemmProblem):
-    """The launcher for the problem on the current device (callers enter the tensors' device first): a launcher
-    holds device-bound state (loaded functions, workspaces), so a second GPU gets its own, from the same selection."""
-    where = (problem, torch.cuda.current_device() if problem.device == "cuda" else -1)
-    with _lock:
-        launch = _launchers.get(where)
-        if launch is None:
-            sel, launch = _select(problem)
-            _selections[problem] = sel
-            _launchers[where] = launch
-        return launch
-
-
-def _select(problem: GemmProblem) -> tuple[Selection, object]:
-    """Disk, else tune (once across processes: the store's lock). Returns the selection and a ready launcher."""
-    backends = tuple(config.backends) or ("aten",)
-    key = store_key(problem, fingerprint(backends))
-    loaded = _load_stored(key, problem)
-    if loaded is not None:
-        return loaded
-    with _store.lock(key):
-        loaded = _load_stored(key, problem)      # another process may have tuned it while we waited
-        if loaded is not None:
-            return loaded
-        sel, runners = tune(problem, backends)
-        _store.put(key, sel)
-    return sel, runners[sel.winner].launch
-
-
-def _load_stored(key: str, problem: GemmProblem):
-    sel = _store.get(key)
-    if sel is None:
-        return None
-    choice = sel.winner_choice
-    try:
-        outcome = get_backend(choice.backend).build(problem, [choice])[0]
-    except Exception:  # noqa: BLE001 - an unloadable winner means: tune again
-        return None
-    if outcome.runner is None:
-        return None
-    _stats.bump("disk_hits")
-    return sel, outcome.runner.launch
-
-
 # -- introspection ---------------------------------------------------------------------------------------------
 def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None) -> Selection:
     """The Selection for this problem (tuning it first if needed); `.source` says where it came from this time.
@@ -292,13 +242,12 @@ def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None) -> S
     if dyn is not None:
         with _device_ctx(a):
             return _dynamic.explain(problem, dyn)
-    with _lock:
-        sel = _selections.get(problem)
-        if sel is not None:
-            return dataclasses.replace(sel, source="memory")
+    sel = selected.selection(problem)
+    if sel is not None:
+        return dataclasses.replace(sel, source="memory")
     with _device_ctx(a):
-        _launcher_for(problem)
-    return _selections[problem]
+        selected.launcher_for(problem)
+    return selected.selection(problem)
 
 
 def stats() -> dict[str, int]:
@@ -328,8 +277,7 @@ def clear_memory_cache() -> None:
         _dispatch.clear()
         if _fast.module is not None:
             _fast.module.clear()
-        _selections.clear()
-        _launchers.clear()
+        selected.clear()
         _dynamic.clear()
 
 

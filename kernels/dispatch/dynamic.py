@@ -4,7 +4,7 @@
     kernels.mm(a, b, dynamic=kernels.Dynamic("m", hints=(64, 256, 4096), mode="similarity"))
 
 For a dynamic problem the dynamic dims are replaced by each hint (the cartesian product when several dims are
-dynamic) and each hint problem goes through the normal tune + selection store (`api._launcher_for`). The hint
+dynamic) and each hint problem goes through the normal tune + selection store (`kernels.dispatch.selected.launcher_for`). The hint
 problems and the runtime problems carry `GemmProblem.dynamic`, so the backends build binaries that do not
 specialise on those dims: a winner tuned at M=64 is the same binary at M=300, loaded, never compiled.
 
@@ -20,217 +20,32 @@ The api then puts the exact shape's launcher in its warm dispatch table: steady 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import json
 import math
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from backends import get_backend
 from kernels.core import counters
-from kernels.core.choice import Choice
+from kernels.core.choice import Choice, GemmConfig
 from kernels.core.config import config
-from kernels.space.dynamic_rules import (BucketRule, bucket_id, hints_for, nearest, outside_hints, parse_buckets,
-                                   probe_sizes, round_inflation, worst_ratio,
-                                   parse_dims, parse_hints, parse_mode, waves)
-from kernels.core.errors import InputTypeError, InputValueError, KernelsError
-from kernels.core.fsutil import atomic_write_text, file_lock, read_json
-from kernels.space.heuristics import GemmConfig, supports
-from kernels.space.perf_model import gpu_spec
+from kernels.core.dynamic_spec import BucketRule
+from kernels.core.errors import KernelsError
+from kernels.core.fsutil import load_or_build
 from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
-from kernels.space.families import TEMPLATE_OPS
+from kernels.dispatch import selected
+from kernels.dispatch.dynamic_records import (  # noqa: F401 - resolve: this module is the api's dynamic entry
+    Decision, Dynamic, HintWinner, PoolEntry, resolve, shape_of, sizes_label, substitute)
 from kernels.measure.timing import measure_interleaved, measure_together, user_call
 from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
-
-STORE_SCHEMA = 1
-
-
-# -- declaration -----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Dynamic:
-    """Which dims are dynamic, and how. Fields left None come from kernels.core.config (dynamic_hints / dynamic_mode /
-    dynamic_buckets) when the shape is first seen. Hashable, so it can be passed on every call."""
-    dims: tuple[str, ...] | str = "m"
-    hints: tuple | None = None          # (64, 256, 4096) for every dim, or {"m": (...), "k": (...)}
-    mode: str | None = None             # "benchmark" | "similarity"
-    buckets: str | None = None          # "pow2" | "exact" | "16,64,256"
-
-    def __post_init__(self):
-        dims = parse_dims(self.dims)
-        if not dims:
-            raise ValueError("Dynamic needs at least one of m, n, k (pass dynamic=None or False for static)")
-        object.__setattr__(self, "dims", dims)
-        if self.hints is not None:
-            object.__setattr__(self, "hints", parse_hints(self.hints))
-        if self.mode is not None:
-            object.__setattr__(self, "mode", parse_mode(self.mode))
-        if self.buckets is not None:
-            object.__setattr__(self, "buckets", parse_buckets(self.buckets))
-
-    def resolved(self) -> Dynamic:
-        """Every field filled (config for the ones left None); hints as (dim, hints) pairs for exactly `dims`."""
-        hints = hints_for(self.hints if self.hints is not None else config.dynamic_hints, self.dims)
-        return Dynamic(self.dims, tuple(hints.items()), self.mode or config.dynamic_mode,
-                       self.buckets or config.dynamic_buckets)
-
-
-def resolve(arg) -> Dynamic | None:
-    """The resolved declaration for mm's `dynamic=` argument, or None for a static problem.
-    None -> kernels.config.dynamic_dims; False / '' / () -> static; True -> 'm'; 'm,k' / ('m', 'k') / Dynamic."""
-    try:
-        if arg is None:
-            dims = config.dynamic_dims
-            return Dynamic(dims).resolved() if dims else None
-        if isinstance(arg, Dynamic):
-            return arg.resolved()
-        if isinstance(arg, (bool, str, tuple)):
-            dims = parse_dims(arg)
-            return Dynamic(dims).resolved() if dims else None
-    except ValueError as e:
-        raise InputValueError(f"kernels: bad dynamic={arg!r}: {e}") from e
-    raise InputTypeError(f"kernels: dynamic= must be None, a bool, a str like 'm' or 'm,k', a tuple of dim names, "
-                         f"or kernels.Dynamic (hashable: it is part of the warm dispatch key), got "
-                         f"{type(arg).__name__}")
-
-
-# -- shapes ----------------------------------------------------------------------------------------------------
-def _restride(shape: tuple[int, int], stride: tuple[int, int], new: tuple[int, int]) -> tuple[int, int]:
-    """The stride the operand would have at the new shape: a unit-stride operand keeps its padding (contiguous
-    stays contiguous); anything else keeps its strides."""
-    rows, cols = shape
-    if stride[1] == 1 and stride[0] >= cols:
-        return (stride[0] - cols + new[1], 1)
-    if stride[0] == 1 and stride[1] >= rows:
-        return (1, stride[1] - rows + new[0])
-    return stride
-
-
-def substitute(problem: GemmProblem, sizes: dict[str, int], dims: tuple[str, ...]) -> GemmProblem:
-    """The problem with some of m, n, k replaced (strides follow, see _restride), marked dynamic in `dims`."""
-    m, n, k = (sizes.get(d, getattr(problem, d)) for d in ("m", "n", "k"))
-    return dataclasses.replace(
-        problem, m=m, n=n, k=k, dynamic=tuple(dims),
-        stride_a=_restride((problem.m, problem.k), problem.stride_a, (m, k)),
-        stride_b=_restride((problem.k, problem.n), problem.stride_b, (k, n)))
-
-
-def _shape(p: GemmProblem) -> tuple[int, int, int]:
-    return (p.m, p.n, p.k)
-
-
-def _label(sizes: dict[str, int]) -> str:
-    return ",".join(f"{d}={v}" for d, v in sizes.items())
-
-
-# -- decisions -------------------------------------------------------------------------------------------------
-@dataclass
-class HintWinner:
-    sizes: dict[str, int]              # the hint values, e.g. {"m": 256}
-    problem: GemmProblem               # the hint problem that was tuned
-    selection: Selection
-
-    @property
-    def label(self) -> str:
-        return _label(self.sizes)
-
-    @property
-    def choice(self) -> Choice:
-        return self.selection.winner_choice
-
-
-@dataclass
-class PoolEntry:
-    """A tuned choice that may serve runtime shapes: a hint's winner (rank 1) or one of its runners-up."""
-    choice: Choice
-    hint: HintWinner            # the hint whose tune timed it
-    rank: int                   # its place in that tune, 1 = the winner
-
-    @property
-    def label(self) -> str:
-        return self.hint.label if self.rank == 1 else f"{self.hint.label} #{self.rank}"
-
-
-@dataclass
-class Decision:
-    """Which hint winner serves one runtime shape, and why."""
-    mode: str
-    shape: tuple[int, int, int]
-    dims: tuple[str, ...]
-    winner: str                                   # choice name that serves the shape
-    hint: str           # the hint(s) whose tune it comes from: "m=256" its winner, "m=256 #2" its runner-up
-    source: str                 # similarity | benchmarked | stored | memory | only-candidate | own-tune
-    bucket: str = ""
-    measured_at: tuple[int, int, int] | None = None   # benchmark mode: the shape the bucket was timed on
-    distances: dict[str, float] = field(default_factory=dict)   # similarity: hint -> log2 L1 distance
-    timings: dict[str, float | str] = field(default_factory=dict)  # benchmark: choice -> ms, or failure
-    also_measured: list[str] = field(default_factory=list)         # benchmark: the bucket's edges, "MxNxK"
-    worst_ratio: dict[str, float] = field(default_factory=dict)    # benchmark: choice -> worst ratio over them
-    hint_winners: dict[str, str] = field(default_factory=dict)  # hint -> its tuned winner
-    seconds: float = 0.0                          # runtime benchmark cost (benchmark mode, when it ran here)
-    notes: list[str] = field(default_factory=list)
-
-    def why(self) -> str:
-        shape = "x".join(map(str, self.shape))
-        head = (f"dynamic {','.join(self.dims)}, {self.mode} mode: {shape} served by {self.winner} "
-                f"(hint {self.hint}{'' if '#' in self.hint else ' winner'})")
-        if self.source == "own-tune":
-            head = (f"dynamic {','.join(self.dims)}, {self.mode} mode: {shape} served by {self.winner}, tuned for "
-                    f"this shape because no hint winner can run it")
-            body = "see the notes"
-        elif self.mode == "similarity":
-            d = ", ".join(f"{h}: {v:.2f}" for h, v in self.distances.items())
-            body = f"nearest hint by log2 L1 distance over A, B, C shapes ({d})"
-        else:
-            where = {"benchmarked": "benchmarked here", "stored": "decision read from the selection store",
-                     "memory": "decided earlier in this process",
-                     "only-candidate": "every usable hint candidate is this one, nothing to benchmark"}[self.source]
-            at = f" at {'x'.join(map(str, self.measured_at))}" if self.measured_at else ""
-            t = ", ".join(f"{n}: {v * 1e3:.1f} us" if isinstance(v, float) else f"{n}: {v}"
-                          for n, v in self.timings.items())
-            if self.also_measured:
-                at += f" and {', '.join(self.also_measured)} (ranked by the worst ratio to the fastest per size)"
-            body = f"bucket {self.bucket}, {where}{at}" + (f"; {t}" if t else "")
-        hints = "; ".join(f"{h} -> {w}" for h, w in self.hint_winners.items())
-        return f"{head}; {body}; hint winners: {hints}" + "".join(f"; {n}" for n in self.notes)
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-class BucketStore:
-    """Benchmark-mode decisions, one JSON file per dynamic family (hint problems + bucket rule + environment),
-    next to the selection store; atomic publish, flock while a bucket is benchmarked. A file whose hint winners
-    differ from the current ones (the hints were re-tuned) is stale and ignored."""
-
-    def __init__(self, root: Path | None = None):
-        self._root = Path(root) if root is not None else None
-
-    @property
-    def root(self) -> Path:
-        return self._root if self._root is not None else Path(config.cache_dir) / "selections" / "dynamic"
-
-    def path(self, key: str) -> Path:
-        return self.root / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
-
-    def load(self, key: str, winners: list[str]) -> dict[str, dict]:
-        data = read_json(self.path(key))
-        if (data is None or data.get("schema") != STORE_SCHEMA or data.get("key") != key
-                or data.get("winners") != winners or not isinstance(data.get("buckets"), dict)):
-            return {}
-        return {b: e for b, e in data["buckets"].items() if isinstance(e, dict) and isinstance(e.get("winner"), str)}
-
-    def record(self, key: str, winners: list[str], bucket: str, entry: dict) -> None:
-        """Merge one bucket's decision into the file (call under lock(key))."""
-        buckets = self.load(key, winners)
-        buckets[bucket] = entry
-        atomic_write_text(self.path(key), json.dumps({"schema": STORE_SCHEMA, "key": key, "winners": winners,
-                                                      "buckets": buckets}, indent=1, sort_keys=True))
-
-    def lock(self, key: str):
-        return file_lock(self.root / "locks" / (self.path(key).stem + ".lock"), config.lock_timeout_s)
+from kernels.space.dynamic_rules import (bucket_id, nearest, outside_hints, probe_sizes, round_inflation, waves,
+                                         worst_ratio)
+from kernels.space.families import TEMPLATE_OPS, complexity
+from kernels.space.heuristics import supports
+from kernels.space.perf_model import gpu_spec
+from kernels.store.buckets import BucketStore
+from kernels.tune.autotune import fingerprint
 
 
 class Family:
@@ -257,15 +72,13 @@ class Family:
                 try:
                     winners.append(HintWinner(sizes, hp, select(hp)))
                 except KernelsError as e:
-                    self.notes.append(f"hint {_label(sizes)} skipped: {str(e).splitlines()[0]}")
+                    self.notes.append(f"hint {sizes_label(sizes)} skipped: {str(e).splitlines()[0]}")
             if not winners:
                 raise KernelsError(f"kernels.dispatch.dynamic: no size hint could be tuned: {'; '.join(self.notes)}")
             self.winners = winners
         return self.winners
 
     def store_key(self, backends: tuple[str, ...]) -> str:
-        from kernels.tune.autotune import fingerprint
-
         return json.dumps({"hints": [hp.key() for hp in self.hint_problems], "buckets": self.rule.text,
                            "env": fingerprint(backends)}, sort_keys=True)
 
@@ -309,7 +122,7 @@ class Family:
     def similarity(self, runtime: GemmProblem, entries: list[PoolEntry]) -> tuple[Decision, list[str]]:
         usable = [e.hint for e in entries if e.rank == 1]
         sizes = {d: getattr(runtime, d) for d in self.dims}
-        best, dists = nearest(_shape(runtime), [_shape(hw.problem) for hw in usable])
+        best, dists = nearest(shape_of(runtime), [shape_of(hw.problem) for hw in usable])
         order = sorted(range(len(usable)), key=lambda i: (round(dists[i], 9), -_volume(usable[i].problem)))
         notes = []
         # A tile tuned at a smaller hint whose grid takes more rounds over the SMs here is past a step (H100,
@@ -359,7 +172,7 @@ class Family:
                 notes.append(why)
                 served = tile
                 ranking = [tile.choice.name, *ranking]
-        dec = Decision("similarity", _shape(runtime), self.dims, served.choice.name, served.label,
+        dec = Decision("similarity", shape_of(runtime), self.dims, served.choice.name, served.label,
                        "similarity", distances={hw.label: d for hw, d in zip(usable, dists)}, notes=notes)
         return dec, ranking
 
@@ -411,7 +224,7 @@ class Family:
                 notes += [note] if note else []
             ranking = [winner] + sorted((n for n in names if n != winner), key=lambda n: _ms(timings.get(n)))
             at = entry.get("measured_at")
-            return Decision("benchmark", _shape(runtime), self.dims, winner, self.labels(winner, entries), source,
+            return Decision("benchmark", shape_of(runtime), self.dims, winner, self.labels(winner, entries), source,
                             bucket=bid, measured_at=tuple(at) if at else None, timings=dict(timings),
                             also_measured=list(entry.get("edge_timings", {})),
                             worst_ratio=dict(entry.get("worst_ratio", {})),
@@ -419,7 +232,7 @@ class Family:
                             notes=notes), ranking
 
         if len(names) == 1:
-            return Decision("benchmark", _shape(runtime), self.dims, names[0], self.labels(names[0], entries),
+            return Decision("benchmark", shape_of(runtime), self.dims, names[0], self.labels(names[0], entries),
                             "only-candidate", bucket=bid), names
         if bid in self.buckets:
             got = decided(self.buckets[bid], "memory")
@@ -427,13 +240,16 @@ class Family:
                 return got
         backends = tuple(config.backends) or ("aten",)
         key = self.store_key(backends)
-        with self.store.lock(key):
+
+        def load():
             entry = self.store.load(key, pool).get(bid)
             got = decided(entry, "stored") if entry is not None else None
             if got is not None:
                 counters.bump("bucket_disk_hits")
                 self.buckets[bid] = entry
-                return got
+            return got
+
+        def build():
             start = time.perf_counter()
             timings = benchmark_choices(runtime, [by_name[n] for n in names])
             timed = {n: t for n, t in timings.items() if isinstance(t, float)}
@@ -444,17 +260,19 @@ class Family:
             at_edges = {}
             for sizes in probes:
                 edge = substitute(runtime, sizes, runtime.dynamic)
-                at_edges["x".join(map(str, _shape(edge)))] = benchmark_choices(edge, [by_name[n] for n in timed])
+                at_edges["x".join(map(str, shape_of(edge)))] = benchmark_choices(edge, [by_name[n] for n in timed])
             scores = worst_ratio([timed, *at_edges.values()])
             winner = pick(scores or timed, by_name, frozenset(e.choice.name for e in entries if e.rank == 1),
                           BUCKET_TIE_TOLERANCE if _compute_bound(runtime) else config.tie_tolerance)
-            entry = {"winner": winner, "timings": timings, "measured_at": list(_shape(runtime)),
+            entry = {"winner": winner, "timings": timings, "measured_at": list(shape_of(runtime)),
                      "edge_timings": at_edges, "worst_ratio": scores,
                      "seconds": time.perf_counter() - start, "created": time.time()}
             self.store.record(key, pool, bid, entry)
             self.buckets[bid] = entry
             counters.bump("bucket_benchmarks")
-        return decided(entry, "benchmarked")
+            return decided(entry, "benchmarked")
+
+        return load_or_build(load, lambda: self.store.lock(key), build)
 
 
 def _grid_growth(choice: Choice, runtime: GemmProblem, hint: GemmProblem) -> list[str]:
@@ -535,7 +353,7 @@ def predicted_ms(choice: Choice, runtime: GemmProblem, probes: list[tuple[GemmPr
     timed = [(p, t[choice.name]) for p, t in probes if isinstance(t.get(choice.name), float) and _compute_bound(p)]
     if not timed:
         return None
-    here = [ms for p, ms in timed if _shape(p) == _shape(runtime)]
+    here = [ms for p, ms in timed if shape_of(p) == shape_of(runtime)]
     if here:                    # timed at this very shape: the measurement, not a prediction
         return here[0]
     rounds = _rounds(choice, runtime)
@@ -562,7 +380,7 @@ def inflation_guard(winner: str, runtime: GemmProblem, probes: list[tuple[GemmPr
     if not _compute_bound(runtime):
         return winner, ""
     predicted = {n: t for n, c in choices.items() if (t := predicted_ms(c, runtime, probes)) is not None}
-    measured_here = any(_shape(p) == _shape(runtime) for p, _ in probes)
+    measured_here = any(shape_of(p) == shape_of(runtime) for p, _ in probes)
     slack = BUCKET_MEASURED_SLACK if measured_here else ROUND_INFLATION_SLACK
     if winner not in predicted or predicted[winner] <= min(predicted.values()) * (1 + slack):
         return winner, ""
@@ -597,7 +415,7 @@ def pick(timed: dict[str, float], choices: dict[str, Choice], winners: frozenset
     best = min(timed.values())
     tolerance = max(tolerance, config.tie_tolerance)
     tied = [n for n, t in timed.items() if t <= best * (1 + tolerance)]
-    return min(tied, key=lambda n: (choices[n].complexity, n not in winners, timed[n]))
+    return min(tied, key=lambda n: (complexity(choices[n]), n not in winners, timed[n]))
 
 
 def benchmark_choices(problem: GemmProblem, choices: list[Choice]) -> dict[str, float | str]:
@@ -643,7 +461,7 @@ def benchmark_choices(problem: GemmProblem, choices: list[Choice]) -> dict[str, 
         counters.bump("benchmarks", len(calls))
         # the simplest choice (aten) always joins the final round, as in tuning: H100, K=4096, N=12288, M=129, aten's
         # first pass came out at ~2x its time in the per-M tune, and left out, a tile won the bucket and ran 1.25-1.34x
-        simplest = min(calls, key=lambda n: (by_name[n].complexity, results[n]))
+        simplest = min(calls, key=lambda n: (complexity(by_name[n]), results[n]))
         contenders = [n for n in calls if results[n] <= best * config.tune_cutoff or n == simplest]
         if len(contenders) > 1:
             timed = measure_together({n: calls[n] for n in contenders}, n_sets, device,
@@ -678,21 +496,19 @@ def family_for(problem: GemmProblem, dyn: Dynamic) -> Family:
 def launcher_for(problem: GemmProblem, dyn: Dynamic):
     """The launcher serving this runtime problem under `dyn` (resolved), deciding (and remembering) which hint
     winner serves it. Called by the api's cold path under its lock."""
-    from kernels.dispatch import api
-
     runtime = dataclasses.replace(problem, dynamic=dyn.dims)
     memo = (runtime, dyn)
-    with api._lock:
+    with selected.lock:
         launch = _runtime.get(memo)
         if launch is not None:
             return launch
         fam = family_for(runtime, dyn)
-        fam.ensure_winners(lambda hp: _select(api, hp))
+        fam.ensure_winners(_select)
         entries, notes = fam.pool(runtime, config.dynamic_pool)   # similarity: runners-up for tile_for_aten
         if not any(e.rank == 1 for e in entries):   # no hint winner can run this shape: tune it on its own
-            launch = api._launcher_for(runtime)             # (still dynamic: no new spec)
-            sel = api._selections[runtime]
-            dec = Decision(dyn.mode, _shape(runtime), dyn.dims, sel.winner, "none", "own-tune",
+            launch = selected.launcher_for(runtime)         # (still dynamic: no new spec)
+            sel = selected.selection(runtime)
+            dec = Decision(dyn.mode, shape_of(runtime), dyn.dims, sel.winner, "none", "own-tune",
                            hint_winners={hw.label: hw.choice.name for hw in fam.winners}, notes=fam.notes + notes)
             _decisions[memo] = dec
             _runtime[memo] = launch
@@ -717,9 +533,9 @@ def launcher_for(problem: GemmProblem, dyn: Dynamic):
         return launch
 
 
-def _select(api, hint_problem: GemmProblem) -> Selection:
-    api._launcher_for(hint_problem)      # tune or load, through the normal selection store, memoised by the api
-    return api._selections[hint_problem]
+def _select(hint_problem: GemmProblem) -> Selection:
+    selected.launcher_for(hint_problem)  # tune or load, through the normal selection store, memoised per process
+    return selected.selection(hint_problem)
 
 
 def decision(problem: GemmProblem, dyn: Dynamic) -> Decision:
@@ -730,12 +546,10 @@ def decision(problem: GemmProblem, dyn: Dynamic) -> Decision:
 
 def explain(problem: GemmProblem, dyn: Dynamic) -> Selection:
     """The serving hint winner's Selection, with source 'dynamic-<mode>' and the reason as its first note."""
-    from kernels.dispatch import api
-
     dec = decision(problem, dyn)
     runtime = dataclasses.replace(problem, dynamic=dyn.dims)
     fam = family_for(runtime, dyn)
-    base = api._selections[runtime] if dec.source == "own-tune" else \
+    base = selected.selection(runtime) if dec.source == "own-tune" else \
         next(hw.selection for hw in fam.winners if dec.winner in hw.selection.choices)
     sel = dataclasses.replace(base, winner=dec.winner, source=f"dynamic-{dec.mode}", notes=[dec.why(), *base.notes])
     sel.decision = dec           # the structured form, for programs (bench/dynamic.py)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
+from kernels.measure.timing import rotation_sets
 
 # relative Frobenius error allowed, by (dtype, precision)
 TOLERANCE = {("fp32", "ieee"): 1e-5, ("fp32", "tf32"): 2e-3, ("fp16", ""): 1e-2, ("bf16", ""): 1e-2,
@@ -51,8 +52,6 @@ def timing_sets(problem: GemmProblem, device: str, first: tuple[torch.Tensor, to
                 seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The input sets a timing loop rotates through (kernels.timing.rotation_sets of them, so small problems are not
     timed out of a warm L2): `first`, then fresh ones from seeds seed, seed + 1, ..."""
-    from kernels.measure.timing import rotation_sets
-
     n_sets = rotation_sets((problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes, device)
     return [first] + [make_inputs(problem, device, seed=seed + s) for s in range(n_sets - 1)]
 

@@ -27,6 +27,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from torch.utils import cpp_extension
+
 from kernels.core.config import config
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fastpath.cpp"
@@ -51,9 +54,6 @@ class BuildPaths:
 
 
 def _compile_command(output: Path) -> list[str]:
-    import torch
-    from torch.utils import cpp_extension
-
     torch_lib = Path(torch.__file__).resolve().parent / "lib"
     includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
@@ -64,8 +64,6 @@ def _compile_command(output: Path) -> list[str]:
 
 
 def paths() -> BuildPaths:
-    import torch
-
     tag_text = "\n".join([SOURCE.read_text(), torch.__version__, sys.version, sysconfig.get_config_var("SOABI") or "",
                           os.environ.get("CXX", "c++")])
     tag = hashlib.sha256(tag_text.encode()).hexdigest()[:16]
@@ -118,7 +116,6 @@ def _read(path: Path) -> str:
 
 def load_library(library: Path):
     """Import the built extension from its file (torch is imported first: the library links against it)."""
-    import torch  # noqa: F401
 
     loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, str(library))
     spec = importlib.util.spec_from_file_location(MODULE_NAME, str(library), loader=loader)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-from dataclasses import asdict, dataclass
 from importlib import resources
 
+from kernels.core.choice import GemmConfig
 from kernels.core.problem import DTYPE_BYTES, GemmProblem
+from kernels.space.families import TEMPLATE_CONFIG_LISTS, TEMPLATE_OPS
 
 # Largest dynamic shared memory one block may use, by compute capability (cudaDevAttrMaxSharedMemoryPerBlockOptin).
 # Streaming multiprocessors of the devices we tune for (H100 SXM / H200: 132); used where a choice depends on waves.
@@ -19,26 +20,6 @@ SHARED_MEMORY_LIMIT = {90: 232_448, 100: 232_448, 89: 101_376, 86: 101_376, 80: 
 DEFAULT_SHARED_MEMORY = 232_448          # cpu / interpreter: prune as for Hopper so lists match the GPU
 MAX_ACC_REGISTERS = 255                  # accumulator elements per thread beyond this spill
 INT32_MAX = 2**31 - 1
-
-
-@dataclass(frozen=True, order=True)
-class GemmConfig:
-    block_m: int
-    block_n: int
-    block_k: int
-    num_stages: int
-    num_warps: int
-    group_m: int = 8
-
-    def tag(self) -> str:
-        return f"{self.block_m}x{self.block_n}x{self.block_k}_s{self.num_stages}_w{self.num_warps}_g{self.group_m}"
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "GemmConfig":
-        return cls(**{k: int(v) for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 @functools.lru_cache(maxsize=1)
@@ -108,7 +89,6 @@ def _max_offset(rows: int, cols: int, stride: tuple[int, int]) -> int:
 
 def supports(problem: GemmProblem, template: str, config: GemmConfig | None) -> tuple[bool, str]:
     """Can `template` with `config` run `problem`? The reason names the first rule that fails."""
-    from kernels.space.families import TEMPLATE_OPS
 
     ops = TEMPLATE_OPS.get(template)
     if ops is None:
@@ -145,7 +125,6 @@ MIN_EXHAUSTIVE_STAGES_SM90 = 2
 
 def candidate_configs(problem: GemmProblem, template: str, space: str = "default") -> list[GemmConfig]:
     """The template's configs scaled to the problem, unsupported ones dropped, duplicates removed, order kept."""
-    from kernels.space.families import TEMPLATE_CONFIG_LISTS
 
     if space == "exhaustive":
         base = exhaustive_configs()

@@ -13,12 +13,14 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from kernels.space.heuristics import shared_memory_limit
 from kernels.core.problem import GemmProblem
+from kernels.space.families import families_of
+from kernels.space.heuristics import shared_memory_limit
 
-SM90_TEMPLATES = {"mm": "cutlass3x_sm90_mm", "int_mm": "cutlass3x_sm90_int8_mm"}
-SM80_TEMPLATES = {"mm": "cutlass2x_sm80_mm", "int_mm": "cutlass2x_sm80_int8_mm"}
-FAMILY = {t: "sm90" for t in SM90_TEMPLATES.values()} | {t: "sm80" for t in SM80_TEMPLATES.values()}
+# op -> template, per CUTLASS generation, and template -> generation (kernels/space/families.py is the one list)
+SM90_TEMPLATES = {f.ops[0]: f.name for f in families_of("cutlass") if f.arch == "sm90"}
+SM80_TEMPLATES = {f.ops[0]: f.name for f in families_of("cutlass") if f.arch == "sm80"}
+FAMILY = {f.name: f.arch for f in families_of("cutlass")}
 CUTLASS_DTYPES = {"mm": ("fp16", "bf16"), "int_mm": ("int8",)}
 INT32_MAX = 2**31 - 1
 SM90_EPILOGUE_SMEM = 32_768          # upper bound of the TMA epilogue's shared storage; the rest feeds the mainloop

@@ -4,6 +4,7 @@ Splitting K pays when the output has too few tiles to fill the GPU: the splits m
 """
 from __future__ import annotations
 
+from kernels.core.problem import GemmProblem
 from kernels.space.heuristics import (
     DEFAULT_NUM_SMS,
     INT32_MAX,
@@ -15,7 +16,6 @@ from kernels.space.heuristics import (
     scale_config,
     supports,
 )
-from kernels.core.problem import GemmProblem
 
 MAX_WORKSPACE_ELEMENTS = 1 << 24          # fp32/int32 partials: 64 MiB at most
 WAVE_TARGETS = (1, 2, 4)                  # aim tiles * split at this many waves of programs

@@ -22,8 +22,12 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernels.space.heuristics import GemmConfig
+from kernels.core.choice import GemmConfig
+from kernels.core.config import config
+from kernels.core.fsutil import atomic_write_text, read_json
 from kernels.core.problem import OPS, GemmProblem
+from kernels.core.selection import Selection
+from kernels.space.families import TEMPLATE_OPS
 
 SCHEMA = "kernels-lut"
 VERSION = 1
@@ -37,7 +41,6 @@ _CONFIG_FIELDS = tuple(GemmConfig.__dataclass_fields__)
 
 class LutWarning(UserWarning):
     """Something in a lookup table could not be used; the message names the file and the entry."""
-
 
 @dataclass(frozen=True)
 class ChoiceRef:
@@ -146,7 +149,6 @@ def problem_layout(problem: GemmProblem) -> str:
 
 
 def _known_templates() -> dict[str, tuple[str, ...]]:
-    from kernels.space.families import TEMPLATE_OPS
     return TEMPLATE_OPS
 
 
@@ -332,7 +334,6 @@ def dumps(lut: Lut) -> str:
 
 
 def save(lut: Lut, path: str | os.PathLike) -> None:
-    from kernels.core.fsutil import atomic_write_text
     atomic_write_text(Path(path), dumps(lut))
 
 
@@ -344,7 +345,6 @@ _active_lock = threading.Lock()
 def active() -> tuple[Lut | None, str]:
     """The table at `kernels.config.lut` (re-read when the file changes; warnings once per version of the file) and
     a short digest of its content for the selection fingerprint; (None, "") when no table is configured."""
-    from kernels.core.config import config
 
     path = config.lut
     if not path:
@@ -368,8 +368,6 @@ def active() -> tuple[Lut | None, str]:
 def export_from_store(root: str | os.PathLike, top_k: int = 3, mode: str = "add") -> Lut:
     """One entry per stored problem (the newest selection when several environments tuned it): its `top_k` fastest
     measured choices, so tuning results can be shipped to other machines."""
-    from kernels.core.fsutil import read_json
-    from kernels.core.selection import Selection
 
     newest: dict[tuple, tuple[float, Entry]] = {}
     for path in sorted(Path(root).glob("*.json")):

@@ -14,11 +14,15 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
 
+import torch
+
 from kernels.core.choice import Choice
+from kernels.core.fsutil import atomic_write_text
 from kernels.core.problem import GemmProblem
+from kernels.space.perf_model import AnalyticModel, estimate_of, gpu_spec, tile_of
 
 KIND = "kernels-perf-mlp"
 VERSION = 2
@@ -34,7 +38,6 @@ def _log2(x: float) -> float:
 
 def problem_features(problem: GemmProblem) -> tuple:
     """What `features` needs of the problem alone: computed once per problem when ranking thousands of choices."""
-    from kernels.space.perf_model import gpu_spec
 
     return (gpu_spec(problem.arch, problem.device_name), _log2(problem.m), _log2(problem.n), _log2(problem.k),
             float(problem.elem_bytes), float(problem.out_bytes),
@@ -46,7 +49,6 @@ def problem_features(problem: GemmProblem) -> tuple:
 def features(problem: GemmProblem, choice: Choice, per_problem: tuple | None = None) -> list[float] | None:
     """BASE_FEATURES for one candidate; None when it has no tile (aten). `per_problem`: problem_features(problem),
     where the caller has it."""
-    from kernels.space.perf_model import estimate_of, tile_of
 
     tile = tile_of(problem, choice)
     if tile is None:
@@ -69,7 +71,6 @@ def _minor(version: str) -> str:
 
 def _triton_version() -> str:
     try:
-        from importlib import metadata
         return metadata.version("triton")
     except Exception:  # noqa: BLE001
         return "absent"
@@ -85,7 +86,6 @@ class LearnedModel:
         self.templates = list(params["templates"])
         if list(params["features"]) != list(BASE_FEATURES) + [f"template={t}" for t in self.templates]:
             raise ValueError("feature list differs from this version of kernels")
-        import torch
         self._mean = torch.tensor(params["x_mean"], dtype=torch.float64)
         self._std = torch.tensor(params["x_std"], dtype=torch.float64)
         self._members = [[(torch.tensor(layer["w"], dtype=torch.float64),
@@ -142,7 +142,6 @@ class LearnedModel:
     def _analytic_rest(problem: GemmProblem, choices: Sequence[Choice], where: list[int]) -> list[float | None]:
         """The analytic estimate of the choices not at `where` (None there): only those are estimated, as a new
         shape ranks thousands of choices."""
-        from kernels.space.perf_model import AnalyticModel
 
         out: list[float | None] = [None] * len(choices)
         rest = sorted(set(range(len(choices))) - set(where))
@@ -152,7 +151,6 @@ class LearnedModel:
 
     def _learned_log_ms(self, problem: GemmProblem, choices: Sequence[Choice]):
         """(indices of the choices this model predicts, their log milliseconds per member [members, len(indices)])."""
-        import torch
 
         rows, where = [], []
         per_problem = problem_features(problem)
@@ -168,7 +166,6 @@ class LearnedModel:
 
     def forward_members(self, x):
         """Log milliseconds for a batch of feature rows, one row of outputs per member: [members, rows]."""
-        import torch
         xn = (x - self._mean) / self._std
         outs = []
         for layers in self._members:
@@ -215,7 +212,6 @@ def fit(rows: list[tuple[GemmProblem, Choice, float]], meta: dict, *, seed: int 
         hidden: int = 48, lr: float = 3e-3, weight_decay: float = 1e-4, members: int = 5) -> dict:
     """Parameters of `members` MLPs (seeds seed, seed+1, ...) fitted to (problem, choice, measured ms). Same data +
     seed -> same parameters."""
-    import torch
 
     templates = sorted({c.template for _, c, _ in rows if c.backend != "aten"})
     names = list(BASE_FEATURES) + [f"template={t}" for t in templates]
@@ -252,7 +248,6 @@ def fit(rows: list[tuple[GemmProblem, Choice, float]], meta: dict, *, seed: int 
 
 def _train_member(xn, yn, sizes: list[int], seed: int, steps: int, lr: float, weight_decay: float):
     """(layers as JSON lists, final mean squared error in normalised units) of one full-batch Adam fit."""
-    import torch
 
     gen = torch.Generator().manual_seed(seed)
     params = []
@@ -278,7 +273,6 @@ def _train_member(xn, yn, sizes: list[int], seed: int, steps: int, lr: float, we
 
 
 def save(params: dict, path: str | os.PathLike) -> None:
-    from kernels.core.fsutil import atomic_write_text
     atomic_write_text(Path(path), json.dumps(params, indent=None, separators=(",", ":")) + "\n")
 
 
@@ -294,7 +288,6 @@ def load(path: str | os.PathLike) -> tuple[LearnedModel | None, str]:
 
 
 def default_meta(gpu: str, dataset: str, dataset_sha256: str, arch: int = 0) -> dict:
-    import torch
     return {"gpu": gpu, "arch": arch, "triton": _triton_version(), "torch": torch.__version__,
             "dataset": dataset, "dataset_sha256": dataset_sha256, "trained": time.strftime("%Y-%m-%d", time.gmtime())}
 

@@ -11,22 +11,29 @@ import gc
 import sys
 import time
 from importlib import metadata
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from backends import get_backend
 from kernels.core import counters
-from kernels.tune.candidates import fingerprint_extra, narrow
 from kernels.core.config import config
 from kernels.core.errors import NoCandidateError
 from kernels.core.problem import GemmProblem
+from kernels.core.progress import status
 from kernels.core.selection import Selection
-from kernels.space.families import one_launch, template_tree_hash
-from kernels.measure.timing import (HOST_SET_MAX_MS, LAUNCH_GAP_MS, device_time_ms, measure_interleaved, measure_together,
-                            user_call)
-from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
 from kernels.core.version import __version__
+from kernels.measure.timing import (
+    HOST_SET_MAX_MS,
+    LAUNCH_GAP_MS,
+    device_time_ms,
+    measure_interleaved,
+    measure_together,
+    user_call,
+)
+from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
+from kernels.space.families import complexity, one_launch, template_tree_hash
+from kernels.tune.candidates import fingerprint_extra, narrow
 
 if TYPE_CHECKING:
     from backends.base import Backend, Runner
@@ -67,13 +74,17 @@ def candidates(backend: Backend, problem: GemmProblem) -> tuple[list[Choice], di
 
 
 class StageClock:
-    """Seconds per tuning stage, summed over entries (candidates and build run once per backend)."""
+    """Seconds per tuning stage, summed over entries (candidates and build run once per backend); each stage is
+    announced to `on_stage` (the progress line)."""
 
-    def __init__(self):
+    def __init__(self, on_stage: Callable[[str], None] | None = None):
         self.seconds: dict[str, float] = {}
+        self.on_stage = on_stage
 
     @contextlib.contextmanager
     def __call__(self, stage: str):
+        if self.on_stage is not None:
+            self.on_stage(stage)
         start = time.perf_counter()
         try:
             yield
@@ -98,13 +109,14 @@ def _cyclic_gc_paused():
 
 def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, dict[str, Runner]]:
     """Tune one problem; returns the Selection and the runners that passed verification (for dispatch)."""
-    with _cyclic_gc_paused():
-        return _tune(problem, backends)
+    with _cyclic_gc_paused(), status(f"kernels: tuning {problem.short()}") as update:
+        return _tune(problem, backends, lambda stage: update(f"kernels: tuning {problem.short()}: {stage}"))
 
 
-def _tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, dict[str, Runner]]:
+def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[str], None] | None = None
+          ) -> tuple[Selection, dict[str, Runner]]:
     start = time.perf_counter()
-    clock = StageClock()
+    clock = StageClock(on_stage)
     device = _device_of(problem)
     timings: dict[str, float | str] = {}
     choices = {}
@@ -301,7 +313,7 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
         by_gpu = sorted((g, timings[n], n) for n, g in gpu_ms.items() if g is not None)
         top += [n for _, _, n in by_gpu[:config.retime_top] if n not in top]
     # the simplest candidate (aten) always joins the final round: it is the baseline we must not lose to
-    simplest = min((n for _, n in ranked), key=lambda n: (choices[n].complexity, timings[n]))
+    simplest = min((n for _, n in ranked), key=lambda n: (complexity(choices[n]), timings[n]))
     if simplest not in top:
         top.append(simplest)
     if len(top) > 1:
@@ -327,9 +339,9 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
                            if n not in gpu_ms and t <= best * max(config.tune_cutoff, 1 + config.host_bound_tolerance)})
         for n, g in gpu_ms.items():
             details[n]["gpu_ms"] = g
-        complexity = {n: choices[n].complexity for n in final_ms}
+        simplicity = {n: complexity(choices[n]) for n in final_ms}
         lead = one_launch_lead(final_ms, gpu_ms, {n for n in final_ms if one_launch(choices[n])},
-                               config.tune_cutoff, config.tie_tolerance, complexity)
+                               config.tune_cutoff, config.tie_tolerance, simplicity)
         if lead is not None:
             # the group goes on as its lead, at the group's fastest call: the lead runs no slower than any of them
             name, group = lead
@@ -350,7 +362,7 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
             fastest = min(close, key=calls.get)
             fastest_gpu = min(gpu_ms[n] for n in close)
             tied = [n for n in close if gpu_ms[n] <= fastest_gpu * (1 + config.tie_tolerance)]
-            winner = min(tied, key=lambda n: (choices[n].complexity, gpu_ms[n]))
+            winner = min(tied, key=lambda n: (complexity(choices[n]), gpu_ms[n]))
             if winner != fastest:
                 notes.append(f"{winner} chosen over {fastest}: calls under {HOST_BOUND_MAX_MS * 1e3:.0f} us within "
                              f"{config.host_bound_tolerance:.0%} of each other, ranked by GPU time "
@@ -359,7 +371,7 @@ def _pick_winner(problem, timings, choices, verified, sets, n_sets, device, deta
     fastest = min(calls, key=calls.get)
     best = calls[fastest]
     tied = [n for n, t in calls.items() if t <= best * (1 + config.tie_tolerance)]
-    winner = min(tied, key=lambda n: (choices[n].complexity, calls[n]))
+    winner = min(tied, key=lambda n: (complexity(choices[n]), calls[n]))
     if winner != fastest:
         notes.append(f"{winner} chosen over faster-by-noise {fastest} (tie tolerance "
                      f"{config.tie_tolerance:.0%})")

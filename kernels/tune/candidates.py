@@ -19,9 +19,14 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
+from backends import get_backend
 from kernels.core.choice import Choice
 from kernels.core.config import config
 from kernels.core.problem import GemmProblem
+from kernels.space import lut as lut_mod
+from kernels.space.families import backend_of
+from kernels.space.heuristics import supports
+from kernels.space.ranking import model_for, top_k
 
 
 @dataclass
@@ -29,14 +34,6 @@ class Narrowed:
     kept: list[Choice]
     skipped: dict[str, str] = field(default_factory=dict)     # name -> reason, for Selection.timings
     notes: list[str] = field(default_factory=list)            # for Selection.notes
-
-
-def backend_of_template(template: str) -> str:
-    if template.startswith("aten"):
-        return "aten"
-    if template.startswith("cutlass"):
-        return "cutlass"
-    return "triton"
 
 
 def narrow(problem: GemmProblem, backend_name: str, choices: list[Choice]) -> Narrowed:
@@ -66,13 +63,12 @@ def _narrow(problem: GemmProblem, backend_name: str, choices: list[Choice]) -> N
 # -- 1. lookup table -------------------------------------------------------------------------------------------------
 def _from_lut(problem, backend_name, choices, out: Narrowed) -> tuple[list[Choice], bool]:
     """(the table's choices for this backend, whether they are the only candidates)."""
-    from kernels.space import lut as lut_mod
 
     table, _ = lut_mod.active()
     match = table.lookup(problem) if table is not None else None
     if match is None:
         return [], False
-    refs = [r for r in match.choices if backend_of_template(r.template_name) == backend_name]
+    refs = [r for r in match.choices if backend_of(r.template_name) == backend_name]
     if not refs:
         if match.mode == "only":
             out.notes.append(f"{backend_name}: lookup table entry {list(match.entries)} is 'only' and names none of "
@@ -104,7 +100,6 @@ def _from_lut(problem, backend_name, choices, out: Narrowed) -> tuple[list[Choic
 
 def _pool(problem, backend_name, choices) -> dict[str, Choice]:
     """Every choice the backend supports for the problem (its exhaustive space) plus those already proposed."""
-    from backends import get_backend
 
     pool = {c.name: c for c in choices}
     try:
@@ -117,8 +112,6 @@ def _pool(problem, backend_name, choices) -> dict[str, Choice]:
 
 
 def _resolve(problem, backend_name, ref, pool) -> tuple[Choice | None, str]:
-    from kernels.space.heuristics import supports
-
     if ref.name:
         hit = pool.get(ref.name)
         return (hit, "") if hit is not None else (None, f"{ref.name} is not a supported {backend_name} choice for "
@@ -157,7 +150,6 @@ def _benchmark_space(problem, backend_name, choices: list[Choice], out: Narrowed
     k = _default_count(problem, backend_name, choices) if space == "default" else int(space)
     if len(choices) <= k:
         return choices
-    from kernels.space.perf_model import model_for, top_k
 
     model, why = model_for(problem)
     pred = model.predict(problem, choices)
@@ -187,7 +179,6 @@ WARM_TIE = 0.03
 def _prefer_built(problem, backend_name, choices, picked: list[int], pred) -> tuple[list[int], int]:
     """`picked` with each pick the backend has not built replaced by the best-predicted built choice of the same
     template predicted within WARM_TIE of it (never one already picked); and how many were replaced."""
-    from backends import get_backend
 
     near: dict[int, list[int]] = {}
     for i in picked:
@@ -214,14 +205,11 @@ def _prefer_built(problem, backend_name, choices, picked: list[int], pred) -> tu
 def _default_count(problem, backend_name, choices) -> int:
     if config.search_space == "default":
         return len(choices)
-    from backends import get_backend
 
     return max(1, len(get_backend(backend_name).choices(problem, "default")[0]))
 
 
 def _sample(problem, backend_name, choices, count, out: Narrowed) -> list[Choice]:
-    from backends import get_backend
-
     defaults = {c.name for c in get_backend(backend_name).choices(problem, "default")[0]}
     drawn = _drawn(choices, defaults, count)
     kept = [c for c in choices if c.name in defaults | drawn]
@@ -245,7 +233,6 @@ def fingerprint_extra() -> dict:
         extra["benchmark_space"] = str(config.benchmark_space)
         extra["perf_model"] = config.perf_model
     if config.lut:
-        from kernels.space import lut as lut_mod
         extra["lut"] = lut_mod.active()[1] or "unreadable"
     if config.only or config.skip:
         extra["only"], extra["skip"] = list(config.only), list(config.skip)
@@ -258,8 +245,6 @@ def _explore(problem, backend_name, choices, count, out: Narrowed) -> list[Choic
     520 of ~2700 configs and the model's favourites on new shapes were configs it had never seen timed (1024x8192x512:
     five unseen `triton_int8_mm` tiles predicted 28-32 us, the best measured 27.8 us ranked 71st). Timing the model's
     own top picks teaches it where it is wrong; the salted draw covers the rest of the space over many problems."""
-    from backends import get_backend
-    from kernels.space.perf_model import model_for, top_k
 
     defaults = {c.name for c in get_backend(backend_name).choices(problem, "default")[0]}
     model, why = model_for(problem)

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _tuned(op, dtype, m, n, k) -> Selection:
-    from bench.fast_preset import cuda_problem
+    from experiments.fast_preset import cuda_problem
     from kernels.tune.autotune import tune
 
     sel, _ = tune(cuda_problem(op, dtype, m, n, k), ("aten", "triton"))

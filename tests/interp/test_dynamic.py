@@ -8,14 +8,15 @@ import torch
 
 import kernels
 from backends.triton_templates import family
-from kernels.dispatch import api
 from kernels.core import counters
-from kernels.dispatch import dynamic as dyn_mod
 from kernels.core.config import interpret_mode
-from kernels.dispatch.dynamic import BucketStore, Dynamic
-from kernels.space.dynamic_rules import nearest
 from kernels.core.errors import InputTypeError, InputValueError
 from kernels.core.problem import GemmProblem
+from kernels.dispatch import dynamic as dyn_mod
+from kernels.dispatch import selected
+from kernels.dispatch.dynamic import Dynamic
+from kernels.space.dynamic_rules import nearest
+from kernels.store.buckets import BucketStore
 from tests.helpers import run_python
 
 pytestmark = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
@@ -143,7 +144,7 @@ def test_exact_shape_goes_to_the_warm_dispatch_table(triton_only, monkeypatch):
     again = kernels.mm(a, b, dynamic=dyn)
     assert torch.equal(first, again) and kernels.stats()["memory_hits"] == hits + 1
     # the static call of the same shape has its own entry: it is not served by the dynamic one
-    monkeypatch.setattr(api, "_launcher_for", boom)
+    monkeypatch.setattr(selected, "launcher_for", boom)
     with pytest.raises(AssertionError, match="warm path"):
         kernels.mm(a, b)
 

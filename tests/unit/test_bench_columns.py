@@ -2,14 +2,18 @@
 import pytest
 
 from bench.columns import Column, ColumnError, NameFilter, parse_columns, pick_best, tuned_backends
-from bench.compare import build_parser
+from bench.compare import build_parser, resolve_defaults
 from kernels.core.choice import Choice
 
 
 def test_parser_defaults_and_choices():
-    args = build_parser().parse_args([])
+    args = resolve_defaults(build_parser().parse_args([]), no_gpu=False)
     assert (args.backends, args.shapes, args.dtype, args.layout, args.keep_going) == ("aten,triton", "square",
                                                                                       "bf16", "nn", False)
+    # without a GPU the interpreter checks tiny shapes in fp16 (its bf16 dot is wrong); given values are kept
+    assert (resolve_defaults(build_parser().parse_args([]), no_gpu=True).shapes, "fp16") == ("tiny", "fp16")
+    given = resolve_defaults(build_parser().parse_args(["--shapes", "odd", "--dtype", "bf16"]), no_gpu=True)
+    assert (given.shapes, given.dtype) == ("odd", "bf16")
     args = build_parser().parse_args(["--dtype", "int8", "--only", "a", "--only", "b", "--skip", "c", "--keep-going",
                                       "--layout", "tn", "--json", "x.json", "--csv", "x.csv", "--plot", "x.png"])
     assert args.only == ["a", "b"] and args.skip == ["c"] and args.keep_going and args.layout == "tn"

@@ -126,3 +126,28 @@ def test_plot_without_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_mpl)
     with pytest.raises(rp.PlotError, match="pip install matplotlib"):
         rp.write_plot(_report(), tmp_path / "p.png")
+
+
+def test_a_column_is_never_fastest_on_more_shapes_than_its_geomean_is_over():
+    """Cells with times but no speedup (no aten beside them) count for neither: once they made "- over 0 shapes"
+    stand beside "fastest on 2"."""
+    rep = _report()
+    s3 = ShapeResult(64, 64, 64, "mm", "bf16", "nn", 2 * 64**3, 1, None)
+    s3.cells = {"aten": Cell("aten", "ok", "aten_mm", 0.02), "triton": Cell("triton", "ok", "triton_mm_x", 0.01)}
+    rep.shapes.append(s3)
+    s = summarize(rep.columns, rep.shapes)
+    for c in rep.columns:
+        assert s.wins[c] <= s.shapes_counted[c]
+    assert sum(s.wins.values()) == 2 and s.shapes == 3
+    text = rp.plain_table(rep)
+    assert "1.265x over 2 shapes         fastest on 1 of them" in text
+
+
+def test_correctness_mode_table_and_summary_have_no_speed():
+    rep = _report(mode="cpu-interpreter")
+    rep.summary = summarize(rep.columns, rep.shapes, speed=False)
+    text = rp.plain_table(rep)
+    assert rp.headers(rep) == rp.CORRECTNESS_HEADERS
+    assert "vs aten" not in text and "geomean" not in text and "x torch" not in text and "TFLOP/s" not in text
+    assert "correctness over 2 shapes" in text
+    assert "failed on 1; unavailable on 1" in text      # cutlass: failed on one shape, unavailable on the other

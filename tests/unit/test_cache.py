@@ -32,7 +32,7 @@ def test_put_get_roundtrip_and_key_mismatch(tmp_path):
 def test_corrupt_entry_is_a_miss(tmp_path, content):
     store = SelectionStore(tmp_path)
     store.put("k1", selection())
-    store._path("k1").write_text(content)
+    store.path("k1").write_text(content)
     with pytest.warns(UserWarning, match="ignoring"):
         assert store.get("k1") is None
 

@@ -150,7 +150,7 @@ def test_default_benchmark_space_and_sample_are_deterministic():
 
 
 def test_explore_space_times_the_models_favourites_and_a_draw_per_problem():
-    from kernels.space.perf_model import model_for, top_k
+    from kernels.space.ranking import model_for, top_k
 
     config.search_space = "exhaustive"
     config.benchmark_space = "explore:20"

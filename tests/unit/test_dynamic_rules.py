@@ -4,11 +4,19 @@ import math
 import pytest
 
 import kernels
-from kernels.dispatch.dynamic import Dynamic, resolve, substitute
-from kernels.space.dynamic_rules import (DEFAULT_HINTS, BucketRule, bucket_id, hints_for, log2_distance, nearest, parse_buckets,
-                                   parse_dims, parse_hints, parse_mode)
+from kernels.core.dynamic_spec import (
+    DEFAULT_HINTS,
+    BucketRule,
+    hints_for,
+    parse_buckets,
+    parse_dims,
+    parse_hints,
+    parse_mode,
+)
 from kernels.core.errors import InputTypeError, InputValueError
 from kernels.core.problem import GemmProblem
+from kernels.dispatch.dynamic import Dynamic, resolve, substitute
+from kernels.space.dynamic_rules import bucket_id, log2_distance, nearest
 from tests.helpers import problem
 
 
@@ -156,9 +164,9 @@ def test_similarity_extrapolates_with_the_aten_winner():
     """Below the smallest hint, a hint's fixed Triton tile is extrapolated; the aten winner of another hint is
     not (cuBLAS picks per call), so it serves. Inside the hints, the nearest hint still serves."""
     from kernels.core.choice import Choice
+    from kernels.core.selection import Selection
     from kernels.dispatch.dynamic import Dynamic, Family, HintWinner, resolve, substitute
     from kernels.space.heuristics import GemmConfig
-    from kernels.core.selection import Selection
 
     base = problem(m=64, n=4096, k=11008)
     fam = Family(base, resolve(Dynamic("m", hints=(64, 256, 4096), mode="similarity")))
@@ -190,8 +198,8 @@ def test_waves_count_rounds_of_programs_over_the_sms():
 
 def _family(winners_by_m, runners_up=()):
     """A similarity/benchmark Family over K=11008, N=4096 with the given hint winners (no tuning, no GPU)."""
-    from kernels.dispatch.dynamic import Dynamic, Family, HintWinner, resolve, substitute
     from kernels.core.selection import Selection
+    from kernels.dispatch.dynamic import Dynamic, Family, HintWinner, resolve, substitute
 
     base = problem(m=64, n=4096, k=11008)
     fam = Family(base, resolve(Dynamic("m", hints=tuple(winners_by_m), mode="similarity")))
@@ -230,12 +238,12 @@ def test_similarity_does_not_stretch_a_tile_past_its_step():
 
 def test_benchmark_pool_holds_each_hints_runners_up(monkeypatch, tmp_path):
     """Benchmark mode times each hint's winner and runners-up: a runner-up of hint 256 may serve M=357."""
-    from kernels.dispatch import dynamic as dyn_mod
-    from kernels.core.config import config
-    from kernels.dispatch.dynamic import BucketStore, substitute
-    from kernels.space.heuristics import GemmConfig
-
     from kernels.core.choice import Choice
+    from kernels.core.config import config
+    from kernels.dispatch import dynamic as dyn_mod
+    from kernels.dispatch.dynamic import substitute
+    from kernels.space.heuristics import GemmConfig
+    from kernels.store.buckets import BucketStore
 
     aten = Choice("aten", "aten_mm", "bf16")
     t64 = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 32, 128, 5, 4))
@@ -269,7 +277,8 @@ def test_benchmark_pool_holds_each_hints_runners_up(monkeypatch, tmp_path):
 
 
 def test_probe_sizes_are_the_runtime_size_and_the_bucket_edges():
-    from kernels.space.dynamic_rules import BucketRule, probe_sizes
+    from kernels.core.dynamic_spec import BucketRule
+    from kernels.space.dynamic_rules import probe_sizes
 
     pow2 = BucketRule("pow2")
     assert probe_sizes(pow2, {"m": 3}) == [{"m": 3}, {"m": 4}]                  # (2, 4]: 3 is the first size
@@ -296,11 +305,12 @@ def _split_k_vs_aten_bucket(monkeypatch, tmp_path, per_m):
     """The (2, 4] bucket at K=11008, N=4096 with two hint winners, split-K (M=64) and aten (M=256), one candidate
     each, benchmark_choices faked from `per_m` (M -> name -> ms, keyed 'aten' / 'split'). Returns (aten, split, fam,
     the M=3 runtime problem, the M values benchmarked so far)."""
-    from kernels.dispatch import dynamic as dyn_mod
     from kernels.core.choice import Choice
     from kernels.core.config import config
-    from kernels.dispatch.dynamic import BucketStore, substitute
+    from kernels.dispatch import dynamic as dyn_mod
+    from kernels.dispatch.dynamic import substitute
     from kernels.space.heuristics import GemmConfig
+    from kernels.store.buckets import BucketStore
 
     aten = Choice("aten", "aten_mm", "bf16")
     split = Choice("triton", "split_k", "bf16", GemmConfig(16, 64, 64, 4, 4), (("split", 4),))
@@ -324,7 +334,7 @@ def test_bucket_edges_are_benchmarked_too(monkeypatch, tmp_path):
     memory-bound) and serves M=4 at 1.23x. With the edge timed too, the choice that holds up over the whole bucket
     wins."""
     from kernels.core.config import config
-    from kernels.dispatch.dynamic import BucketStore
+    from kernels.store.buckets import BucketStore
 
     per_m = {3: {"aten": 0.0356, "split": 0.0354}, 4: {"aten": 0.0455, "split": 0.0369}}
     aten, split, fam, runtime, seen = _split_k_vs_aten_bucket(monkeypatch, tmp_path, per_m)
@@ -466,10 +476,9 @@ def test_similarity_keeps_aten_on_compute_bound_shapes():
     """On compute-bound shapes cuBLAS held its time and a tied tile did not (H100, K=4096, N=12288: the M=4096
     hint's TMA runner-up ran M=3473 at 1.15x a per-M tune): aten keeps serving there."""
     from kernels.core.choice import Choice
-    from kernels.dispatch.dynamic import substitute
-    from kernels.space.heuristics import GemmConfig
-    from kernels.dispatch.dynamic import Dynamic, Family, HintWinner, resolve
     from kernels.core.selection import Selection
+    from kernels.dispatch.dynamic import Dynamic, Family, HintWinner, resolve, substitute
+    from kernels.space.heuristics import GemmConfig
 
     aten = Choice("aten", "aten_mm", "bf16")
     tma = Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8))
@@ -490,10 +499,10 @@ def test_similarity_keeps_aten_on_compute_bound_shapes():
 def test_bucket_benchmark_retimes_only_the_contenders(monkeypatch):
     """A bucket's benchmark times every pool choice in a first pass, then re-times side by side only those within the
     tuning cutoff of the best: choices several times slower are not interleaved with the contenders."""
-    from kernels.dispatch import dynamic as dyn_mod
     from kernels.core.choice import Choice
-    from kernels.space.heuristics import GemmConfig
+    from kernels.dispatch import dynamic as dyn_mod
     from kernels.measure.timing import Timing
+    from kernels.space.heuristics import GemmConfig
 
     speed = {"aten_mm": 0.72, "tma": 0.73, "tiny": 4.4}
     choices = [Choice("aten", "aten_mm", "bf16"),

@@ -25,7 +25,7 @@ def test_templates_root_falls_back_to_the_installed_copy(tmp_path, monkeypatch):
     package = tmp_path / "site" / "kernels"
     (package / "templates" / "triton").mkdir(parents=True)
     monkeypatch.setattr(templates_info, "__file__", str(package / "space" / "families.py"))
-    assert templates_info._templates_root() == package / "templates"
+    assert templates_info.templates_root() == package / "templates"
     (tmp_path / "site" / "templates").mkdir()                 # a checkout: the top-level one wins
-    assert templates_info._templates_root() == tmp_path / "site" / "templates"
+    assert templates_info.templates_root() == tmp_path / "site" / "templates"
     assert templates_info.TEMPLATES_ROOT == REPO / "templates"

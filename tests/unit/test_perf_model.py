@@ -13,7 +13,8 @@ from kernels.core.choice import Choice
 from kernels.space.heuristics import GemmConfig, candidate_configs
 from tools.perf_model.data import Row, append_rows, parse_shapes, read_dataset
 from tools.perf_model.evaluate import score, spearman
-from kernels.space.perf_model import AnalyticModel, model_for
+from kernels.space.perf_model import AnalyticModel
+from kernels.space.ranking import model_for
 from kernels.core.problem import GemmProblem
 from tests.helpers import REPO
 
@@ -208,7 +209,7 @@ def test_regret_as_tuning_runs_it_counts_aten_on_both_sides():
 
 
 def test_top_k_with_a_learned_model_gives_analytic_favourites_a_share():
-    from kernels.space.perf_model import ANALYTIC_SHARE, top_k
+    from kernels.space.ranking import ANALYTIC_SHARE, top_k
 
     class Reversed:          # a "learned" model that ranks exactly opposite to the analytic one
         name = "learned"
@@ -267,7 +268,7 @@ class Fixed:
 
 
 def test_top_k_hedges_with_the_second_familys_best_when_it_is_close():
-    from kernels.space.perf_model import HEDGE_RATIO, family_heads, top_k
+    from kernels.space.ranking import HEDGE_RATIO, family_heads, top_k
 
     p = problem(1500, 1500, 1500, dtype="int8", op="int_mm")
     cfgs = candidate_configs(p, "triton_int8_mm", "exhaustive")[:7]
@@ -292,7 +293,7 @@ class KnowsOnlyMm(Fixed):
 
 
 def test_top_k_gives_templates_the_learned_model_has_not_seen_one_place_judged_on_the_analytic_scale():
-    from kernels.space.perf_model import top_k
+    from kernels.space.ranking import top_k
 
     p = problem()
     cfgs = candidate_configs(p, "triton_mm", "default")
@@ -328,7 +329,7 @@ class TwoMembers:
 
 
 def test_top_k_ranks_an_ensemble_by_its_fastest_member():
-    from kernels.space.perf_model import optimistic, top_k
+    from kernels.space.ranking import optimistic, top_k
 
     assert optimistic([[3.0, 1.0, None], [2.0, 4.0, 1.0]]) == [2.0, 1.0, None]
     p = problem()
@@ -374,7 +375,7 @@ def test_learned_model_keeps_each_training_problems_winners_and_finds_the_neares
 
 
 def test_top_k_gives_the_nearest_training_problems_winners_places_even_when_predicted_slow():
-    from kernels.space.perf_model import NEIGHBOUR_PLACES, top_k
+    from kernels.space.ranking import NEIGHBOUR_PLACES, top_k
 
     p = problem()
     cands = [Choice("triton", "triton_mm", "bf16", c) for c in candidate_configs(p, "triton_mm", "exhaustive")][:40]
@@ -399,7 +400,7 @@ def test_top_k_gives_the_nearest_training_problems_winners_places_even_when_pred
 
 
 def test_the_neighbour_place_comes_out_of_the_analytic_share_while_that_keeps_one():
-    from kernels.space.perf_model import top_k
+    from kernels.space.ranking import top_k
 
     p = problem()
     cands = [Choice("triton", "triton_mm", "bf16", c) for c in candidate_configs(p, "triton_mm", "exhaustive")][:40]

@@ -12,12 +12,19 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
 from kernels.core.choice import Choice
-from kernels.core.problem import GemmProblem
+from kernels.core.config import config
+from kernels.core.errors import NoCandidateError
+from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
+from kernels.core.version import __version__
 from kernels.measure.timing import LAUNCH_GAP_MS
+from kernels.space.families import one_launch
+from kernels.tune.autotune import _package_version, tune
 
 COLUMNS = ("gpu", "arch", "device", "triton", "torch", "kernels", "date", "op", "dtype", "out_dtype", "precision",
            "m", "n", "k", "stride_a", "stride_b", "backend", "template", "name", "choice", "ms", "status", "gpu_ms")
@@ -147,9 +154,6 @@ def gpu_labelled(rows: list[Row], keep_unlabelled: bool) -> list[Row]:
     fastest). Other problems' rows as they are. A relabelled problem's one-launch candidates without a GPU time are
     dropped, or, with `keep_unlabelled`, kept at their call time, about an upper bound (for scoring picks, never for
     training)."""
-    from dataclasses import replace
-
-    from kernels.space.families import one_launch
 
     labelled = {problem_of(r) for r in rows if r.gpu_ms is not None}
     best: dict[tuple, tuple[tuple, Row]] = {}
@@ -176,10 +180,7 @@ def gpu_labelled(rows: list[Row], keep_unlabelled: bool) -> list[Row]:
 
 def run_env() -> dict:
     """The versions and date a dataset row records beside its timing."""
-    import torch
 
-    from kernels.tune.autotune import _package_version
-    from kernels.core.version import __version__
     return {"triton": _package_version("triton"), "torch": torch.__version__, "kernels": __version__,
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
 
@@ -201,12 +202,6 @@ def collect(shapes: list[tuple[int, int, int]], dtypes: list[str], out: str | os
     (`explore:max_configs` with `explore`: the model's favourites among them; `all` when max_configs is None),
     appending every candidate's timing to `out` after each problem (so an interrupted run keeps what it measured;
     `resume` skips problems already in the file). Returns rows written."""
-    import torch
-
-    from kernels.tune.autotune import tune
-    from kernels.core.config import config
-    from kernels.core.errors import NoCandidateError
-    from kernels.core.problem import DTYPES_BY_NAME
 
     out = Path(out)
     if not resume and out.exists():

@@ -8,6 +8,9 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+from kernels.space import perf_learned
+from kernels.space.perf_model import AnalyticModel
+from kernels.space.ranking import top_k
 from tools.perf_model.data import Row
 
 
@@ -122,8 +125,7 @@ def aten_by_problem(rows: list[Row]) -> dict[str, float]:
 
 
 def score(model, rows: list[Row], k: int, analytic_share: float | None = None, ensemble: str | None = None) -> Score:
-    """Each problem's top k as tuning picks them (kernels.perf_model.top_k), scored against all measured."""
-    from kernels.space.perf_model import top_k
+    """Each problem's top k as tuning picks them (kernels.space.ranking.top_k), scored against all measured."""
 
     share = analytic_share
     name = model.name if model.name == "analytic" or share is None else f"{model.name}+{share:.0%}a"
@@ -159,8 +161,6 @@ def cv_fold(job) -> list[tuple[str, float]]:
     """One leave-one-problem-out fold (`python -m tools.perf_model cv`): fit on every other problem, then (scheme,
     regret) on the left-out one for the analytic model and each analytic share x ensemble pick. A module-level
     function, so spawned worker processes can import it (from `python -m kernels` it would live in __main__)."""
-    from kernels.space import perf_learned
-    from kernels.space.perf_model import AnalyticModel
 
     rows, gpu, left_out, fit_args, top_k, shares, ensembles = job
     train = [(r.problem, r.choice, r.ms) for r in rows

@@ -16,8 +16,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tools.perf_model.data import Row, append_rows, problem_of, problems_in, read_dataset, run_env
-from kernels.measure.timing import HOST_SET_MAX_MS
+import torch
+
+from backends import get_backend
+from kernels.core.selection import Selection
+from kernels.measure.timing import HOST_SET_MAX_MS, user_call
+from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
+from tools.perf_model.data import Row, append_rows, problem_of, problems_in, read_dataset, run_env, selection_rows
 
 # problems whose fastest call (aten aside) is under this are relabelled
 DEFAULT_BELOW_MS = HOST_SET_MAX_MS
@@ -47,11 +52,6 @@ def plan(rows: list[Row], gpu: str, below_ms: float, top: int | None) -> list[tu
 def relabel_problem(rows: list[Row], gpu_time: Callable, device: str) -> list[dict]:
     """Dataset rows (dicts) for one problem's candidates: built, verified, GPU-timed. A candidate that does not build,
     verify or capture gets a status saying why and no time (its source file keeps its call time)."""
-    from backends import get_backend
-    from tools.perf_model.data import selection_rows
-    from kernels.core.selection import Selection
-    from kernels.measure.timing import user_call
-    from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
 
     problem = rows[0].problem
     by_backend: dict[str, list] = {}
@@ -107,12 +107,10 @@ def relabel(paths: list[str], out: str, *, below_ms: float = DEFAULT_BELOW_MS, t
     """Relabel the short problems of the dataset files `paths` (rows of this machine's GPU) into `out`, appending one
     problem at a time (an interrupted run keeps what it measured; problems already in `out` are skipped). Returns
     rows written. `gpu_time(call, n_sets)`: the GPU timer (default kernels.timing.device_time_ms)."""
-    import torch
 
     if gpu_time is None:
         if not torch.cuda.is_available():
             raise RuntimeError("model relabel measures GPU time: it needs a CUDA GPU")
-        from kernels.measure.timing import device_time_ms as gpu_time
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     rows, bad = read_dataset(paths)
