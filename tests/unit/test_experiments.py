@@ -1,6 +1,7 @@
 """The harnesses in experiments/ on CPU: exhaustive_reference's problem list parses and it refuses to run without a
 GPU (the full exhaustive tune it makes is GPU work; bench/gpu_check.sh exhaustive runs it), the side-by-side it shares
-with fast_preset times both launches, fast_preset's summary, and host_bound_diag's refusal without a GPU."""
+with fast_preset times both launches, fast_preset's summary, and host_bound_diag's refusal without a GPU (fast_preset's
+side-by-side of two built kernels: tests/interp/test_fast_preset.py)."""
 import argparse
 
 import pytest
@@ -44,26 +45,6 @@ def test_timed_together_times_both_launches_over_the_rotated_sets():
     fast_ms, other_ms = timed_together(problem, make_inputs(problem, "cpu", seed=1), launch("a"), launch("b"), 1.0)
     assert fast_ms > 0 and other_ms > 0
     assert seen["a"] > 0 and seen["a"] == seen["b"]
-
-
-def test_fast_preset_times_its_winner_beside_the_dataset_best():
-    """fast_preset's same-run ratio: the tuned winner and the dataset's best, built now, timed together."""
-    import torch
-
-    from backends import get_backend
-    from experiments.fast_preset import _side_by_side
-    from kernels.core.choice import Choice
-    from kernels.space.heuristics import GemmConfig
-    from kernels.core.problem import GemmProblem
-
-    a, b = torch.randn(24, 40).half(), torch.randn(40, 16).half()
-    p = GemmProblem.from_tensors("mm", a, b)
-    (winner,) = get_backend("triton").build(p, [Choice("triton", "triton_mm", "fp16", GemmConfig(16, 16, 16, 1, 2))])
-    side = _side_by_side(p, winner.runner, Choice("aten", "aten_mm", "fp16"))
-    assert side["fast_ms"] > 0 and side["best_ms"] > 0 and side["ratio"] == side["fast_ms"] / side["best_ms"]
-    assert _side_by_side(p, winner.runner, winner.choice)["ratio"] == 1.0
-    unbuildable = Choice("triton", "triton_mm", "fp16", None)          # no config: the template cannot render
-    assert "did not build" in _side_by_side(p, winner.runner, unbuildable)["error"]
 
 
 def test_fast_preset_summary_splits_new_shapes_by_whether_their_picks_were_built():

@@ -1,7 +1,6 @@
 """First contact without a GPU: `python -m bench.compare` checks correctness only, prints no speedups, its summary
-agrees with its table, `--plot` without matplotlib fails before any work, and every option says what it does."""
-import argparse
-import io
+agrees with its table, and `--plot` without matplotlib fails before any work (the options' help and the progress
+line: tests/unit/test_first_contact_cli.py)."""
 import json
 import os
 import re
@@ -14,22 +13,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import compare, dynamic
-from bench.progress import RunProgress
+from tests.helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
 no_gpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="exercises the no-GPU mode")
 
 
 def _compare(code_or_args, tmp_path, timeout=120, hide=()):
     """bench.compare in a fresh interpreter (TRITON_INTERPRET left for it to set); `hide`: modules made unimportable
     (a sys.modules entry of None) before it starts."""
-    env = dict(os.environ, KERNELS_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, KERNELS_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(REPO))
     env.pop("TRITON_INTERPRET", None)
     code = "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in hide) + \
         f"from bench.compare import main\nsys.exit(main({code_or_args!r}))\n"
     start = time.perf_counter()
-    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=timeout)
     return res, time.perf_counter() - start
 
@@ -123,15 +120,6 @@ def test_a_median_is_never_printed_outside_its_own_p20_p80(cpu_run):
                 assert c["p20_ms"] <= c["median_ms"] <= c["p80_ms"], c
 
 
-def test_spread_is_kept_only_from_the_medians_own_samples():
-    from bench.measure import spread_of
-
-    first_pass = {"median_ms": 6.18, "p20_ms": 1.34, "p80_ms": 6.53}
-    assert spread_of(first_pass, 6.18) == (1.34, 6.53)
-    # a finalist: its time is the final round's median, its details still the first pass's percentiles
-    assert spread_of({**first_pass, "first_pass_ms": 6.18, "retimed_ms": 2.36}, 2.36) == (None, None)
-
-
 def test_plot_without_matplotlib_fails_before_any_work(tmp_path):
     res, seconds = _compare(["--plot", str(tmp_path / "p.png"), "--shapes", "tiny"], tmp_path, timeout=60,
                             hide=("matplotlib",))
@@ -155,45 +143,3 @@ def _one_shape(tmp_path) -> Path:
     path = tmp_path / "one.csv"
     path.write_text("M,N,K\n16,16,32\n")
     return path
-
-
-@pytest.mark.parametrize("parser", [compare.build_parser(), dynamic.build_parser()], ids=["compare", "dynamic"])
-def test_every_option_has_help(parser):
-    for action in parser._actions:
-        if isinstance(action, argparse._HelpAction):
-            continue
-        assert action.help and action.help.strip() and action.help != argparse.SUPPRESS, action.option_strings
-
-
-class _Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-def test_progress_is_quiet_when_stderr_is_not_a_terminal():
-    stream = io.StringIO()
-    with RunProgress(2, stream=stream) as progress:
-        progress.step("64x64x64 fp16 nn: tuning aten+triton")
-        progress.advance()
-        progress.note("built 3 kernels")
-    assert stream.getvalue().endswith("] built 3 kernels\n") and "tuning" not in stream.getvalue()
-
-
-@pytest.mark.parametrize("rich", [True, False], ids=["rich", "plain"])
-def test_progress_on_a_terminal_shows_the_step_and_the_count(rich, monkeypatch):
-    if rich:
-        pytest.importorskip("rich")
-    else:
-        monkeypatch.setitem(sys.modules, "rich.progress", None)
-    stream = _Terminal()
-    with RunProgress(2, stream=stream) as progress:
-        progress.step("64x64x64 fp16 nn: tuning aten+triton")
-        progress.advance()
-        progress.note("built 3 kernels")
-        progress.step("17x33x65 fp16 nn: tuning aten+triton")
-        progress.advance()
-    out = stream.getvalue()
-    assert "built 3 kernels" in out and "tuning aten+triton" in out and "2/2" in out
-    with RunProgress(2, stream=_Terminal(), quiet=True) as progress:
-        progress.step("x")
-        assert progress.stream.getvalue() == ""

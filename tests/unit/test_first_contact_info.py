@@ -11,8 +11,8 @@ import torch
 from kernels.__main__ import _backend_status, _probe_problem, info_lines
 from kernels.core.config import interpret_mode
 from kernels.core.toolchain import resolve
+from tests.helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
 no_gpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU wording")
 
 
@@ -62,8 +62,8 @@ def test_triton_without_a_gpu_names_the_interpreter():
 
 @no_gpu_only
 def test_info_command_without_the_interpreter_set():
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
-    res = subprocess.run([sys.executable, "-m", "kernels", "info"], cwd=ROOT, env=env, capture_output=True,
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    res = subprocess.run([sys.executable, "-m", "kernels", "info"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     lines = {ln.split()[0]: ln for ln in res.stdout.splitlines() if ln.startswith("  ") and ln.split()}
