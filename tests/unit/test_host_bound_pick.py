@@ -11,6 +11,7 @@ from kernels.core.choice import Choice
 from kernels.core.config import config
 from kernels.space.heuristics import GemmConfig
 from kernels.measure.timing import Timing
+from tests.helpers import problem
 
 
 def _final_round(monkeypatch, choices, call, gpu, p20=None):
@@ -176,22 +177,22 @@ def test_tune_pauses_the_cyclic_collector_and_restores_it(monkeypatch):
     import gc
 
     seen = []
-    monkeypatch.setattr(autotune, "_tune", lambda problem, backends: seen.append(gc.isenabled()) or ("sel", {}))
+    monkeypatch.setattr(autotune, "_tune", lambda problem, backends, on_stage=None: seen.append(gc.isenabled()) or ("sel", {}))
     assert gc.isenabled()
-    assert autotune.tune(None, ()) == ("sel", {})
+    assert autotune.tune(problem(), ()) == ("sel", {})
     assert seen == [False] and gc.isenabled()
     gc.disable()
     try:
-        autotune.tune(None, ())
+        autotune.tune(problem(), ())
         assert not gc.isenabled()            # a caller that turned it off keeps it off
     finally:
         gc.enable()
 
-    def boom(problem, backends):
+    def boom(problem, backends, on_stage=None):
         raise RuntimeError("tune failed")
     monkeypatch.setattr(autotune, "_tune", boom)
     with pytest.raises(RuntimeError):
-        autotune.tune(None, ())
+        autotune.tune(problem(), ())
     assert gc.isenabled()
 
 
