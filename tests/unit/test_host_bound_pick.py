@@ -6,7 +6,6 @@ GPU time over a tile 2.9% faster per call that did not wait on the host, ran 1.1
 import pytest
 
 from kernels.tune import autotune
-from kernels.tune.autotune import gpu_ranked_contenders
 from kernels.core.choice import Choice
 from kernels.core.config import config
 from kernels.space.heuristics import GemmConfig
@@ -21,35 +20,58 @@ def _final_round(monkeypatch, choices, call, gpu, p20=None):
     monkeypatch.setattr(autotune, "measure_together", lambda fns, *a, **k: {
         n: Timing(call[n], (p20 or call)[n], call[n], 10, 1) for n in fns})
     monkeypatch.setattr(autotune, "_user_call", lambda runner, sets: runner)
-    monkeypatch.setattr(autotune, "device_time_ms", lambda runner, n_sets: captured.append(runner) or gpu[runner])
+    monkeypatch.setattr(autotune, "device_time_ms", lambda runner, n_sets: captured.append(runner) or gpu.get(runner))
     notes: list[str] = []
     details = {n: {} for n in call}
     winner = autotune._pick_winner(None, dict(call), choices, {n: n for n in call}, [], 1, "cuda", details, notes)
     return winner, notes, details, captured
 
 
-def test_close_host_set_finalists_are_ranked_by_gpu_time():
-    call = {"triton_mm": 0.0114, "aten_mm": 0.0119}
-    gpu = {"triton_mm": 0.0085, "aten_mm": 0.0054}             # both calls wait on the host
-    close = gpu_ranked_contenders(call, gpu, 0.05)
-    assert sorted(close) == ["aten_mm", "triton_mm"] and min(close, key=gpu.get) == "aten_mm"
+ATEN = Choice("aten", "aten_mm", "bf16")
 
 
-def test_split_k_keeps_winning_when_it_is_also_faster_on_the_gpu():
-    call = {"split_k": 0.0233, "aten_mm": 0.0240}
-    gpu = {"split_k": 0.0056, "aten_mm": 0.0065}
-    assert min(gpu_ranked_contenders(call, gpu, 0.05), key=gpu.get) == "split_k"
+def _tiles(*configs, template="triton_mm"):
+    return [Choice("triton", template, "bf16", GemmConfig(*c)) for c in configs]
 
 
-def test_rule_does_not_apply_to_unmeasured_distant_or_kernel_bound_finalists():
-    assert gpu_ranked_contenders({"a": 0.020, "b": 0.0205}, {"a": None, "b": 0.005}, 0.05) == []   # capture failed
-    assert gpu_ranked_contenders({"a": 0.020, "b": 0.023}, {"a": 0.01, "b": 0.005}, 0.05) == []    # b not close
-    assert gpu_ranked_contenders({"a": 0.020}, {"a": 0.01}, 0.05) == []
-    # a third finalist too slow to be close does not need a GPU time
-    assert sorted(gpu_ranked_contenders({"a": 0.020, "b": 0.0205, "c": 0.04}, {"a": 0.01, "b": 0.005}, 0.05)) == \
-        ["a", "b"]
+def test_close_host_set_finalists_are_ranked_by_gpu_time(monkeypatch):
+    """Calls within host_bound_tolerance of each other that all wait on the host go to the one lowest on the GPU:
+    at 5%, a tile 4.4% faster per call loses to aten at 0.64x its GPU time."""
+    (tile,) = _tiles((64, 64, 64, 4, 4))
+    config.host_bound_tolerance = 0.05
+    winner, notes, _, _ = _final_round(monkeypatch, {c.name: c for c in (ATEN, tile)},
+                                       {tile.name: 0.0114, ATEN.name: 0.0119}, {tile.name: 0.0085, ATEN.name: 0.0054})
+    assert winner == ATEN.name and "ranked by GPU time" in notes[0]
+
+
+def test_split_k_keeps_winning_when_it_is_also_faster_on_the_gpu(monkeypatch):
+    split = Choice("triton", "split_k", "bf16", GemmConfig(16, 64, 64, 4, 4), (("split", 16),))
+    config.host_bound_tolerance = 0.05
+    winner, notes, _, _ = _final_round(monkeypatch, {c.name: c for c in (ATEN, split)},
+                                       {split.name: 0.0233, ATEN.name: 0.0240}, {split.name: 0.0056, ATEN.name: 0.0065})
+    assert winner == split.name and not notes
+
+
+def test_rule_does_not_apply_to_unmeasured_distant_or_kernel_bound_finalists(monkeypatch):
+    """Where the tile is lower on the GPU but the rule must not rank by GPU time, the call times decide: a GPU time
+    that could not be taken, a finalist beyond the tolerance, a call that is its kernel plus one launch."""
+    tile, slow = _tiles((64, 64, 64, 4, 4), (128, 64, 64, 4, 4))
+    choices = {c.name: c for c in (ATEN, tile, slow)}
+
+    def winner(call, gpu):
+        return _final_round(monkeypatch, {n: choices[n] for n in call}, call, gpu)[0]
+
+    config.host_bound_tolerance = 0.05
+    # aten's GPU time could not be taken
+    assert winner({ATEN.name: 0.020, tile.name: 0.0205}, {ATEN.name: None, tile.name: 0.005}) == ATEN.name
+    # 15% apart: not close
+    assert winner({ATEN.name: 0.020, tile.name: 0.023}, {ATEN.name: 0.01, tile.name: 0.005}) == ATEN.name
+    # a third finalist too slow to be close needs no GPU time for the close two to be ranked by theirs
+    assert winner({ATEN.name: 0.020, tile.name: 0.0205, slow.name: 0.04},
+                  {ATEN.name: 0.01, tile.name: 0.005, slow.name: None}) == tile.name
     # bf16 1024x8192x512 on the H100: the tile's call is its kernel plus one launch, not the host's pace
-    assert gpu_ranked_contenders({"tile": 0.02035, "aten": 0.02094}, {"tile": 0.0188, "aten": 0.01638}, 0.03) == []
+    config.host_bound_tolerance = 0.03
+    assert winner({tile.name: 0.02035, ATEN.name: 0.02094}, {tile.name: 0.0188, ATEN.name: 0.01638}) == tile.name
 
 
 @pytest.fixture
@@ -120,23 +142,22 @@ def test_small_calls_send_every_close_first_pass_to_the_final_round(monkeypatch)
     assert final_round([0.5, 0.51, 0.52, 0.53, 0.54]) == [0, 1, 2]                          # not host bound
 
 
-def test_one_launch_finalists_are_ranked_by_gpu_time():
+def test_one_launch_finalists_are_ranked_by_gpu_time(monkeypatch):
     """One launch through our native launcher costs the host the same whatever the tile: among such finalists within
     the cutoff the GPU time decides (bf16 768^3 on the H100: two triton_mm tiles at 15.2 us per call side by side,
-    5.5 and 7.7 us on the GPU). aten (a library call) and a candidate beyond the cutoff stay out of the group."""
-    from kernels.tune.autotune import one_launch_lead
-
-    call = {"tile_a": 0.0140, "tile_b": 0.0147, "tma": 0.0146, "aten": 0.0145, "far": 0.0190}
-    gpu = {"tile_a": 0.0077, "tile_b": 0.0055, "tma": 0.0060, "aten": 0.0046, "far": 0.0050}
-    once = {"tile_a", "tile_b", "tma", "far"}
-    complexity = {"tile_a": 10, "tile_b": 10, "tma": 11, "aten": 0, "far": 10}
-    lead, group = one_launch_lead(call, gpu, once, 1.25, 0.01, complexity)
-    assert lead == "tile_b" and sorted(group) == ["tile_a", "tile_b", "tma"]
+    5.5 and 7.7 us on the GPU). aten (a library call) and a candidate beyond the cutoff stay out of the group, though
+    each is lower on the GPU than the group's lead."""
+    tile_a, tile_b, far = _tiles((64, 64, 128, 5, 4), (64, 64, 64, 4, 4), (128, 64, 64, 4, 4))
+    (tma,) = _tiles((128, 128, 64, 3, 8), template="triton_tma_mm")
+    choices = {c.name: c for c in (tile_a, tile_b, tma, ATEN, far)}
+    call = {tile_a.name: 0.0140, tile_b.name: 0.0147, tma.name: 0.0146, ATEN.name: 0.0145, far.name: 0.0190}
+    gpu = {tile_a.name: 0.0077, tile_b.name: 0.0055, tma.name: 0.0060, ATEN.name: 0.0046, far.name: 0.0050}
+    winner, notes, _, _ = _final_round(monkeypatch, choices, call, gpu)
+    assert winner == tile_b.name and "one-launch calls under 100 us ranked by GPU time" in notes[0]
     # within the tie tolerance on the GPU, the simpler template leads
-    lead, _ = one_launch_lead(call, dict(gpu, tma=0.00549), once, 1.25, 0.01, complexity)
-    assert lead == "tile_b"
-    assert one_launch_lead(call, gpu, {"tile_a"}, 1.25, 0.01, complexity) is None           # a group of one
-    assert one_launch_lead(call, dict(gpu, tile_b=None, tma=None), once, 1.25, 0.01, complexity) is None
+    assert _final_round(monkeypatch, choices, call, dict(gpu, **{tma.name: 0.00549}))[0] == tile_b.name
+    # no GPU time for the rest of the group: the call times decide
+    assert _final_round(monkeypatch, choices, call, dict(gpu, **{tile_b.name: None, tma.name: None}))[0] == tile_a.name
 
 
 def test_final_round_picks_the_gpu_faster_of_two_host_set_tiles(monkeypatch):
