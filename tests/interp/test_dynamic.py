@@ -73,15 +73,16 @@ def test_benchmark_mode_tunes_hints_once_and_benchmarks_each_bucket_once(triton_
     fam = next(iter(dyn_mod._families.values()))
     pool = fam.pool_names(kernels.config.dynamic_pool)
     assert set(winners.values()) < set(pool) and len(pool) <= 2 * kernels.config.dynamic_pool
-    choices = {n: hw.selection.choices[n] for hw in fam.winners for n in fam.ranked_names(hw, len(pool))}
+    tie_tolerance = kernels.config.tie_tolerance
     for d in decisions.values():
         timed = {n: t for n, t in d.timings.items() if isinstance(t, float)}
         assert set(winners.values()) <= set(timed) <= set(pool)     # each hint's winner and runners-up
         if d.source == "benchmarked" and d.measured_at[0] != 2 ** (d.measured_at[0] - 1).bit_length():
             assert d.also_measured          # the bucket's last size too, unless the runtime size is that edge
-        runtime = dyn_mod.substitute(fam.hint_problems[0], {"m": d.shape[0]}, ("m",))
-        tolerance = dyn_mod.BUCKET_TIE_TOLERANCE if dyn_mod._compute_bound(runtime) else kernels.config.tie_tolerance
-        assert d.winner == dyn_mod.pick(d.worst_ratio or timed, choices, frozenset(winners.values()), tolerance)
+        # the bucket goes to a choice tied with the best over its timed sizes (which of the tied ones wins:
+        # tests/unit/test_dynamic_rules.py)
+        scores = d.worst_ratio or timed
+        assert scores[d.winner] <= min(scores.values()) * (1 + max(dyn_mod.BUCKET_TIE_TOLERANCE, tie_tolerance))
         assert f"bucket {d.bucket}" in d.why()
 
 
