@@ -20,11 +20,12 @@ from pathlib import Path
 import torch
 
 from backends import get_backend
-from kernels.core.config import ALL_BACKENDS, config, interpret_mode
+from kernels.core.config import ALL_BACKENDS, config
 from kernels.core.problem import GemmProblem
 from kernels.core.toolchain import toolchain
 from kernels.native import fastpath
 from kernels.space import lut
+from kernels.space.families import families_of
 
 
 def _version(package: str) -> str:
@@ -80,6 +81,8 @@ def info_lines() -> list[str]:
         except Exception as e:  # noqa: BLE001 - a backend that cannot even load is reported, not fatal
             status = f"unavailable: {type(e).__name__}: {e}"
         lines.append(f"  {backend_name:8s} {status}")
+        for family in families_of(backend_name):
+            lines.append(f"           {family.name} ({', '.join(family.ops)}): {family.what}")
     return lines
 
 
