@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from torch.utils import cpp_extension
 
+from kernels.core.cache_root import cache_root
 from kernels.core.config import config, tool_variable
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fastpath.cpp"
@@ -71,7 +72,7 @@ def paths() -> BuildPaths:
     tag_text = "\n".join([SOURCE.read_text(), torch.__version__, sys.version, sysconfig.get_config_var("SOABI") or "",
                           compiler()])
     tag = hashlib.sha256(tag_text.encode()).hexdigest()[:16]
-    folder = Path(config.cache_dir) / "fastpath" / tag
+    folder = cache_root() / "fastpath" / tag
     return BuildPaths(folder, folder / f"{MODULE_NAME}.so", folder / "FAILED", folder / "build.log")
 
 

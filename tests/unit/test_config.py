@@ -97,8 +97,9 @@ def test_a_former_variable_still_set_warns_once_where_it_went():
     assert proc.stderr.count("KERNELS_RETIME_TOP is no longer read") == 1 and "RETIME_TOP" in proc.stderr
 
 
-def test_at_most_twelve_settings_each_documented_once():
-    assert len(SETTINGS) <= 12
+def test_few_settings_each_documented_once():
+    # issue 25 kept 12; issue 26 added KERNELS_MAX_PROBLEMS (the bounded warm table). Each new one joins the table.
+    assert len(SETTINGS) <= 13
     assert len({s.env for s in SETTINGS}) == len(SETTINGS) and all(s.doc and s.default_text for s in SETTINGS)
     table = settings_markdown()
     assert all(table.count(f"| `{s.env}` |") == 1 for s in SETTINGS)
