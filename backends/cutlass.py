@@ -20,6 +20,7 @@ import torch
 
 from backends.base import Backend, BuildOutcome, Runner
 from backends.cutlass_render import BuildJob, CutlassKernelSpec, build_key, ninja_text, render, spec_for
+from kernels.core.cache_root import cache_root
 from kernels.core.choice import Choice, name_filter
 from kernels.core.config import config
 from kernels.core.counters import bump as bump_stat
@@ -187,7 +188,7 @@ class CutlassBackend(Backend):
 
     @property
     def root(self) -> Path:
-        return Path(config.cache_dir) / "cutlass"
+        return cache_root() / "cutlass"
 
     def artifact_paths(self, problem: GemmProblem, choice: Choice) -> tuple[str, ArtifactPaths, str]:
         """(key, paths, source) of the binary `choice` needs for `problem`."""

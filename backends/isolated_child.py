@@ -22,6 +22,7 @@ import time
 import torch
 
 from backends import get_backend
+from kernels.core.cache_root import cache_root
 from kernels.core.choice import Choice
 from kernels.core.config import config
 from kernels.core.problem import GemmProblem
@@ -71,7 +72,7 @@ def child_environment() -> dict:
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env["KERNELS_CACHE_DIR"] = str(config.cache_dir)
+    env["KERNELS_CACHE_DIR"] = str(cache_root())     # the checked directory (or the private fallback)
     return env
 
 
@@ -86,7 +87,7 @@ def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: fl
         request = {"backend": backend, "problem": json.loads(problem.key()),
                    "choices": [c.as_dict() for c in remaining], "budget_ms": budget_ms, "seed": seed,
                    "device": torch.cuda.current_device() if torch.cuda.is_available() else 0,
-                   "cache_dir": str(config.cache_dir), "fault": FAULT_INJECTION}
+                   "cache_dir": str(cache_root()), "fault": FAULT_INJECTION}
         proc = subprocess.Popen([sys.executable, "-m", "backends.isolated_child"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO_ROOT),
                                 env=child_environment())

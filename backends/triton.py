@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -24,6 +25,7 @@ from backends.triton_templates import family, templates
 from backends.triton_worker import compile_job, load_kernel
 from backends.worker_pool import WorkerPool, worker_env
 from kernels.core import counters
+from kernels.core.cache_root import cache_root
 from kernels.core.choice import Choice
 from kernels.core.config import config, interpret_mode
 from kernels.core.fsutil import atomic_write_text, read_json
@@ -49,7 +51,7 @@ class TritonBackend(Backend):
     # -- paths -------------------------------------------------------------------------------------------------
     @property
     def root(self) -> Path:
-        return Path(config.cache_dir) / "triton"
+        return cache_root() / "triton"
 
     @property
     def triton_cache_dir(self) -> Path:
@@ -63,6 +65,8 @@ class TritonBackend(Backend):
             return False, f"triton is not installed: {e}"
         if problem.device == "cpu" and not interpret_mode():
             return False, "CPU tensors need TRITON_INTERPRET=1 for Triton"
+        if problem.device == "cpu" and importlib.util.find_spec("numpy") is None:
+            return False, "the Triton interpreter needs numpy (pip install numpy)"
         if problem.device == "cuda" and interpret_mode():
             return False, "TRITON_INTERPRET=1 is set: Triton runs only on CPU tensors in this process"
         if problem.device == "cuda" and problem.arch < 75:

@@ -3,7 +3,7 @@
 #   bash bench/gpu_check.sh native     the C++ table's native launches: GPU tests, then issue 3's and the core suite
 #   bash bench/gpu_check.sh issue3     the padded choices' GPU tests, then issue 3's suite
 #   bash bench/gpu_check.sh tests      the core, dynamic and isolation GPU tests (54 mm tunes need ~300 s)
-#   bash bench/gpu_check.sh templates  tests/test_gpu_templates.py, in two runs (~3 min on the H100)
+#   bash bench/gpu_check.sh templates  tests/gpu/test_templates.py with its gpu_sweep grid, in two runs
 #   bash bench/gpu_check.sh dynamic    issue 7's sweeps over 64 M for both (K, N)
 #   bash bench/gpu_check.sh fast       issue 6: KERNELS_PRESET=fast on the held-out problems (FAST_DATA: against the
 #                                      full-exhaustive files, ~160 s for both dtypes on the H100)
@@ -26,7 +26,7 @@ gpu_tests() { local t=$1; shift; timeout "$t" python3 -m pytest -q -m gpu --tb=s
 case "${1:-native}" in
 native)
   python3 -m kernels fastpath build
-  gpu_tests 240 tests/test_fastpath.py | tee "$OUT/fastpath_tests.txt"
+  gpu_tests 240 tests/gpu/test_fastpath.py | tee "$OUT/fastpath_tests.txt"
   timeout 170 python3 -m experiments.core_quick --suite issue3 --backends aten,triton,padded --json "$OUT/issue3.json" \
     > "$OUT/issue3.txt" 2>&1; tail -28 "$OUT/issue3.txt"
   timeout 150 python3 -m experiments.core_quick --suite core --backends aten,triton,padded --json "$OUT/core.json" \
@@ -34,18 +34,18 @@ native)
   ;;
 issue3)
   python3 -m kernels fastpath build
-  gpu_tests 200 tests/test_gpu_templates.py -k "padded"
+  gpu_tests 200 tests/gpu/test_templates.py -k "padded"
   timeout 200 python3 -m experiments.core_quick --suite issue3 --backends aten,triton,padded --json "$OUT/issue3.json" \
     > "$OUT/issue3.txt" 2>&1; tail -28 "$OUT/issue3.txt"
   ;;
 tests)
   # 35 of the 54 mm tunes passed in 210 s on the H100 (seventh session)
-  gpu_tests 360 tests/test_gpu_core.py -k "test_mm_matches_torch"
-  gpu_tests 170 tests/test_gpu_core.py tests/test_dynamic_gpu.py tests/test_isolation.py -k "not test_mm_matches_torch"
+  gpu_tests 360 tests/gpu/test_core.py -m "gpu or gpu_sweep" -k "test_mm_matches_torch"
+  gpu_tests 170 tests/gpu/test_core.py tests/gpu/test_dynamic.py -k "not test_mm_matches_torch"
   ;;
 templates)
-  gpu_tests 250 tests/test_gpu_templates.py -k "test_bf16_template"
-  gpu_tests 250 tests/test_gpu_templates.py -k "not test_bf16_template"
+  gpu_tests 250 tests/gpu/test_templates.py -m "gpu or gpu_sweep" -k "test_bf16_template"
+  gpu_tests 250 tests/gpu/test_templates.py -m "gpu or gpu_sweep" -k "not test_bf16_template"
   ;;
 dynamic)
   for kn in 11008x4096 4096x12288; do

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from backends import get_backend
+from kernels.core.cache_root import cache_root
 from kernels.core.config import ALL_BACKENDS, config, settings_markdown, with_readme_settings
 from kernels.core.problem import GemmProblem
 from kernels.core.toolchain import toolchain
@@ -76,7 +77,7 @@ def info_lines() -> list[str]:
         lines.append("cutlass:   not found")
     for line in tools.tried:
         lines.append(f"           tried {line}")
-    lines.append(f"cache dir: {config.cache_dir}")
+    lines.append(f"cache dir: {cache_root()}")
     lines.append(f"fastpath:  {_fastpath_line(config.fastpath)}")
     lines.append(f"backends:  configured {','.join(config.backends)}")
     problem = _probe_problem(arch, name)
@@ -123,7 +124,7 @@ def _backend_status(backend, problem) -> str:
 
 
 def _lut_export(args) -> int:
-    root = Path(args.store) if args.store else Path(config.cache_dir) / "selections"
+    root = Path(args.store) if args.store else cache_root() / "selections"
     table = lut.export_from_store(root, args.top_k, args.mode)
     if args.output == "-":
         sys.stdout.write(lut.dumps(table))

@@ -245,6 +245,9 @@ SETTINGS = (
             "`m=16,256,4096`"),
     Setting("fastpath", "KERNELS_FASTPATH", lambda: "auto", "`auto`", _one_of(FASTPATH_MODES),
             "the C++ warm-call table: `auto` (load it, or build it in the background), `build` (blocking), `off`"),
+    Setting("max_problems", "KERNELS_MAX_PROBLEMS", lambda: 4096, "4096", _positive_int,
+            "distinct problems kept ready in memory; past it the oldest are dropped (looked up again in the store "
+            "when they return)"),
 )
 
 

@@ -11,6 +11,7 @@ The contract, for selections, bucket decisions and built binaries alike:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -23,12 +24,36 @@ from typing import Callable, TypeVar
 T = TypeVar("T")
 
 
+def make_private_dirs(path: Path) -> None:
+    """Create `path` and its missing parents as 0700, whatever the umask (an existing directory is left as is)."""
+    missing = []
+    here = path
+    while not os.path.lexists(here):
+        missing.append(here)
+        here = here.parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(folder, 0o700)
+
+
+def _private_parent(path: Path) -> None:
+    if not path.parent.is_dir():
+        make_private_dirs(path.parent)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Readers see the old file or the new one, never a partial write (temp file + fsync + os.replace)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Readers see the old file or the new one, never a partial write: a fresh temp file (O_EXCL, never following a
+    planted link, 0600 whatever the umask) in the same directory, fsync, then os.replace, which replaces a link at
+    `path` rather than writing through it."""
+    _private_parent(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with open(tmp, "w") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(fd, 0o600)
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -67,8 +92,8 @@ LOCK_TIMEOUT_S = 600.0
 @contextlib.contextmanager
 def file_lock(path: Path, timeout_s: float = LOCK_TIMEOUT_S):
     """Exclusive advisory lock; the OS drops it if the holder dies, so a killed run never wedges others."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    _private_parent(path)
+    fd = _open_lock_file(path)
     try:
         deadline = time.monotonic() + timeout_s
         delay = 0.01
@@ -84,6 +109,18 @@ def file_lock(path: Path, timeout_s: float = LOCK_TIMEOUT_S):
         yield
     finally:
         os.close(fd)   # closing the descriptor releases the lock
+
+
+def _open_lock_file(path: Path) -> int:
+    """The lock file itself, never what a link planted at its path points to: a link is removed (it sits in our
+    private directory) and a plain file made in its place."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+    os.unlink(path)
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
 
 
 def load_or_build(load: Callable[[], T | None], lock: Callable[[], contextlib.AbstractContextManager],

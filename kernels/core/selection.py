@@ -25,6 +25,9 @@ class Selection:
     notes: list[str] = field(default_factory=list)
     # where tune_seconds went: stage -> seconds (kernels.autotune.StageClock), for `explain` and the benchmarks
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    # backends that could not serve when it was tuned: when one of them can, the selection is stale (re-tuned on the
+    # next cold lookup, never on a warm call)
+    unavailable: list[str] = field(default_factory=list)
 
     @property
     def winner_choice(self) -> Choice:
@@ -42,7 +45,8 @@ class Selection:
         return {"schema": SCHEMA_VERSION, "problem": asdict(self.problem), "winner": self.winner,
                 "choices": {n: c.as_dict() for n, c in self.choices.items()}, "timings": self.timings,
                 "details": self.details, "tune_seconds": self.tune_seconds, "created": self.created,
-                "fingerprint": self.fingerprint, "notes": self.notes, "stage_seconds": self.stage_seconds}
+                "fingerprint": self.fingerprint, "notes": self.notes, "stage_seconds": self.stage_seconds,
+                "unavailable": self.unavailable}
 
     @classmethod
     def from_dict(cls, data: dict, source: str) -> "Selection":
@@ -56,7 +60,8 @@ class Selection:
                    timings=timings, details=data.get("details", {}), source=source,
                    tune_seconds=float(data.get("tune_seconds", 0.0)), created=float(data.get("created", 0.0)),
                    fingerprint=data.get("fingerprint", {}), notes=list(data.get("notes", [])),
-                   stage_seconds={k: float(v) for k, v in data.get("stage_seconds", {}).items()})
+                   stage_seconds={k: float(v) for k, v in data.get("stage_seconds", {}).items()},
+                   unavailable=list(data.get("unavailable", [])))
 
     def table(self, rounds: bool = False) -> str:
         """The AUTOTUNE table: timed choices sorted by time with % of best, then the failures. `rounds`: each timed

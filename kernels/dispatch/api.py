@@ -9,7 +9,7 @@ import torch
 
 from kernels.core import counters as _stats
 from kernels.core.choice import Choice
-from kernels.core.config import interpret_mode
+from kernels.core.config import config, interpret_mode
 from kernels.core.errors import InputTypeError, InputValueError
 from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
@@ -189,6 +189,8 @@ def _cold(op: str, a, b, out, dynamic=None):
     if op == "mm" and torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         return torch.mm(a, b) if out is None else torch.mm(a, b, out=out)   # keeps autograd working
     key = _fast_key(op, a, b) if dynamic is None else (_fast_key(op, a, b), dynamic)
+    if a.device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
+        return _under_capture(op, a, b, out)
     if _cpu_fallback(a):
         launch = _aten_launch(op)
         _stats.bump("cpu_fallbacks")
@@ -200,8 +202,36 @@ def _cold(op: str, a, b, out, dynamic=None):
         _dispatch[key] = entry = (_two_arg(launch), launch)
         if dynamic is None and _fast.module is not None:
             _fast_register(_fast.module, key, entry[0])
+        if len(_dispatch) > config.max_problems:
+            _shrink(config.max_problems)
     with _device_ctx(a):
         return launch(a, b, out)
+
+
+def _under_capture(op: str, a, b, out):
+    """A cold call inside a CUDA-graph capture or a torch.compile trace: a problem this process has resolved is
+    served by its launcher; anything else (a tune, or a stored winner not yet verified here: both sync and allocate)
+    by aten for this call, and resolved on a later call outside the capture."""
+    problem = GemmProblem.from_tensors(op, a, b)
+    with _device_ctx(a):
+        launch = selected.resolved(problem) or _aten_launch(op)
+        return launch(a, b, out)
+
+
+def _shrink(limit: int) -> None:
+    """Keep the warm table within `limit` problems: drop the oldest-added half (a problem that comes back is looked
+    up again, cheaply, and goes to the back), and the same in the tables behind it. Insertion order stands in for
+    recency so warm calls pay nothing for the bookkeeping."""
+    keep = limit // 2
+    for key in list(_dispatch)[:len(_dispatch) - keep]:
+        del _dispatch[key]
+    if _fast.module is not None:
+        _fast.module.clear()
+        for key, entry in _dispatch.items():
+            if key and isinstance(key[0], str):
+                _fast_register(_fast.module, key, entry[0])
+    selected.trim(keep)
+    _dynamic.trim(keep)
 
 
 def _fast_register(module, key: tuple, two_arg) -> None:

@@ -36,11 +36,27 @@ from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
 from kernels.dispatch import selected
 from kernels.dispatch.dynamic_records import (  # noqa: F401 - resolve: this module is the api's dynamic entry
-    DYNAMIC_POOL, Decision, Dynamic, HintWinner, PoolEntry, resolve, shape_of, sizes_label, substitute)
+    DYNAMIC_POOL,
+    Decision,
+    Dynamic,
+    HintWinner,
+    PoolEntry,
+    resolve,
+    shape_of,
+    sizes_label,
+    substitute,
+)
 from kernels.measure.timing import measure_interleaved, measure_together, user_call
 from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
-from kernels.space.dynamic_rules import (bucket_id, nearest, outside_hints, probe_sizes, round_inflation, waves,
-                                         worst_ratio)
+from kernels.space.dynamic_rules import (
+    bucket_id,
+    nearest,
+    outside_hints,
+    probe_sizes,
+    round_inflation,
+    waves,
+    worst_ratio,
+)
 from kernels.space.families import TEMPLATE_OPS, complexity
 from kernels.space.heuristics import supports
 from kernels.space.perf_model import gpu_spec
@@ -572,3 +588,12 @@ def clear() -> None:
     _families.clear()
     _decisions.clear()
     _runtime.clear()
+
+
+def trim(keep: int) -> None:
+    """Keep the decisions and launchers of the `keep` most recently added runtime shapes (families stay: a few per
+    model, each holding its hint winners)."""
+    with selected.lock:
+        for memo in list(_runtime)[:max(0, len(_runtime) - keep)]:
+            del _runtime[memo]
+            _decisions.pop(memo, None)

@@ -13,7 +13,6 @@ from kernels.core.errors import InputTypeError, InputValueError
 from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
 
-
 # -- declaration -----------------------------------------------------------------------------------------------
 DEFAULT_MODE = "benchmark"
 DEFAULT_BUCKETS = "pow2"

@@ -4,15 +4,19 @@ resolve problems here."""
 from __future__ import annotations
 
 import threading
+import time
+import warnings
 
 import torch
 
 from backends import get_backend
 from kernels.core import counters as _stats
+from kernels.core.cache_root import CacheWarning
 from kernels.core.config import config
 from kernels.core.fsutil import load_or_build
 from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
+from kernels.measure.verify import make_inputs, reference, verify_launch
 from kernels.store.selections import SelectionStore, store_key
 from kernels.tune.autotune import fingerprint, tune
 
@@ -27,8 +31,10 @@ def launcher_for(problem: GemmProblem):
     holds device-bound state (loaded functions, workspaces), so a second GPU gets its own, from the same selection."""
     where = (problem, torch.cuda.current_device() if problem.device == "cuda" else -1)
     with lock:
-        launch = _launchers.get(where)
-        if launch is None:
+        launch = _launchers.pop(where, None)
+        if launch is not None:
+            _launchers[where] = launch            # to the back: the most recently looked up is trimmed last
+        else:
             sel, launch = _select(problem)
             _selections[problem] = sel
             _launchers[where] = launch
@@ -49,8 +55,16 @@ def _select(problem: GemmProblem) -> tuple[Selection, object]:
 
 
 def _load_stored(key: str, problem: GemmProblem):
+    """The stored winner, loaded and verified in this process, or None (tune again). A disk entry is data another
+    process wrote: its winner is checked against the float64 reference once per process, like a tuning candidate,
+    and an entry tuned while a backend was missing is stale once that backend can serve."""
     sel = _store.get(key)
     if sel is None:
+        return None
+    stale = [name for name in sel.unavailable if name in config.backends and _available(name, problem)]
+    if stale:
+        _warn_once(f"kernels: re-tuning {problem.short()}: tuned while {', '.join(stale)} could not serve, which can "
+                   "now")
         return None
     choice = sel.winner_choice
     try:
@@ -59,8 +73,53 @@ def _load_stored(key: str, problem: GemmProblem):
         return None
     if outcome.runner is None:
         return None
+    why = _verify(outcome.runner.launch, problem)
+    if why is not None:
+        _warn_once(f"kernels: the stored winner {sel.winner} for {problem.short()} failed verification ({why}); "
+                   "re-tuning")
+        return None
     _stats.bump("disk_hits")
     return sel, outcome.runner.launch
+
+
+def _available(name: str, problem: GemmProblem) -> bool:
+    try:
+        return get_backend(name).available(problem)[0]
+    except Exception:  # noqa: BLE001 - a backend that cannot even load is not available
+        return False
+
+
+def _verify(launch, problem: GemmProblem) -> str | None:
+    """Why the launch computes a wrong product on fresh inputs with the problem's strides, or None."""
+    device = "cuda" if problem.device == "cuda" else "cpu"
+    a, b = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
+    return verify_launch(launch, problem, a, b, reference(problem, a, b))
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(text: str) -> None:
+    if text not in _warned:
+        _warned.add(text)
+        warnings.warn(text, CacheWarning, stacklevel=4)
+
+
+def resolved(problem: GemmProblem):
+    """This process's launcher for the problem on the current device, or None: never tunes or loads."""
+    where = (problem, torch.cuda.current_device() if problem.device == "cuda" else -1)
+    with lock:
+        return _launchers.get(where)
+
+
+def trim(keep: int) -> None:
+    """Keep the `keep` most recently looked-up launchers and their selections."""
+    with lock:
+        for where in list(_launchers)[:max(0, len(_launchers) - keep)]:
+            del _launchers[where]
+        alive = {problem for problem, _ in _launchers}
+        for problem in [p for p in _selections if p not in alive]:
+            del _selections[problem]
 
 
 def selection(problem: GemmProblem) -> Selection | None:

@@ -32,8 +32,9 @@ from pathlib import Path
 import torch
 from torch.utils import cpp_extension
 
+from kernels.core.cache_root import cache_root
 from kernels.core.config import config, tool_variable
-from kernels.core.fsutil import file_lock
+from kernels.core.fsutil import file_lock, make_private_dirs
 from kernels.native.fastpath_build import (MODULE_NAME, OUTPUT, BuildJob, BuildPaths, FastpathBuildError,
                                            published)
 
@@ -65,7 +66,7 @@ def paths() -> BuildPaths:
     tag_text = "\n".join([SOURCE.read_text(), torch.__version__, sys.version, sysconfig.get_config_var("SOABI") or "",
                           compiler()])
     tag = hashlib.sha256(tag_text.encode()).hexdigest()[:16]
-    return BuildPaths.under(Path(config.cache_dir) / "fastpath" / tag, tag)
+    return BuildPaths.under(cache_root() / "fastpath" / tag, tag)
 
 
 def build_job(where: BuildPaths, force: bool = False) -> BuildJob:
@@ -94,7 +95,7 @@ def build(force: bool = False) -> Path:
         return library
     if where.failed.exists() and not force:
         raise FastpathBuildError(f"an earlier build failed; log: {where.log}", _read(where.log))
-    where.folder.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(where.folder)
     proc = start_builder(build_job(where, force), wait=True)
     _, errors = proc.communicate()
     return _outcome(where, proc.returncode, errors)
@@ -219,7 +220,7 @@ class Fastpath:
                 return
             if library is None and mode == "auto":
                 try:
-                    where.folder.mkdir(parents=True, exist_ok=True)
+                    make_private_dirs(where.folder)
                     proc = start_builder(build_job(where), wait=False)
                 except OSError as e:
                     self.why_not = f"cannot start the builder: {e}"

@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.core.fsutil import file_lock, load_or_build, marker_valid, publish_marker
+from kernels.core.fsutil import atomic_write_text, file_lock, load_or_build, marker_valid, publish_marker
 
 MODULE_NAME = "_kernels_fastpath"
 OUTPUT = "{output}"             # where the compile command names its output file
@@ -106,6 +106,7 @@ def _build(job: BuildJob) -> Path:
             raise AssertionError("unreachable") from e
         if returncode != 0 or not tmp.is_file():
             _fail(where, f"compile failed (exit {returncode})", " ".join(command) + "\n" + output[-20000:])
+        os.chmod(tmp, 0o700)                # private like the rest of the cache, whatever the umask
         with contextlib.suppress(FileNotFoundError):
             where.marker.unlink()           # a library replaced under an old marker is not vouched for
         os.replace(tmp, where.library)
@@ -160,9 +161,12 @@ def _alive(pid: int) -> bool:
 
 
 def _fail(where: BuildPaths, message: str, log: str):
-    where.folder.mkdir(parents=True, exist_ok=True)
-    where.log.write_text(f"{message}\n{log}")
-    where.failed.write_text(message + "\n")
+    """Record the failure beside the library (not retried until forced) and raise. A folder that is gone (a
+    process's temporary cache, removed when it exited) is not made again."""
+    if where.folder.is_dir():
+        with contextlib.suppress(OSError):
+            atomic_write_text(where.log, f"{message}\n{log}")
+            atomic_write_text(where.failed, message + "\n")
     raise FastpathBuildError(f"{message}; log: {where.log}", log)
 
 

@@ -4,12 +4,23 @@ fsync + os.replace), with a per-key advisory lock for the read-decide-write sequ
 merge a bucket decision). Reading never raises: missing, truncated or non-object files are misses."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import warnings
 from pathlib import Path
 
-from kernels.core.config import config
+from kernels.core.cache_root import CacheWarning, cache_root
 from kernels.core.fsutil import atomic_write_text, file_lock, read_json
+
+_warned: set[str] = set()
+
+
+def _warn_unwritable(root: Path, error: OSError) -> None:
+    if str(root) not in _warned:
+        _warned.add(str(root))
+        warnings.warn(f"kernels: cannot write to the cache {root} ({error.strerror or error}); results are kept in "
+                      f"memory for this process only", CacheWarning, stacklevel=4)
 
 
 class KeyedJsonStore:
@@ -20,7 +31,7 @@ class KeyedJsonStore:
 
     @property
     def root(self) -> Path:
-        return self._root if self._root is not None else Path(config.cache_dir) / self.subdir
+        return self._root if self._root is not None else cache_root() / self.subdir
 
     def path(self, key: str) -> Path:
         return self.root / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
@@ -30,9 +41,30 @@ class KeyedJsonStore:
         data = read_json(self.path(key))
         return data if data is not None and data.get("key") == key else None
 
-    def write(self, key: str, body: dict) -> None:
-        atomic_write_text(self.path(key), json.dumps({"key": key, **body}, indent=1, sort_keys=True))
+    def write(self, key: str, body: dict) -> bool:
+        """Best effort: a full disk, a read-only or unwritable cache warns once per process and the caller keeps its
+        result in memory (a failed write must never lose what was just tuned). True when written."""
+        try:
+            atomic_write_text(self.path(key), json.dumps({"key": key, **body}, indent=1, sort_keys=True))
+            return True
+        except OSError as e:
+            _warn_unwritable(self.root, e)
+            return False
 
+    @contextlib.contextmanager
     def lock(self, key: str):
-        """Exclusive per-key lock (context manager), released by the OS if the holder dies."""
-        return file_lock(self.root / "locks" / (self.path(key).stem + ".lock"))
+        """Exclusive per-key lock, released by the OS if the holder dies. A cache where no lock file can be made
+        (read-only, full, not ours) warns once and goes on unlocked: at worst two processes tune the same problem."""
+        try:
+            held = file_lock(self.root / "locks" / (self.path(key).stem + ".lock"))
+            held.__enter__()
+        except TimeoutError:
+            raise
+        except OSError as e:
+            _warn_unwritable(self.root, e)
+            yield
+            return
+        try:
+            yield
+        finally:
+            held.__exit__(None, None, None)

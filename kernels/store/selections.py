@@ -8,6 +8,7 @@ import warnings
 from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
 from kernels.store.entries import KeyedJsonStore
+from kernels.store.schema import problems
 
 
 def store_key(problem: GemmProblem, fingerprint: dict) -> str:
@@ -24,6 +25,10 @@ class SelectionStore(KeyedJsonStore):
         if data is None:
             if path.exists():
                 warnings.warn(f"kernels: ignoring unreadable selection cache entry {path}", stacklevel=3)
+            return None
+        why = problems(data.get("selection"))
+        if why is not None:
+            warnings.warn(f"kernels: ignoring bad selection cache entry {path}: {why}", stacklevel=3)
             return None
         try:
             return Selection.from_dict(data.get("selection", {}), source="disk")

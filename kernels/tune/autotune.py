@@ -124,6 +124,7 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
     choices = {}
     notes: list[str] = []
     runners: dict[str, Runner] = {}
+    unavailable: list[str] = []
 
     for name in backends:
         try:
@@ -131,6 +132,7 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
             ok, why = backend.available(problem)
             if not ok:
                 notes.append(f"{name} unavailable: {why}")
+                unavailable.append(name)
                 continue
             with clock("candidates"):
                 cands, skipped, narrow_notes = candidates(backend, problem)
@@ -192,7 +194,7 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
 
     sel = Selection(problem=problem, winner=winner, choices=choices, timings=timings, details=details,
                     source="tuned", tune_seconds=time.perf_counter() - start, created=time.time(), notes=notes,
-                    stage_seconds={k: round(v, 4) for k, v in clock.seconds.items()})
+                    stage_seconds={k: round(v, 4) for k, v in clock.seconds.items()}, unavailable=unavailable)
     counters.bump("tunes")
     if config.verbose:
         print(sel.table(), file=sys.stderr)

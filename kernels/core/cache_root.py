@@ -1,0 +1,79 @@
+"""The cache directory is private to its user. Code is loaded from it (generated modules, shared libraries), so
+before anything is read from it this process checks it: a directory (not a regular file), not a symbolic link to
+elsewhere, owned by this user, not writable by group or others. Missing, it is created 0700. A root that fails gets
+one warning saying why, and this process uses a fresh private directory instead: nothing is loaded from the bad one.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import stat
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+from kernels.core.config import config
+from kernels.core.fsutil import make_private_dirs
+
+
+class CacheWarning(UserWarning):
+    """The cache could not be used as configured (kernels goes on with a private directory, or from memory)."""
+
+
+_lock = threading.Lock()
+_verified: dict[str, Path] = {}        # configured path -> the directory this process uses for it
+
+
+def _uid() -> int:
+    return os.getuid()
+
+
+def _lstat(path: Path) -> os.stat_result:
+    return os.lstat(path)
+
+
+def problem_with(path: Path) -> str | None:
+    """Why `path` cannot be this user's private cache, or None when it can (creating it if missing)."""
+    try:
+        if not os.path.lexists(path):
+            make_private_dirs(path)
+        st = _lstat(path)
+    except OSError as e:
+        return f"cannot be created or read ({e.strerror or e})"
+    if stat.S_ISLNK(st.st_mode):
+        return f"is a symbolic link (to {os.readlink(path)}), not a directory of its own"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != _uid():
+        return f"is owned by uid {st.st_uid}, not by this user (uid {_uid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def cache_root() -> Path:
+    """The directory this process keeps its cache in: config.cache_dir when it passes the checks, else (with one
+    warning) a private temporary directory, removed when the process exits."""
+    configured = str(config.cache_dir)
+    with _lock:
+        root = _verified.get(configured)
+        if root is None:
+            why = problem_with(Path(configured))
+            if why is None:
+                root = Path(configured)
+            else:
+                root = Path(tempfile.mkdtemp(prefix="kernels-cache-"))       # 0700, ours
+                atexit.register(shutil.rmtree, root, True)
+                warnings.warn(f"kernels: the cache directory {configured} {why}; this process uses a private "
+                              f"temporary cache ({root}) and loads nothing from {configured}", CacheWarning,
+                              stacklevel=3)
+            _verified[configured] = root
+        return root
+
+
+def forget() -> None:
+    """Check again on the next call (tests; a process that changed its cache directory's permissions)."""
+    with _lock:
+        _verified.clear()

@@ -1,0 +1,147 @@
+"""What a stored Selection may hold. Everything read back from disk is data to check, never trusted: types,
+ranges, known templates and parameter names, and that each choice's name is what its fields spell. A file that
+fails is ignored (the problem is re-tuned); `problems()` says why, for the warning."""
+from __future__ import annotations
+
+import math
+
+from kernels.core.choice import Choice, GemmConfig
+from kernels.core.problem import DTYPES_BY_NAME, OPS
+from kernels.core.selection import SCHEMA_VERSION
+from kernels.space.families import BY_NAME
+from kernels.space.heuristics_cutlass import CutlassConfig
+
+DIMS = ("m", "n", "k")
+PRECISIONS = ("", "ieee", "tf32")
+ALIGNMENTS = (1, 2, 4, 8, 16)
+MAX_DIM = 1 << 31
+# the parameters templates put in Choice.params, with the values they may take
+PARAMS = {
+    "split": lambda v: _int(v) and 1 <= v <= 4096,                 # split_k / decompose_k
+    "sub": lambda v: _int(v) and v in (0, 1),                      # TMA epilogue subtiling
+    "": lambda v: isinstance(v, str) and _cutlass_tag(v),          # CUTLASS config tag
+}
+CONFIG_RANGES = {"block_m": (1, 1024), "block_n": (1, 1024), "block_k": (1, 1024), "num_stages": (1, 16),
+                 "num_warps": (1, 32), "group_m": (1, 1024)}
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+def _cutlass_tag(text: str) -> bool:
+    try:
+        CutlassConfig.from_tag(text)
+        return True
+    except (ValueError, TypeError):
+        return False
+
+
+def _problem(p) -> str | None:
+    if not isinstance(p, dict):
+        return "problem is not an object"
+    if not isinstance(p.get("op"), str) or p["op"] not in OPS:
+        return f"unknown op {p.get('op')!r}"
+    for d in DIMS:
+        if not (_int(p.get(d)) and 0 <= p[d] < MAX_DIM):
+            return f"problem.{d} is not a size"
+    for key in ("dtype", "out_dtype"):
+        if not isinstance(p.get(key), str) or p[key] not in DTYPES_BY_NAME:
+            return f"problem.{key} {p.get(key)!r} is not a dtype"
+    for key in ("stride_a", "stride_b"):
+        s = p.get(key)
+        if not (isinstance(s, list) and len(s) == 2 and all(_int(x) and 0 <= x < MAX_DIM for x in s)):
+            return f"problem.{key} is not two strides"
+    if not all(_int(p.get(k)) and p[k] in ALIGNMENTS for k in ("align_a", "align_b")):
+        return "problem alignment is not 1, 2, 4, 8 or 16"
+    if not isinstance(p.get("device"), str) or p["device"] not in ("cuda", "cpu") or not (_int(p.get("arch")) and 0 <= p["arch"] < 1000):
+        return "problem device/arch unknown"
+    if not isinstance(p.get("device_name"), str) or not isinstance(p.get("precision", ""), str) \
+            or p.get("precision", "") not in PRECISIONS:
+        return "problem device name or precision malformed"
+    dyn = p.get("dynamic", [])
+    if not (isinstance(dyn, list) and all(isinstance(d, str) and d in DIMS for d in dyn)):
+        return "problem.dynamic malformed"
+    extra = set(p) - {"op", *DIMS, "dtype", "out_dtype", "stride_a", "stride_b", "align_a", "align_b", "device",
+                      "arch", "device_name", "precision", "dynamic"}
+    return f"unknown problem fields {sorted(extra)}" if extra else None
+
+
+def _choice(name, c) -> str | None:
+    if not isinstance(c, dict):
+        return f"choice {name!r} is not an object"
+    family = BY_NAME.get(c.get("template")) if isinstance(c.get("template"), str) else None
+    if family is None:
+        return f"choice {name!r}: unknown template {c.get('template')!r}"
+    if c.get("backend") != family.backend:
+        return f"choice {name!r}: backend {c.get('backend')!r} does not build {family.name}"
+    if not isinstance(c.get("dtype"), str) or c["dtype"] not in DTYPES_BY_NAME:
+        return f"choice {name!r}: dtype {c.get('dtype')!r}"
+    cfg = c.get("config")
+    if cfg is not None:
+        if not (isinstance(cfg, dict) and set(cfg) <= set(CONFIG_RANGES) and
+                all(_int(cfg.get(k)) and lo <= cfg[k] <= hi for k, (lo, hi) in CONFIG_RANGES.items()
+                    if k in cfg or k != "group_m")):
+            return f"choice {name!r}: config out of range"
+    params = c.get("params", [])
+    if not isinstance(params, list):
+        return f"choice {name!r}: params malformed"
+    for pair in params:
+        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and pair[0] in PARAMS
+                and PARAMS[pair[0]](pair[1])):
+            return f"choice {name!r}: parameter {pair!r} unknown or out of range"
+    if set(c) - {"backend", "template", "dtype", "config", "params"}:
+        return f"choice {name!r}: unknown fields"
+    built = Choice(c["backend"], c["template"], c["dtype"], GemmConfig.from_dict(cfg) if cfg else None,
+                   tuple((k, v) for k, v in params))
+    return None if built.name == name else f"choice {name!r} spells {built.name!r}"
+
+
+def problems(data) -> str | None:
+    """Why this stored selection cannot be used, or None when it passes. Never raises."""
+    try:
+        return _problems(data)
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:     # a shape no check foresaw
+        return f"malformed ({type(e).__name__}: {e})"
+
+
+def _problems(data) -> str | None:
+    if not isinstance(data, dict):
+        return "not an object"
+    if data.get("schema") != SCHEMA_VERSION:
+        return f"schema {data.get('schema')!r}, expected {SCHEMA_VERSION}"
+    why = _problem(data.get("problem"))
+    if why:
+        return why
+    choices = data.get("choices")
+    if not (isinstance(choices, dict) and choices):
+        return "no choices"
+    for name, c in choices.items():
+        why = _choice(name, c)
+        if why:
+            return why
+    if not isinstance(data.get("winner"), str) or data["winner"] not in choices:
+        return "the winner is not among the choices"
+    timings = data.get("timings")
+    if not (isinstance(timings, dict) and all(isinstance(t, str) or _number(t) for t in timings.values())):
+        return "timings malformed"
+    if not isinstance(timings.get(data["winner"]), (int, float)):
+        return "the winner has no time"
+    for key in ("details", "fingerprint", "stage_seconds"):
+        if not isinstance(data.get(key, {}), dict):
+            return f"{key} is not an object"
+    if not all(_number(v) for v in data.get("stage_seconds", {}).values()):
+        return "stage_seconds malformed"
+    if not all(isinstance(v, dict) for v in data.get("details", {}).values()):
+        return "details malformed"
+    for key in ("notes", "unavailable"):
+        if not (isinstance(data.get(key, []), list) and all(isinstance(s, str) for s in data.get(key, []))):
+            return f"{key} malformed"
+    for key in ("tune_seconds", "created"):
+        if not _number(data.get(key, 0.0)):
+            return f"{key} is not a time"
+    return None

@@ -1,0 +1,195 @@
+"""GPU: every default CUTLASS choice vs torch over ragged shapes and layouts, isolation of a faulting kernel,
+shape-agnostic binaries, and CUTLASS inside kernels.mm. Run on the device: `pytest -m gpu tests/gpu/test_cutlass.py`.
+
+Binaries are shared across the tests of this module (one artifact cache dir), so each is compiled once. `pytest -m
+gpu` checks one mm and one int8 problem's every default choice (41 binaries with the other tests here);
+`pytest -m gpu_sweep` the other shapes and layouts (about 125 binaries in all)."""
+import os
+import subprocess
+
+import pytest
+import torch
+
+import kernels
+from backends import get_backend
+from backends.cutlass import publish_marker
+from kernels.core.problem import GemmProblem
+from kernels.measure.timing import Timing
+from tests.helpers import gpu_grid
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cutlass_gpu_cache")
+
+
+@pytest.fixture
+def backend(shared_cache):
+    kernels.config.cache_dir = str(shared_cache)      # after conftest's per-test reset
+    b = get_backend("cutlass")
+    probe = GemmProblem.from_tensors("mm", *_operands(128, 128, 128, "row", "row", torch.bfloat16))
+    ok, why = b.available(probe)
+    if not ok:
+        pytest.skip(f"CUTLASS backend unavailable: {why}")
+    return b
+
+
+def _operand(rows, cols, layout, dtype):
+    def rand(r, c):
+        if dtype == torch.int8:
+            return torch.randint(-128, 128, (r, c), dtype=torch.int8, device="cuda")
+        return torch.randn(r, c, device="cuda").to(dtype)
+    return rand(rows, cols) if layout == "row" else rand(cols, rows).t()
+
+
+def _operands(m, n, k, la, lb, dtype):
+    return _operand(m, k, la, dtype), _operand(k, n, lb, dtype)
+
+
+def _rel_err(c, ref):
+    ref = ref.double()
+    return float((c.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def _check_every_choice(backend, op, a, b):
+    problem = GemmProblem.from_tensors(op, a, b)
+    chosen, skipped = backend.choices(problem)
+    assert chosen, f"no CUTLASS choice for {problem.short()}: {skipped}"
+    outcomes = backend.build(problem, chosen)
+    failed = {o.choice.name: o.error for o in outcomes if o.runner is None}
+    assert not failed, failed
+    runners = [o.runner for o in outcomes]
+    assert all(r.isolated for r in runners)
+    # first in the child (verify + time with kernels.verify / kernels.timing): a fault here cannot hurt us
+    measured = backend.measure_isolated(problem, runners, 5.0)
+    bad = {n: r for n, r in measured.items() if not isinstance(r, Timing)}
+    assert not bad, bad
+    # then in this process, against aten itself
+    if op == "mm":
+        ref = torch.mm(a, b)
+    else:
+        ref = torch._int_mm(a, b) if problem.m > 16 and problem.k % 8 == 0 and problem.n % 8 == 0 else \
+            (a.double() @ b.double()).to(torch.int32)
+    for r in runners:
+        out = r.launch(a, b, None)
+        torch.cuda.synchronize()
+        assert out.shape == ref.shape and out.dtype == ref.dtype, r.choice.name
+        if op == "mm":
+            assert _rel_err(out, a.double() @ b.double()) < 1e-2, r.choice.name
+        else:
+            assert torch.equal(out, ref), r.choice.name
+    # a preallocated, strided `out` goes through the staging copy
+    wide = torch.empty(problem.m, problem.n + 3, dtype=ref.dtype, device="cuda")
+    out = wide[:, :problem.n]
+    runners[0].launch(a, b, out)
+    torch.cuda.synchronize()
+    if op == "mm":
+        assert _rel_err(out, a.double() @ b.double()) < 1e-2
+    else:
+        assert torch.equal(out, ref)
+    return problem, chosen
+
+
+MM_CASES = [  # (m, n, k, layout a, layout b): big, ragged-but-aligned, small M (swap), odd N (sm80 narrow)
+    (4096, 4096, 4096, "row", "row"),
+    (1000, 3000, 520, "row", "row"),
+    (1000, 3000, 520, "col", "col"),
+    (129, 200, 72, "row", "col"),
+    (16, 4096, 4096, "row", "row"),
+    (77, 1001, 130, "row", "col"),
+]
+# fp16 shares bf16's code paths: its ragged shape alone keeps compiles down
+MM_GRID = [(torch.bfloat16, *case) for case in MM_CASES] + \
+    [(torch.float16, *case) for case in MM_CASES if case[:3] == (1000, 3000, 520)]
+INT8_GRID = [(4096, 4096, 4096), (1024, 22016, 4096), (33, 1000, 4112), (17, 4096, 4096)]
+
+
+@pytest.mark.parametrize("dtype,m,n,k,la,lb", gpu_grid(MM_GRID, [(torch.bfloat16, 1000, 3000, 520, "row", "row")]))
+def test_every_default_mm_choice_matches_torch(backend, dtype, m, n, k, la, lb):
+    _check_every_choice(backend, "mm", *_operands(m, n, k, la, lb, dtype))
+
+
+@pytest.mark.parametrize("m,n,k", gpu_grid(INT8_GRID, [(1024, 22016, 4096)]))
+def test_every_default_int8_choice_matches_int_mm(backend, m, n, k):
+    _check_every_choice(backend, "int_mm", *_operands(m, n, k, "row", "col", torch.int8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("la,lb", [("row", "row"), ("col", "col"), ("col", "row")])
+def test_int8_other_layouts_are_excluded_not_attempted(backend, la, lb):
+    a, b = _operands(256, 256, 256, la, lb, torch.int8)
+    chosen, skipped = backend.choices(GemmProblem.from_tensors("int_mm", a, b))
+    assert chosen == [] and all("A row-major and B column-major" in why for why in skipped.values())
+
+
+@pytest.mark.gpu
+def test_second_shape_compiles_nothing(backend):
+    a, b = _operands(2048, 2048, 2048, "row", "row", torch.bfloat16)
+    p1 = GemmProblem.from_tensors("mm", a, b)
+    chosen, _ = backend.choices(p1)
+    backend.build(p1, chosen)
+    a2, b2 = _operands(1536, 3072, 1024, "row", "row", torch.bfloat16)
+    p2 = GemmProblem.from_tensors("mm", a2, b2)
+    outcomes = backend.build(p2, chosen)
+    assert all(o.runner is not None and not o.compiled for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        assert _rel_err(o.runner.launch(a2, b2, None), a2.double() @ b2.double()) < 1e-2
+
+
+FAULT_SOURCE = r"""
+#include <cstddef>
+#include <cstdint>
+#include <cuda_runtime.h>
+__global__ void poke(int* p) { p[threadIdx.x] = 1; }
+extern "C" int kernels_cutlass_workspace_size(int, int, int, int, size_t* bytes) { *bytes = 0; return 0; }
+extern "C" int kernels_cutlass_run(const void*, const void*, void*, int, int, int, int64_t, int64_t, int64_t, void*,
+                                   int, void* stream) {
+  poke<<<1, 32, 0, static_cast<cudaStream_t>(stream)>>>(reinterpret_cast<int*>(0x10));   // unmapped address
+  return cudaGetLastError() == cudaSuccess ? 0 : 1;
+}
+"""
+
+
+@pytest.mark.gpu
+def test_faulting_kernel_in_child_leaves_caller_working(backend, tmp_path):
+    # fp16 col x row is used by no other test here, so the planted binary shares no path with a loaded one
+    a, b = _operands(512, 512, 512, "col", "row", torch.float16)
+    problem = GemmProblem.from_tensors("mm", a, b)
+    chosen, _ = backend.choices(problem)
+    bad_choice = chosen[0]
+    key, paths, _ = backend.artifact_paths(problem, bad_choice)
+    good_choice = next(c for c in chosen[1:] if backend.artifact_paths(problem, c)[0] != key)
+    # plant a faulting binary as the artifact of `bad_choice`, marker and all, so the normal load path picks it up
+    paths.root.mkdir(parents=True, exist_ok=True)
+    src = tmp_path / "fault.cu"
+    src.write_text(FAULT_SOURCE)
+    built = paths.root / ".fault.so.tmp"
+    subprocess.run([str(backend.tools.nvcc), "-shared", "-Xcompiler", "-fPIC", f"-arch=sm_{problem.arch}", "-o",
+                    str(built), str(src)], check=True, capture_output=True)
+    os.replace(built, paths.binary)      # a new inode: never rewrite a file some process may have mapped
+    publish_marker(paths, key, {"choice": bad_choice.name, "planted": "fault test"})
+    outcomes = backend.build(problem, [bad_choice, good_choice])
+    assert all(o.runner is not None for o in outcomes), [o.error for o in outcomes]
+    results = backend.measure_isolated(problem, [o.runner for o in outcomes], 5.0)
+    assert isinstance(results[bad_choice.name], str) and "crashed" in results[bad_choice.name]
+    assert "illegal" in results[bad_choice.name].lower() or "status" in results[bad_choice.name]
+    assert isinstance(results[good_choice.name], Timing)       # ran in a fresh child after the fault
+    # the caller's context is intact: aten and a good CUTLASS runner still work here
+    torch.cuda.synchronize()
+    assert _rel_err(torch.mm(a, b), a.double() @ b.double()) < 1e-2
+    out = outcomes[1].runner.launch(a, b, None)
+    torch.cuda.synchronize()
+    assert _rel_err(out, a.double() @ b.double()) < 1e-2
+    paths.marker.unlink()       # leave no poisoned artifact in the shared cache
+
+
+@pytest.mark.gpu
+def test_kernels_mm_with_cutlass_backend(backend):
+    kernels.config.backends = ("aten", "triton", "cutlass")
+    a, b = _operands(2048, 2048, 2048, "row", "col", torch.bfloat16)
+    c = kernels.mm(a, b)
+    assert _rel_err(c, a.double() @ b.double()) < 1e-2
+    sel = kernels.explain(a, b)
+    timed = [n for n, t in sel.timings.items() if n.startswith("cutlass") and isinstance(t, float)]
+    assert timed, sel.failures()
+    a8, b8 = _operands(1024, 4096, 4096, "row", "col", torch.int8)
+    assert torch.equal(kernels.int_mm(a8, b8), torch._int_mm(a8, b8))

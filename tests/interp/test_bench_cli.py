@@ -1,0 +1,56 @@
+"""bench.compare end to end without a GPU: a subprocess on the tiny suite (Triton under the interpreter)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="exercises the no-GPU mode")
+
+
+def _run(args, tmp_path, timeout=240):
+    env = dict(os.environ, KERNELS_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(REPO))
+    env.pop("TRITON_INTERPRET", None)       # the command must set it itself
+    return subprocess.run([sys.executable, "-m", "bench.compare", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_no_gpu_tiny_end_to_end(tmp_path):
+    shapes = tmp_path / "one.csv"
+    shapes.write_text("M,N,K\n17,33,65\n")
+    out = tmp_path / "r.json"
+    res = _run(["--backends", "aten,triton,cutlass,inductor", "--shapes", str(shapes), "--dtype", "fp16",
+                "--json", str(out), "--csv", str(tmp_path / "r.csv")], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stderr.startswith("No GPU: a correctness-only run") and "NO GPU" in res.stdout
+    assert "CUTLASS: compile-only" in res.stderr          # asked for, so built for sm90 (not run)
+    triton_row = next(ln for ln in res.stdout.splitlines() if " triton " in ln)
+    assert "verified" in triton_row and "unsupported" in triton_row     # e.g. "26 / 26, 2 unsupported"
+    data = json.loads(out.read_text())
+    assert data["mode"] == "cpu-interpreter"
+    cells = data["shapes"][0]["cells"]
+    assert cells["triton"]["status"] == "ok" and cells["triton"]["best"].startswith("triton_mm_fp16_")
+    assert cells["inductor"]["status"] == "unavailable"
+    assert cells["cutlass"]["status"] in ("unavailable", "failed", "ok")   # whether or not the backend exists yet
+    assert data["shapes"][0]["kernels_mm"]["status"] == "ok"
+    assert (tmp_path / "r.csv").read_text().count("17,33,65") >= 4
+
+
+def test_issue_command_on_tiny_suite(tmp_path):
+    res = _run(["--backends", "aten,triton", "--shapes", "tiny", "--dtype", "fp16", "--only", "_s[23]_",
+                "--no-kernels-mm", "--quiet"], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "64x64x64" in res.stdout and "17x33x65" in res.stdout and "correctness over 2 shapes" in res.stdout
+    assert "geomean" not in res.stdout and "vs aten" not in res.stdout      # correctness only: no speedups
+    assert res.stderr.startswith("No GPU") and "[" not in res.stderr           # --quiet: the banner, no notes
+
+
+def test_bad_shapes_file_is_a_usage_error(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("1,2,3\n4,five,6\n")
+    res = _run(["--shapes", str(bad)], tmp_path, timeout=120)
+    assert res.returncode == 2 and "row 2: N='five'" in res.stderr

@@ -1,0 +1,101 @@
+"""Compile-only with nvcc: one sm80 and one sm90 config through the backend's ninja path (no GPU needed).
+The sm90 file takes ~30 s and ~3 GB on 2 cores: keep this set small."""
+import ctypes
+import glob
+import os
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from backends.cutlass import ArtifactPaths, CutlassBackend, run_ninja
+from backends.cutlass_render import BuildJob, render, spec_for
+from kernels.core.choice import Choice
+from kernels.space.heuristics_cutlass import CutlassConfig
+from kernels.core.toolchain import resolve
+from tests.helpers import problem
+
+TOOLS = resolve()
+needs_toolchain = pytest.mark.skipif(not TOOLS.usable or shutil.which("ninja") is None,
+                                     reason=f"nvcc/CUTLASS/ninja missing: {TOOLS.message or 'ninja not on PATH'}")
+pytestmark = [pytest.mark.slow, needs_toolchain]
+
+
+def cuobjdump() -> str | None:
+    candidates = [shutil.which("cuobjdump")]
+    if TOOLS.nvcc is not None:
+        candidates.append(str(TOOLS.nvcc.parent / "cuobjdump"))
+    try:
+        import triton
+
+        candidates.append(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump"))
+    except ImportError:
+        pass
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+def build_one(tmp_path: Path, p, template: str, cfg: CutlassConfig) -> ArtifactPaths:
+    c = Choice("cutlass", template, p.dtype, None, cfg.params())
+    spec = spec_for(p, c)
+    paths = ArtifactPaths(tmp_path / "artifact")
+    paths.root.mkdir(parents=True)
+    paths.source.write_text(render(spec))
+    run_ninja(str(TOOLS.nvcc), [BuildJob(paths.source, paths.binary, paths.log, spec.flags,
+                                         TOOLS.cutlass.include_dirs)], tmp_path / "batches", 2)
+    assert paths.binary.exists(), paths.log.read_text()[-3000:]
+    assert not glob.glob(str(paths.root / "*.tmp")), "a temp binary was left behind"
+    lib = ctypes.CDLL(str(paths.binary))
+    assert lib.kernels_cutlass_run and lib.kernels_cutlass_workspace_size
+    return paths
+
+
+def test_compile_sm80_int8(tmp_path):
+    cfg = CutlassConfig(64, 64, 128, schedule="", stages=4, warps_m=2, warps_n=2, align=16, align_c=4)
+    paths = build_one(tmp_path, problem(256, 256, 256, dtype="int8", la="row", lb="col", arch=80),
+                      "cutlass2x_sm80_int8_mm", cfg)
+    tool = cuobjdump()
+    if tool:
+        sass = subprocess.run([tool, "--dump-sass", str(paths.binary)], capture_output=True, text=True).stdout
+        assert "IMMA" in sass
+
+
+def test_compile_sm90_bf16_holds_hgmma(tmp_path):
+    cfg = CutlassConfig(128, 128, 64, 2, 1, "coop", align=8, align_c=8)
+    paths = build_one(tmp_path, problem(1024, 1024, 1024, la="row", lb="col"), "cutlass3x_sm90_mm", cfg)
+    tool = cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump to inspect the SASS")
+    sass = subprocess.run([tool, "--dump-sass", str(paths.binary)], capture_output=True, text=True).stdout
+    assert "HGMMA" in sass and ".BF16" in sass
+
+
+def test_failed_compile_keeps_source_and_log(tmp_path, monkeypatch):
+    """A source that does not compile: the failure text points at the saved source and compiler log."""
+    import backends.cutlass as cutlass_mod
+
+    monkeypatch.setattr(cutlass_mod, "render", lambda spec: "#error deliberately broken\n")
+    backend = CutlassBackend(TOOLS)
+    c = Choice("cutlass", "cutlass2x_sm80_mm", "bf16", None,
+               CutlassConfig(64, 64, 64, schedule="", stages=3, warps_m=2, warps_n=2, align=8, align_c=8).params())
+    [outcome] = backend.build(problem(arch=80), [c])
+    assert outcome.runner is None and outcome.compiled
+    assert "deliberately broken" in outcome.error
+    src = outcome.error.split("(source ")[1].split(",")[0]
+    log = outcome.error.split("log ")[-1].rstrip(")")
+    assert Path(src).read_text() == "#error deliberately broken\n" and "deliberately broken" in Path(log).read_text()
+    assert not (Path(src).parent / "meta.json").exists()
+
+
+def test_run_time_twins_share_one_build(tmp_path, monkeypatch):
+    """sm90 choices differing only in swizzle (a run-time argument) map to one artifact and one ninja edge."""
+    import backends.cutlass as cutlass_mod
+
+    monkeypatch.setattr(cutlass_mod, "render", lambda spec: "#error twin\n")
+    cfg = CutlassConfig(128, 128, 64, 1, 1, "coop", align=8, align_c=8)
+    twins = [Choice("cutlass", "cutlass3x_sm90_mm", "bf16", None, c.params()) for c in (cfg, replace(cfg, swizzle=8))]
+    outcomes = CutlassBackend(TOOLS).build(problem(), twins)
+    assert [o.runner for o in outcomes] == [None, None]
+    assert all("#error twin" in o.error and "(no compiler log)" not in o.error for o in outcomes)
+    assert outcomes[0].error == outcomes[1].error

@@ -1,0 +1,74 @@
+"""Isolated measurement (backends/isolated_child.py) end to end on CPU: Triton candidates verified and timed in a
+child process through the interpreter, and a candidate whose child dies (fault injection) loses without taking the
+caller down. On the GPU the same path guards against illegal-address faults (tests/gpu/test_cutlass.py)."""
+import re
+
+import pytest
+import torch
+
+import kernels
+from backends import isolated_child
+from backends.triton import TritonBackend
+from kernels.core.config import interpret_mode
+from kernels.core.problem import GemmProblem
+from tests.triton_helpers import assert_close, operand
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not interpret_mode(),
+                                reason="needs a GPU, or TRITON_INTERPRET=1 (set on machines without CUDA)")
+
+
+def operands(m, k, n, lb):
+    return operand(m, k, "row", torch.float16).to(DEVICE), operand(k, n, lb, torch.float16).to(DEVICE)
+
+
+def two_triton_choices(a, b) -> list[str]:
+    choices, _ = TritonBackend().choices(GemmProblem.from_tensors("mm", a, b))
+    names = [c.name for c in choices if c.template == "triton_mm"][:2]
+    assert len(names) == 2
+    return names
+
+
+@pytest.fixture
+def isolated_triton(isolated_cache, monkeypatch):
+    kernels.config.backends = ("triton",)
+    monkeypatch.setattr(TritonBackend, "isolated", True)
+    kernels.config.bench_budget_ms = 2.0
+
+
+def test_isolated_triton_candidates_are_measured_in_a_child(isolated_triton):
+    a, b = operands(17, 65, 33, "col")
+    names = two_triton_choices(a, b)
+    kernels.config.only = "|".join("^" + re.escape(n) + "$" for n in names)
+    assert_close(kernels.mm(a, b), a, b)
+    sel = kernels.explain(a, b)
+    assert sel.winner in names
+    for n in names:
+        assert isinstance(sel.timings[n], float), sel.timings[n]
+        assert sel.details[n]["measured_in"] == "child"
+
+
+def test_a_candidate_whose_child_dies_loses_and_the_caller_goes_on(isolated_triton, monkeypatch):
+    a, b = operands(20, 48, 24, "row")
+    names = two_triton_choices(a, b)
+    kernels.config.only = "|".join("^" + re.escape(n) + "$" for n in names)
+    monkeypatch.setattr(isolated_child, "FAULT_INJECTION", names[0])    # the child SIGSEGVs when it starts this one
+    assert_close(kernels.mm(a, b), a, b)
+    sel = kernels.explain(a, b)
+    assert sel.winner == names[1]
+    assert sel.timings[names[0]].startswith("crashed: isolated child exited with status"), sel.timings[names[0]]
+    assert isinstance(sel.timings[names[1]], float)          # measured by a fresh child after the crash
+    assert_close(kernels.mm(a, b), a, b)                     # this process is unharmed
+
+
+def test_padded_triton_choices_inherit_isolation(isolated_triton):
+    kernels.config.backends = ("padded",)
+    a, b = operands(17, 65, 33, "row")     # misaligned rows
+    kernels.config.only = "^padded_aten_mm$|^padded_triton_mm_"
+    assert_close(kernels.mm(a, b), a, b)
+    sel = kernels.explain(a, b)
+    timed = {n for n, t in sel.timings.items() if isinstance(t, float)}
+    triton = {n for n in timed if n.startswith("padded_triton_mm_")}
+    assert triton and "padded_aten_mm" in timed
+    assert all(sel.details[n]["measured_in"] == "child" for n in triton)
+    assert sel.details["padded_aten_mm"].get("measured_in") != "child"

@@ -1,0 +1,32 @@
+"""Persistent TMA template: when descriptors can describe the problem, and interpreter correctness (aligned
+strides, both layouts, M/N smaller than a block, K not a multiple of the block, persistent loop over several
+tiles per program)."""
+import pytest
+import torch
+
+from backends.triton_templates import family
+from backends.triton_templates.tma import tma_unsupported
+from kernels.core.config import interpret_mode
+from tests.helpers import problem
+from tests.triton_helpers import assert_close, build_offered, operand
+
+
+def test_descriptor_rules():
+    assert tma_unsupported(problem()) == ""
+    assert "sm90" in tma_unsupported(problem(arch=80))
+    assert "leading" in tma_unsupported(problem(k=4095))
+    assert "output rows" in tma_unsupported(problem(n=4095, stride_b=(4096, 1)))
+    choices, _ = family("triton_tma_mm").choices(problem(), "triton_tma_mm", "default")
+    assert choices and all(c.config.num_warps >= 4 for c in choices)
+    assert any(dict(c.params).get("sub") for c in choices)          # 128x256 tiles get a subtiled epilogue too
+
+
+@pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int8])
+@pytest.mark.parametrize("m,n,k,la,lb", [(40, 48, 80, "row", "row"), (130, 72, 64, "row", "col"),
+                                         (200, 160, 96, "col", "col"), (8, 16, 48, "col", "row")])
+def test_tma_matches_torch(dtype, m, n, k, la, lb):
+    a, b = operand(m, k, la, dtype), operand(k, n, lb, dtype)
+    template = "triton_tma_int8_mm" if dtype == torch.int8 else "triton_tma_mm"
+    for outcome in build_offered(template, a, b, limit=2):
+        assert_close(outcome.runner.launch(a, b, None), a, b)

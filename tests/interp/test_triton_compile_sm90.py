@@ -1,0 +1,120 @@
+"""Compile every Triton template for sm90 without a GPU, through the real worker pool, and read the SASS.
+
+The workers never see TRITON_INTERPRET, so this runs from the interpreter-mode test process too."""
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import triton
+
+from backends.triton import TritonBackend
+from backends.triton_render import render
+from backends.triton_templates import family
+from kernels.core.choice import Choice
+from kernels.core.fsutil import write_if_different
+from kernels.space.heuristics import GemmConfig
+from tests.helpers import problem
+
+pytestmark = pytest.mark.slow
+
+
+def cuobjdump() -> str | None:
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(bundled) if bundled.exists() else shutil.which("cuobjdump")
+
+
+def compile_jobs(backend, cases):
+    jobs = []
+    for i, (p, choice) in enumerate(cases):
+        for j, spec in enumerate(family(choice.template).specs(p, choice)):
+            path = backend.root / "src" / f"{choice.name}_{i}_{j}.py"
+            write_if_different(path, render(spec))
+            job = backend._job(p, spec, path)
+            job["id"] = len(jobs)
+            jobs.append(job)
+    results = backend._get_pool().map(jobs, timeout_s=600)
+    return [dict(r, kernel=job["kernel_name"]) for r, job in zip(results, jobs)]
+
+
+def test_templates_compile_for_sm90_with_wgmma():
+    backend = TritonBackend()
+    cfg = GemmConfig(128, 128, 64, 3, 4)
+    cases = [(problem(dtype="bf16"), Choice("triton", "triton_mm", "bf16", cfg)),
+             (problem(dtype="fp16", stride_b=(1, 4096)), Choice("triton", "triton_mm", "fp16", cfg)),
+             (problem(dtype="int8", op="int_mm", stride_b=(1, 4096)), Choice("triton", "triton_int8_mm", "int8", cfg)),
+             (problem(m=100, n=50, k=70, dtype="bf16"), Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64, 32, 2, 4))),
+             (problem(m=64, n=64, k=8192, dtype="bf16"),
+              Choice("triton", "split_k", "bf16", GemmConfig(64, 64, 64, 4, 4), (("split", 16),))),
+             (problem(m=64, n=64, k=8192, dtype="int8", op="int_mm", stride_b=(1, 8192)),
+              Choice("triton", "split_k", "int8", GemmConfig(64, 64, 64, 4, 4), (("split", 16),))),
+             (problem(m=64, n=64, k=8192, dtype="bf16"), Choice("triton", "decompose_k", "bf16", None, (("split", 8),))),
+             (problem(dtype="bf16"), Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8),
+                                            (("sub", 1),))),
+             (problem(dtype="int8", op="int_mm", stride_b=(1, 4096)),
+              Choice("triton", "triton_tma_int8_mm", "int8", GemmConfig(128, 128, 128, 3, 8))),
+             (problem(m=2047, n=2047, k=2047, dtype="bf16"),
+              Choice("triton", "triton_padded_mm", "bf16", GemmConfig(128, 128, 64, 3, 8))),
+             (problem(m=2047, n=2047, k=2047, dtype="bf16"),
+              Choice("triton", "triton_padded_mm", "bf16", GemmConfig(128, 256, 64, 3, 8))),
+             (problem(m=2047, n=2047, k=2047, dtype="bf16"),
+              Choice("triton", "triton_padded_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8))),
+             (problem(m=2047, n=2047, k=2047, dtype="int8", op="int_mm"),
+              Choice("triton", "triton_padded_tma_int8_mm", "int8", GemmConfig(128, 256, 128, 3, 8))),
+             (problem(m=2047, n=2047, k=2047, dtype="int8", op="int_mm"),
+              Choice("triton", "triton_padded_int8_mm", "int8", GemmConfig(128, 256, 128, 3, 8))),
+             (problem(dtype="int8", op="int_mm"),
+              Choice("triton", "triton_kmajor_int8_mm", "int8", GemmConfig(128, 256, 128, 3, 8)))]
+    try:
+        results = compile_jobs(backend, cases)
+    finally:
+        backend.close()
+    assert all(r["ok"] for r in results), [r.get("error") for r in results]
+    tool = cuobjdump()
+    for r in results:
+        if r["kernel"].endswith(("_reduce", "_pad", "_bt")):
+            continue        # decompose_k's reduction and the padding / transposing copies have no dot
+        group = backend.triton_cache_dir / r["cache_group"]
+        cubins = list(group.glob("*.cubin"))
+        meta = json.loads(next(p for p in group.glob("*.json") if not p.name.startswith("__grp__")).read_text())
+        assert cubins and meta["target"]["arch"] == 90
+        if tool:
+            sass = subprocess.run([tool, "--dump-sass", str(cubins[0])], capture_output=True, text=True).stdout
+            assert "HGMMA" in sass or "IGMMA" in sass, "expected Hopper wgmma instructions in the SASS"
+            if r["kernel"].startswith(("triton_kmajor_int8_mm", "triton_padded_int8_mm", "triton_padded_tma_int8_mm")):
+                # their B copies are K-major so that no tile is transposed in registers (byte permutes)
+                assert "PRMT" not in sass, r["kernel"]
+
+
+def test_compile_failure_is_reported_not_raised(tmp_path):
+    backend = TritonBackend()
+    bad = tmp_path / "bad.py"
+    bad.write_text("import triton\n@triton.jit\ndef k(a_ptr):\n    undefined_name(a_ptr)\n")
+    job = {"id": 0, "module_path": str(bad), "kernel_name": "k", "signature": {"a_ptr": "*fp16"}, "div16": [],
+           "backend": "cuda", "arch": 90, "warp_size": 32, "options": {"num_warps": 4, "num_stages": 2}}
+    try:
+        (res,) = backend._get_pool().map([job], timeout_s=300)
+    finally:
+        backend.close()
+    assert not res["ok"] and "undefined_name" in res["error"]
+
+
+def test_built_names_what_the_artifact_store_holds(tmp_path, monkeypatch):
+    """After a build compiles a choice for sm90 (its load fails here: no GPU), `built` names it and not a sibling."""
+    import backends.triton as triton_backend
+    from kernels import config
+
+    config.cache_dir = str(tmp_path)
+    monkeypatch.setattr(triton_backend, "interpret_mode", lambda: False)
+    backend = TritonBackend()
+    p = problem(m=256, n=256, k=256, dtype="bf16")
+    done, other = (Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64, 32, s, 4)) for s in (2, 3))
+    try:
+        assert backend.built(p, [done, other]) == set()
+        (outcome,) = backend.build(p, [done])
+    finally:
+        backend.close()
+    assert outcome.compiled and "load failed" in (outcome.error or "")
+    assert backend.built(p, [done, other]) == {done.name}

@@ -1,0 +1,91 @@
+"""The harnesses in experiments/ on CPU: exhaustive_reference's problem list parses and it refuses to run without a
+GPU (the full exhaustive tune it makes is GPU work; bench/gpu_check.sh exhaustive runs it), the side-by-side it shares
+with fast_preset times both launches, fast_preset's summary, and host_bound_diag's refusal without a GPU (fast_preset's
+side-by-side of two built kernels: tests/interp/test_fast_preset.py)."""
+import argparse
+
+import pytest
+import torch
+
+from experiments import exhaustive_reference as er
+
+
+def test_problem_list_parses_and_rejects_bad_items():
+    assert er.parse_problems("int8:4000x4000x320, bf16:96X22016x4096") == [
+        ("int_mm", "int8", 4000, 4000, 320), ("mm", "bf16", 96, 22016, 4096)]
+    for bad in ("int8:4000x4000", "fp64:8x8x8", "bf16:0x8x8", "8x8x8"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            er.parse_problems(bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")
+def test_refuses_without_a_gpu():
+    with pytest.raises(SystemExit) as e:
+        er.main(["--problems", "int8:64x64x64"])
+    assert e.value.code == 2
+
+
+def test_timed_together_times_both_launches_over_the_rotated_sets():
+    """The side-by-side both fast_preset and exhaustive_reference judge by, on CPU."""
+    from experiments.fast_preset import timed_together
+    from kernels.core.problem import GemmProblem
+    from kernels.measure.verify import make_inputs
+
+    a = torch.randn(16, 32)
+    b = torch.randn(32, 8)
+    problem = GemmProblem.from_tensors("mm", a, b)
+    seen = {"a": 0, "b": 0}
+
+    def launch(name):
+        def run(x, y, out):
+            seen[name] += 1
+            return x @ y
+        return run
+
+    fast_ms, other_ms = timed_together(problem, make_inputs(problem, "cpu", seed=1), launch("a"), launch("b"), 1.0)
+    assert fast_ms > 0 and other_ms > 0
+    assert seen["a"] > 0 and seen["a"] == seen["b"]
+
+
+def test_fast_preset_summary_splits_new_shapes_by_whether_their_picks_were_built():
+    from experiments.fast_preset import summarize
+
+    def row(dtype, ratio, same, seconds, compiles):
+        return {"problem": ["mm", dtype, 64, 64, 64], "ratio": ratio, "same_run": {"ratio": same},
+                "fast_benchmarks": 6, "dataset_candidates": 60,
+                "new_shape": {"seconds": seconds, "compiles": compiles}}
+
+    rows = [row("bf16", 0.9, 1.0, 0.5, 0), row("bf16", 1.1, 1.02, 0.7, 0), row("bf16", 1.0, 0.95, 2.0, 3),
+            {"problem": ["int_mm", "int8", 8, 8, 8], "error": "no candidate"}]
+    s = summarize(rows)
+    assert list(s) == ["bf16"]
+    b = s["bf16"]
+    assert b["problems"] == 3 and b["worst"] == 1.1 and b["same_run_worst"] == 1.02
+    assert b["geomean"] == pytest.approx((0.9 * 1.1 * 1.0) ** (1 / 3))
+    assert (b["new_shape_warm"], b["new_shape_warm_max_s"], b["new_shape_compiled"], b["new_shape_compiled_max_s"]) \
+        == (2, 0.7, 1, 2.0)
+    assert b["timed_dataset"] / b["timed_fast"] == 10
+    assert b["gpu_time_problems"] == 0 and b["judged_worst"] == 1.02
+
+
+def test_fast_preset_summary_judges_short_calls_by_gpu_time():
+    """Where the side-by-side has GPU times (calls under 0.1 ms) they judge the pick; elsewhere the call times do."""
+    from experiments.fast_preset import summarize
+
+    rows = [{"problem": ["mm", "bf16", 24, 64, 64], "ratio": 1.2, "fast_benchmarks": 6, "dataset_candidates": 60,
+             "same_run": {"ratio": 0.98, "gpu_ratio": 1.2}, "new_shape": {"seconds": 0.5, "compiles": 0}},
+            {"problem": ["mm", "bf16", 4096, 64, 64], "ratio": 1.0, "fast_benchmarks": 6, "dataset_candidates": 60,
+             "same_run": {"ratio": 1.05}, "new_shape": {"seconds": 0.5, "compiles": 0}}]
+    b = summarize(rows)["bf16"]
+    assert b["same_run_worst"] == 1.05 and b["gpu_time_problems"] == 1
+    assert b["judged_worst"] == 1.2 and b["judged_geomean"] == pytest.approx((1.2 * 1.05) ** 0.5)
+
+
+def test_host_bound_diag_needs_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    from experiments.host_bound_diag import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--problems", "int8:64x64x65536"])
+    assert e.value.code == 2

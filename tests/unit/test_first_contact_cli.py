@@ -1,0 +1,61 @@
+"""First contact, the parts that run nothing: every bench option has help, the progress line is quiet off a
+terminal and shows the step and the count on one, and a cell's spread comes only from its median's own samples."""
+import argparse
+import io
+import sys
+
+import pytest
+
+from bench import compare, dynamic
+from bench.progress import RunProgress
+
+
+def test_spread_is_kept_only_from_the_medians_own_samples():
+    from bench.measure import spread_of
+
+    first_pass = {"median_ms": 6.18, "p20_ms": 1.34, "p80_ms": 6.53}
+    assert spread_of(first_pass, 6.18) == (1.34, 6.53)
+    # a finalist: its time is the final round's median, its details still the first pass's percentiles
+    assert spread_of({**first_pass, "first_pass_ms": 6.18, "retimed_ms": 2.36}, 2.36) == (None, None)
+
+
+@pytest.mark.parametrize("parser", [compare.build_parser(), dynamic.build_parser()], ids=["compare", "dynamic"])
+def test_every_option_has_help(parser):
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        assert action.help and action.help.strip() and action.help != argparse.SUPPRESS, action.option_strings
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_quiet_when_stderr_is_not_a_terminal():
+    stream = io.StringIO()
+    with RunProgress(2, stream=stream) as progress:
+        progress.step("64x64x64 fp16 nn: tuning aten+triton")
+        progress.advance()
+        progress.note("built 3 kernels")
+    assert stream.getvalue().endswith("] built 3 kernels\n") and "tuning" not in stream.getvalue()
+
+
+@pytest.mark.parametrize("rich", [True, False], ids=["rich", "plain"])
+def test_progress_on_a_terminal_shows_the_step_and_the_count(rich, monkeypatch):
+    if rich:
+        pytest.importorskip("rich")
+    else:
+        monkeypatch.setitem(sys.modules, "rich.progress", None)
+    stream = _Terminal()
+    with RunProgress(2, stream=stream) as progress:
+        progress.step("64x64x64 fp16 nn: tuning aten+triton")
+        progress.advance()
+        progress.note("built 3 kernels")
+        progress.step("17x33x65 fp16 nn: tuning aten+triton")
+        progress.advance()
+    out = stream.getvalue()
+    assert "built 3 kernels" in out and "tuning aten+triton" in out and "2/2" in out
+    with RunProgress(2, stream=_Terminal(), quiet=True) as progress:
+        progress.step("x")
+        assert progress.stream.getvalue() == ""

@@ -1,0 +1,213 @@
+"""Trust nothing on disk (issue 26): the cache root is checked before use, writes never follow links and degrade on a
+full or read-only disk, stored selections are checked against a schema and their winners re-verified, stale entries
+re-tuned, the warm tables bounded. Faults are injected (CI runs as root: chmod cannot make them)."""
+import errno
+import json
+import os
+import stat
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kernels
+from kernels.core import cache_root as cache_root_mod
+from kernels.core import fsutil
+from kernels.core.cache_root import CacheWarning, cache_root
+from kernels.dispatch import api, selected
+from kernels.store import entries
+from kernels.store.selections import SelectionStore
+
+
+@pytest.fixture(autouse=True)
+def fresh_checks(monkeypatch):
+    cache_root_mod.forget()
+    monkeypatch.setattr(entries, "_warned", set())
+    monkeypatch.setattr(selected, "_warned", set())
+    kernels.config.backends = ("aten",)
+    yield
+    cache_root_mod.forget()
+
+
+def _mm_ok() -> None:
+    a, b = torch.randn(24, 40), torch.randn(40, 8)
+    assert torch.allclose(kernels.mm(a, b), a @ b, atol=1e-5)
+
+
+def _ours(w) -> list:
+    return [x for x in w if issubclass(x.category, CacheWarning)]
+
+
+def test_a_private_root_is_used_and_new_folders_are_0700(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELS_CACHE_DIR", str(tmp_path / "a" / "b"))
+    old = os.umask(0o000)                       # the most permissive umask: our modes must not depend on it
+    try:
+        assert cache_root() == tmp_path / "a" / "b"
+        fsutil.atomic_write_text(tmp_path / "a" / "b" / "x" / "f.json", "{}")
+    finally:
+        os.umask(old)
+    for folder in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "x"):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(tmp_path / "a" / "b" / "x" / "f.json").st_mode) == 0o600
+
+
+@pytest.mark.parametrize("fault", ["world-writable", "another owner", "a regular file", "a symlink"])
+def test_an_unsafe_root_warns_once_and_a_private_cache_serves(tmp_path, monkeypatch, fault):
+    root = tmp_path / "cache"
+    if fault == "a regular file":
+        root.write_text("not a directory")
+    elif fault == "a symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        root.symlink_to(tmp_path / "elsewhere")
+    else:
+        root.mkdir(mode=0o700)
+        real = os.lstat
+
+        def fake_lstat(path):
+            st_ = real(path)
+            if Path(path) != root:
+                return st_
+            fields = list(st_)
+            if fault == "world-writable":
+                fields[stat.ST_MODE] = st_.st_mode | 0o777
+            else:
+                fields[stat.ST_UID] = st_.st_uid + 1
+            return os.stat_result(fields)
+
+        monkeypatch.setattr(cache_root_mod, "_lstat", fake_lstat)
+    monkeypatch.setenv("KERNELS_CACHE_DIR", str(root))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _mm_ok()
+        _mm_ok()
+        used = cache_root()
+    assert len(_ours(caught)) == 1, [str(w.message) for w in caught]
+    assert used != root and str(used).startswith(os.path.realpath(os.path.dirname(used)))
+    assert list(used.glob("selections/*.json")), "the private cache stores the selection"
+    if fault == "a symlink":
+        assert not list((tmp_path / "elsewhere").iterdir()), "nothing written through the link"
+
+
+def test_lock_files_never_follow_a_planted_link(tmp_path):
+    target = tmp_path / "target.txt"
+    target.write_text("precious")
+    lock = tmp_path / "locks" / "k.lock"
+    lock.parent.mkdir()
+    lock.symlink_to(target)
+    with fsutil.file_lock(lock, 5):
+        pass
+    assert target.read_text() == "precious" and not lock.is_symlink()
+
+
+def test_writes_replace_a_planted_link_instead_of_writing_through_it(tmp_path):
+    target = tmp_path / "target.txt"
+    target.write_text("precious")
+    (tmp_path / "entry.json").symlink_to(target)
+    fsutil.atomic_write_text(tmp_path / "entry.json", "{}")
+    assert target.read_text() == "precious" and (tmp_path / "entry.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES, errno.EROFS])
+def test_a_failed_write_warns_once_and_the_result_serves_from_memory(monkeypatch, code):
+    def refuse(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fsutil, "atomic_write_text", refuse)
+    monkeypatch.setattr(entries, "atomic_write_text", refuse)
+    monkeypatch.setattr(entries, "file_lock", refuse)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for m in (24, 25, 26):
+            a, b = torch.randn(m, 40), torch.randn(40, 8)
+            assert torch.allclose(kernels.mm(a, b), a @ b, atol=1e-5)
+    assert len(_ours(caught)) == 1 and os.strerror(code) in str(_ours(caught)[0].message)
+    assert kernels.stats()["tunes"] >= 3
+
+
+def _stored_entry(cache: Path) -> Path:
+    files = sorted((cache / "selections").glob("*.json"))
+    assert len(files) == 1
+    return files[0]
+
+
+def test_a_winner_that_fails_verification_when_loaded_is_retuned(isolated_cache, monkeypatch):
+    a, b = torch.randn(24, 40), torch.randn(40, 8)
+    kernels.mm(a, b)
+    kernels.clear_memory_cache()
+    real = selected.get_backend
+
+    class WrongBackend:                             # what a tampered entry's winner computes: NaN
+        def __init__(self, backend):
+            self.backend = backend
+
+        def build(self, problem, choices):
+            outcomes = self.backend.build(problem, choices)
+            for o in outcomes:
+                o.runner.launch = lambda a, b, out=None: torch.full((a.shape[0], b.shape[1]), float("nan"))
+            return outcomes
+
+    monkeypatch.setattr(selected, "get_backend", lambda name: WrongBackend(real(name)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tunes = kernels.stats()["tunes"]
+        out = kernels.mm(a, b)
+    assert any("failed verification" in str(w.message) for w in caught)
+    assert kernels.stats()["tunes"] == tunes + 1 and not torch.isnan(out).any()
+
+
+def test_a_selection_tuned_without_a_backend_is_retuned_once_it_can_serve(isolated_cache, monkeypatch):
+    a, b = torch.randn(24, 40), torch.randn(40, 8)
+    kernels.config.backends = ("aten", "triton")
+    triton = selected.get_backend("triton")
+    monkeypatch.setattr(type(triton), "available", lambda self, p: (False, "numpy is missing"))
+    kernels.mm(a, b)
+    assert json.loads(_stored_entry(isolated_cache).read_text())["selection"]["unavailable"] == ["triton"]
+    kernels.clear_memory_cache()
+    monkeypatch.undo()
+    kernels.config.backends = ("aten", "triton")
+    monkeypatch.setenv("KERNELS_CACHE_DIR", str(isolated_cache))
+    tunes = kernels.stats()["tunes"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kernels.mm(a, b)
+    assert kernels.stats()["tunes"] == tunes + 1
+    assert any("could not serve" in str(w.message) for w in caught)
+
+
+good = {"schema": 1, "winner": "aten_mm", "choices": {"aten_mm": {"backend": "aten", "template": "aten_mm",
+        "dtype": "fp32", "config": None, "params": []}}, "timings": {"aten_mm": 0.01}}
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=True)
+                           | st.text(max_size=8), lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=12)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(["schema", "winner", "choices", "timings", "problem", "details", "notes",
+                              "stage_seconds", "unavailable", "tune_seconds", "created", "fingerprint"]),
+       value=json_values)
+def test_any_json_in_a_selection_file_is_ignored_or_used_never_an_error(isolated_cache, field, value):
+    a, b = torch.randn(24, 40), torch.randn(40, 8)
+    kernels.clear_memory_cache()
+    kernels.mm(a, b)
+    path = _stored_entry(isolated_cache)
+    data = json.loads(path.read_text())
+    data["selection"][field] = value
+    path.write_text(json.dumps(data))
+    kernels.clear_memory_cache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.allclose(kernels.mm(a, b), a @ b, atol=1e-5)
+        store = SelectionStore()
+        store.get(data["key"])          # never raises, whatever the file holds
+
+
+def test_the_warm_tables_stay_bounded(monkeypatch):
+    kernels.config.max_problems = 16
+    b = torch.randn(8, 4)
+    for m in range(1, 200):
+        a = torch.randn(m, 8)
+        assert torch.allclose(kernels.mm(a, b), a @ b, atol=1e-5)
+    assert len(api._dispatch) <= 16 and len(selected._launchers) <= 16 and len(selected._selections) <= 16
