@@ -11,6 +11,7 @@ import pytest
 import triton
 
 from backends.triton import TritonBackend
+from backends.triton_modules import module_file_name
 from backends.triton_render import render
 from backends.triton_templates import family
 from kernels.core.choice import Choice
@@ -30,8 +31,9 @@ def compile_jobs(backend, cases):
     jobs = []
     for i, (p, choice) in enumerate(cases):
         for j, spec in enumerate(family(choice.template).specs(p, choice)):
-            path = backend.root / "src" / f"{choice.name}_{i}_{j}.py"
-            write_if_different(path, render(spec))
+            source = render(spec)
+            path = backend.root / "src" / module_file_name(f"{choice.name}_{i}_{j}", source)   # workers check it
+            write_if_different(path, source)
             job = backend._job(p, spec, path)
             job["id"] = len(jobs)
             jobs.append(job)
@@ -90,8 +92,9 @@ def test_templates_compile_for_sm90_with_wgmma():
 
 def test_compile_failure_is_reported_not_raised(tmp_path):
     backend = TritonBackend()
-    bad = tmp_path / "bad.py"
-    bad.write_text("import triton\n@triton.jit\ndef k(a_ptr):\n    undefined_name(a_ptr)\n")
+    source = "import triton\n@triton.jit\ndef k(a_ptr):\n    undefined_name(a_ptr)\n"
+    bad = tmp_path / module_file_name("bad", source)
+    bad.write_text(source)
     job = {"id": 0, "module_path": str(bad), "kernel_name": "k", "signature": {"a_ptr": "*fp16"}, "div16": [],
            "backend": "cuda", "arch": 90, "warp_size": 32, "options": {"num_warps": 4, "num_stages": 2}}
     try:
