@@ -129,7 +129,7 @@ ARTIFACT = {"triton_hash": "ab" * 32, "cache_group": "GROUP0", "compile_seconds"
 
 
 @pytest.mark.parametrize("bad", [
-    {"cache_group": "../elsewhere"}, {"cache_group": 7}, {"cache_group": ""}, {"arch": "90"}, {"arch": 80},
+    {"cache_group": "../triton_cache/GROUP0"}, {"cache_group": 7}, {"cache_group": ""}, {"arch": "90"}, {"arch": 80},
     {"arch": True}, {"kernel": "other"}, {"triton": "0.0"}, {"triton_hash": None}, {"compile_seconds": "1"},
     {"compile_seconds": float("nan")},
 ])
@@ -142,9 +142,8 @@ def test_malformed_artifact_record_is_a_miss(isolated_cache, monkeypatch, bad):
     (spec,) = family("triton_mm").specs(problem, choice)
     key = build_key(render(spec), spec, "cuda:90", triton_version())
     backend = TritonBackend()
-    for group in ("GROUP0", "elsewhere"):               # Triton's cache holds both folders
-        (backend.triton_cache_dir / group).mkdir(parents=True)
-        (backend.triton_cache_dir / group / "kernel.json").write_text("{}")
+    (backend.triton_cache_dir / "GROUP0").mkdir(parents=True)            # the compiled kernel's files
+    (backend.triton_cache_dir / "GROUP0" / "kernel.json").write_text("{}")
     record = backend.root / "artifacts" / f"{key}.json"
     record.parent.mkdir(parents=True)
     good = dict(ARTIFACT, kernel=spec.kernel_name, triton=triton_version(), arch=90)
