@@ -2,8 +2,9 @@
 shape-agnostic binaries, and CUTLASS inside kernels.mm. Run on the device: `pytest -m gpu tests/gpu/test_cutlass.py`.
 
 Binaries are shared across the tests of this module (one artifact cache dir), so each is compiled once. `pytest -m
-gpu` checks one mm and one int8 problem's every default choice (41 binaries with the other tests here);
-`pytest -m gpu_sweep` the other shapes and layouts (about 125 binaries in all)."""
+gpu` (one device call, <= 5 min on the H100) keeps only what builds one binary: the layouts int8 excludes and a
+faulting kernel isolated in a child; `pytest -m gpu_sweep` builds every default choice over the shapes and layouts
+(about 125 binaries: CUTLASS's nvcc builds took over 3 min of the H100's 16 cores for the 41 the gpu set used to hold)."""
 import os
 import subprocess
 
@@ -103,12 +104,12 @@ MM_GRID = [(torch.bfloat16, *case) for case in MM_CASES] + \
 INT8_GRID = [(4096, 4096, 4096), (1024, 22016, 4096), (33, 1000, 4112), (17, 4096, 4096)]
 
 
-@pytest.mark.parametrize("dtype,m,n,k,la,lb", gpu_grid(MM_GRID, [(torch.bfloat16, 1000, 3000, 520, "row", "row")]))
+@pytest.mark.parametrize("dtype,m,n,k,la,lb", gpu_grid(MM_GRID, []))
 def test_every_default_mm_choice_matches_torch(backend, dtype, m, n, k, la, lb):
     _check_every_choice(backend, "mm", *_operands(m, n, k, la, lb, dtype))
 
 
-@pytest.mark.parametrize("m,n,k", gpu_grid(INT8_GRID, [(1024, 22016, 4096)]))
+@pytest.mark.parametrize("m,n,k", gpu_grid(INT8_GRID, []))
 def test_every_default_int8_choice_matches_int_mm(backend, m, n, k):
     _check_every_choice(backend, "int_mm", *_operands(m, n, k, "row", "col", torch.int8))
 
@@ -121,7 +122,7 @@ def test_int8_other_layouts_are_excluded_not_attempted(backend, la, lb):
     assert chosen == [] and all("A row-major and B column-major" in why for why in skipped.values())
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu_sweep
 def test_second_shape_compiles_nothing(backend):
     a, b = _operands(2048, 2048, 2048, "row", "row", torch.bfloat16)
     p1 = GemmProblem.from_tensors("mm", a, b)
@@ -182,7 +183,7 @@ def test_faulting_kernel_in_child_leaves_caller_working(backend, tmp_path):
     paths.marker.unlink()       # leave no poisoned artifact in the shared cache
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu_sweep
 def test_kernels_mm_with_cutlass_backend(backend):
     kernels.config.backends = ("aten", "triton", "cutlass")
     a, b = _operands(2048, 2048, 2048, "row", "col", torch.bfloat16)

@@ -78,7 +78,7 @@ def test_padded_choices_equal_torch(dtype, m, n, k, la, lb):
             assert c.dtype == dtype and rel_err(c, a, b) < 1e-2
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu_sweep      # the tuning rules' GPU tests capture every finalist of a short problem under -m gpu
 @pytest.mark.parametrize("template", ["triton_mm", "split_k", "decompose_k", "triton_tma_mm", "triton_padded_mm",
                                       "triton_padded_tma_mm"])
 def test_device_time_capture_leaves_launchers_correct(template):
