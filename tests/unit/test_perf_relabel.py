@@ -101,3 +101,22 @@ def test_cli_labels_only_the_chosen_gpus_rows(tmp_path):
     append_rows(path, [rec(GPU, 0.010), rec("NVIDIA H200", 0.011, 0.004)])
     rows, gpu = _load_rows([str(path)], GPU, for_training=True)
     assert gpu == GPU and [(r.gpu, r.ms) for r in rows] == [(GPU, 0.010)]
+
+
+def test_relabel_times_with_the_gpu_timer_by_default_on_a_gpu(tmp_path, monkeypatch):
+    """Without a `gpu_time` argument, a machine with CUDA relabels with kernels.measure.timing.device_time_ms (an
+    import moved out of the function once left it None, and every problem failed with a TypeError)."""
+    import types
+
+    from tools.perf_model import relabel as relabel_mod
+
+    seen = []
+    monkeypatch.setattr(relabel_mod.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(relabel_mod.torch.cuda, "get_device_name", lambda *a: "cpu")
+    monkeypatch.setattr(relabel_mod, "device_time_ms", lambda call, n_sets: seen.append(n_sets) or 0.001)
+    monkeypatch.setattr(relabel_mod, "relabel_problem", lambda rows, gpu_time, device: [gpu_time(None, 1)] and [])
+    monkeypatch.setattr(relabel_mod, "read_dataset", lambda paths: ([], []))
+    key, group = ("int_mm", "int8", "int32", 64, 64, 256), [types.SimpleNamespace(ms=0.01)]
+    monkeypatch.setattr(relabel_mod, "plan", lambda rows, gpu, below_ms, top: [(key, group)])
+    relabel_mod.relabel([str(tmp_path / "d.csv")], str(tmp_path / "g.csv"), progress=lambda s: None)
+    assert seen == [1]

@@ -20,7 +20,7 @@ import torch
 
 from backends import get_backend
 from kernels.core.selection import Selection
-from kernels.measure.timing import HOST_SET_MAX_MS, user_call
+from kernels.measure.timing import HOST_SET_MAX_MS, device_time_ms, user_call
 from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
 from tools.perf_model.data import Row, append_rows, problem_of, problems_in, read_dataset, run_env, selection_rows
 
@@ -106,11 +106,11 @@ def relabel(paths: list[str], out: str, *, below_ms: float = DEFAULT_BELOW_MS, t
             progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> int:
     """Relabel the short problems of the dataset files `paths` (rows of this machine's GPU) into `out`, appending one
     problem at a time (an interrupted run keeps what it measured; problems already in `out` are skipped). Returns
-    rows written. `gpu_time(call, n_sets)`: the GPU timer (default kernels.timing.device_time_ms)."""
-
+    rows written. `gpu_time(call, n_sets)`: the GPU timer (default kernels.measure.timing.device_time_ms)."""
     if gpu_time is None:
         if not torch.cuda.is_available():
             raise RuntimeError("model relabel measures GPU time: it needs a CUDA GPU")
+        gpu_time = device_time_ms
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     rows, bad = read_dataset(paths)
