@@ -191,9 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
     exp.add_argument("--store", help="selection store directory (default: <cache dir>/selections)")
     exp.add_argument("--top-k", type=int, default=3, help="fastest choices kept per problem (default 3)")
-    exp.add_argument("--mode", choices=("add", "only"), default="add")
+    exp.add_argument("--mode", choices=("add", "only"), default="add",
+                     help="add: the table's choices join the usual candidates; only: they replace them (default add)")
     chk = lut.add_parser("check", help="validate a lookup table")
-    chk.add_argument("file")
+    chk.add_argument("file", help="the lookup table (JSON) to check")
 
     return parser
 

@@ -1,6 +1,7 @@
 """First contact, the parts that run nothing: every bench option has help, the progress line is quiet off a
 terminal and shows the step and the count on one, and a cell's spread comes only from its median's own samples."""
 import argparse
+import importlib
 import io
 import sys
 
@@ -59,3 +60,19 @@ def test_progress_on_a_terminal_shows_the_step_and_the_count(rich, monkeypatch):
     with RunProgress(2, stream=_Terminal(), quiet=True) as progress:
         progress.step("x")
         assert progress.stream.getvalue() == ""
+
+
+@pytest.mark.parametrize("module", ["kernels.__main__", "tools.perf_model.__main__"])
+def test_every_option_of_the_other_clis_has_help(module):
+    missing = []
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*path, name])
+            elif not action.help and action.dest != "help":
+                missing.append(" ".join([*path, *(action.option_strings or [action.dest])]))
+
+    walk(importlib.import_module(module).build_parser(), [])
+    assert not missing, f"{module}: options without help: {missing}"

@@ -193,9 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--gpu", help="use only rows from this GPU (needed when the data mixes GPUs)")
         p.add_argument("--top-k", type=int, default=5, help="benchmark space scored (default 5)")
         if name in ("train", "cv"):
-            p.add_argument("--seed", type=int, default=0)
-            p.add_argument("--steps", type=int, default=1500)
-            p.add_argument("--hidden", type=int, default=48)
+            p.add_argument("--seed", type=int, default=0, help="first member's seed (default 0): fits are reproducible")
+            p.add_argument("--steps", type=int, default=1500, help="optimiser steps per member (default 1500)")
+            p.add_argument("--hidden", type=int, default=48, help="hidden units of each MLP layer (default 48)")
             p.add_argument("--members", type=int, default=5, help="MLPs averaged (seeds seed..seed+members-1)")
         if name == "cv":
             p.add_argument("--shares", default="0,0.2,0.4,0.6",
