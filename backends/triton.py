@@ -28,7 +28,7 @@ from kernels.core import counters
 from kernels.core.cache_root import cache_root
 from kernels.core.choice import Choice
 from kernels.core.config import config, interpret_mode
-from kernels.core.fsutil import atomic_write_text, read_json
+from kernels.core.fsutil import atomic_write_text, file_sha256, read_json
 from kernels.core.problem import GemmProblem
 from kernels.space.families import TEMPLATE_OPS
 
@@ -185,7 +185,8 @@ class TritonBackend(Backend):
                 atomic_write_text(self.root / "artifacts" / f"{key}.json",
                                   _json({"kernel": job["kernel_name"], "triton_hash": res["hash"],
                                          "cache_group": res["cache_group"], "triton": triton_version(),
-                                         "arch": problem.arch, "compile_seconds": res.get("seconds")}))
+                                         "arch": problem.arch, "compile_seconds": res.get("seconds"),
+                                         "files": self._group_hashes(res["cache_group"])}))
         for key, (spec, path, _) in kernels.items():
             if key not in handles:
                 handles[key] = self._load(problem, spec, path, key, from_store=key not in compiled_now)
@@ -197,11 +198,24 @@ class TritonBackend(Backend):
         kernel is compiled again and the record rewritten)."""
         meta = read_json(self.root / "artifacts" / f"{key}.json")
         return (meta is not None and _artifact_record_valid(meta, spec.kernel_name, arch)
-                and self._in_triton_cache(meta["cache_group"]))
+                and self._group_intact(meta["cache_group"], meta.get("files")))
 
-    def _in_triton_cache(self, group: str) -> bool:
-        """The compiled kernel's files are still in Triton's cache (its metadata JSON is written last)."""
-        return any((self.triton_cache_dir / group).glob("*.json"))
+    def _group_hashes(self, group: str) -> dict[str, str]:
+        """sha256 of every file of a compiled kernel's folder in Triton's cache (cubin, metadata, IR)."""
+        folder = self.triton_cache_dir / group
+        return {p.name: file_sha256(p) for p in sorted(folder.iterdir()) if p.is_file()} if folder.is_dir() else {}
+
+    def _group_intact(self, group: str, files) -> bool:
+        """Triton loads the binary from its cache folder without a check of its own: the files there must be the
+        ones this backend recorded when it compiled them (a truncated or swapped cubin is a miss, compiled again)."""
+        if not (isinstance(files, dict) and files and all(isinstance(n, str) and _FILE_NAME.fullmatch(n)
+                                                          and isinstance(h, str) for n, h in files.items())):
+            return False
+        folder = self.triton_cache_dir / group
+        try:
+            return all(file_sha256(folder / name) == digest for name, digest in files.items())
+        except OSError:
+            return False
 
     def _load(self, problem, spec, module_path, key, from_store: bool):
         try:
@@ -233,6 +247,7 @@ class TritonBackend(Backend):
 # what a record's strings may hold: Triton's kernel hash is hex; its cache folder is one plain path component
 _HEX = re.compile(r"[0-9a-f]{16,128}")
 _CACHE_GROUP = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_FILE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 
 
 def _artifact_record_valid(meta: dict, kernel_name: str, arch: int) -> bool:

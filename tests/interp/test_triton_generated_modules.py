@@ -2,6 +2,7 @@
 their name: a .pyc planted in their __pycache__ is never run, an edited module is removed and rendered again (one
 warning), and a malformed artifact record is a miss. Interpreter (CPU) tests: a tiny fp16 problem, one choice."""
 import importlib.util
+import hashlib
 import json
 import os
 import py_compile
@@ -131,7 +132,8 @@ ARTIFACT = {"triton_hash": "ab" * 32, "cache_group": "GROUP0", "compile_seconds"
 @pytest.mark.parametrize("bad", [
     {"cache_group": "../triton_cache/GROUP0"}, {"cache_group": 7}, {"cache_group": ""}, {"arch": "90"}, {"arch": 80},
     {"arch": True}, {"kernel": "other"}, {"triton": "0.0"}, {"triton_hash": None}, {"compile_seconds": "1"},
-    {"compile_seconds": float("nan")},
+    {"compile_seconds": float("nan")}, {"files": {}}, {"files": {"../kernel.json": "00"}}, {"files": None},
+    {"files": {"kernel.json": "00" * 32}},
 ])
 def test_malformed_artifact_record_is_a_miss(isolated_cache, monkeypatch, bad):
     """A compiled kernel counts as built only when its artifact record is the one a compile of it would write."""
@@ -146,8 +148,34 @@ def test_malformed_artifact_record_is_a_miss(isolated_cache, monkeypatch, bad):
     (backend.triton_cache_dir / "GROUP0" / "kernel.json").write_text("{}")
     record = backend.root / "artifacts" / f"{key}.json"
     record.parent.mkdir(parents=True)
-    good = dict(ARTIFACT, kernel=spec.kernel_name, triton=triton_version(), arch=90)
+    good = dict(ARTIFACT, kernel=spec.kernel_name, triton=triton_version(), arch=90,
+                files={"kernel.json": hashlib.sha256(b"{}").hexdigest()})
     record.write_text(json.dumps(good))
     assert backend.built(problem, [choice]) == {choice.name}
     record.write_text(json.dumps(dict(good, **bad), allow_nan=True))
+    assert backend.built(problem, [choice]) == set()
+
+
+def test_a_changed_binary_in_tritons_cache_is_a_miss(isolated_cache, monkeypatch):
+    """Triton loads its cubin without a check: the files its cache folder holds must hash as they did when compiled
+    (a truncated or swapped cubin is a miss, compiled again)."""
+    monkeypatch.setattr(triton_backend, "interpret_mode", lambda: False)
+    problem = GemmProblem(op="mm", m=64, n=64, k=64, dtype="fp16", out_dtype="fp16", stride_a=(64, 1),
+                          stride_b=(64, 1), align_a=16, align_b=16, device="cuda", arch=90, device_name="test")
+    choice = Choice("triton", "triton_mm", "fp16", GemmConfig(32, 32, 32, 2, 4))
+    (spec,) = family("triton_mm").specs(problem, choice)
+    key = build_key(render(spec), spec, "cuda:90", triton_version())
+    backend = TritonBackend()
+    group = backend.triton_cache_dir / "GROUP0"
+    group.mkdir(parents=True)
+    (group / "kernel.json").write_text("{}")
+    (group / "kernel.cubin").write_bytes(b"\x7fELF" + bytes(64))
+    record = backend.root / "artifacts" / f"{key}.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps(dict(ARTIFACT, kernel=spec.kernel_name, triton=triton_version(), arch=90,
+                                      files=backend._group_hashes("GROUP0"))))
+    assert backend.built(problem, [choice]) == {choice.name}
+    (group / "kernel.cubin").write_bytes(b"\x7fELF" + bytes(8))                 # truncated
+    assert backend.built(problem, [choice]) == set()
+    (group / "kernel.cubin").unlink()
     assert backend.built(problem, [choice]) == set()
