@@ -84,15 +84,21 @@ def test_planted_pyc_beside_a_generated_module_is_never_run(isolated_cache, seco
     assert not marker.exists(), "code from the planted .pyc ran"
 
 
+def tampered_copy(a, b, first_cache, second_cache, marker):
+    """Render a module in the first cache, then plant an edited copy (which would create `marker` if run) under the
+    same name in a second cache: (the genuine module, the planted one, the marker path)."""
+    build_and_run(a, b)
+    genuine = rendered_module(first_cache)
+    module = second_cache() / "triton" / "src" / genuine.name
+    module.parent.mkdir(parents=True)
+    module.write_text(planted(genuine.read_text(), marker))
+    return genuine, module, marker
+
+
 def test_edited_generated_module_is_removed_and_rendered_again_with_one_warning(isolated_cache, second_cache,
                                                                               tmp_path):
     a, b = operands()
-    build_and_run(a, b)
-    genuine = rendered_module(isolated_cache)
-    module = second_cache() / "triton" / "src" / genuine.name
-    module.parent.mkdir(parents=True)
-    marker = tmp_path / "edited_module_ran"
-    module.write_text(planted(genuine.read_text(), marker))
+    genuine, module, marker = tampered_copy(a, b, isolated_cache, second_cache, tmp_path / "edited_module_ran")
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -112,12 +118,7 @@ def test_loader_runs_only_bytes_that_match_the_name(isolated_cache, second_cache
     """The loader the compile workers and the interpreter path share reads, checks and runs the same bytes: a module
     swapped after it was rendered is removed with one warning, never run."""
     a, b = operands()
-    build_and_run(a, b)
-    genuine = rendered_module(isolated_cache)
-    module = second_cache() / "triton" / "src" / genuine.name
-    module.parent.mkdir(parents=True)
-    marker = tmp_path / "swapped_module_ran"
-    module.write_text(planted(genuine.read_text(), marker))
+    genuine, module, marker = tampered_copy(a, b, isolated_cache, second_cache, tmp_path / "swapped_module_ran")
     kernel_name = re.search(r"^def (\w+)\(", genuine.read_text(), re.MULTILINE).group(1)
 
     with pytest.warns(GeneratedModuleWarning, match=genuine.name), pytest.raises(ValueError, match="content hash"):
