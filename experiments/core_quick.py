@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -15,6 +16,16 @@ import textwrap
 import time
 
 import torch
+
+import kernels
+from backends.base import Runner
+from kernels.core.choice import Choice
+from kernels.core.problem import GemmProblem
+from kernels.dispatch import api
+from kernels.dispatch.api import _fast_key
+from kernels.measure.timing import device_time_ms, measure_together
+from kernels.measure.verify import make_inputs, timing_sets
+from kernels.tune.autotune import _user_call
 
 BF16 = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192), (16, 12288, 4096), (64, 4096, 11008),
         (64, 22016, 4096), (3000, 2000, 1000)]
@@ -31,14 +42,6 @@ SUITES = {"core": (BF16, INT8), "issue3": (ISSUE3_BF16, ISSUE3_INT8)}
 
 
 def side_by_side(op: str, m: int, n: int, k: int, b_layout: str = "row") -> dict:
-    import kernels
-    from backends.base import Runner
-    from kernels.tune.autotune import _user_call
-    from kernels.core.choice import Choice
-    from kernels.core.problem import GemmProblem
-    from kernels.measure.timing import measure_together
-    from kernels.measure.verify import make_inputs, timing_sets
-
     dtype = torch.int8 if op == "int_mm" else torch.bfloat16
     a, b = make_inputs(GemmProblem.from_tensors(op, *_probe(dtype, m, n, k, b_layout)), "cuda", seed=1)
     fn = kernels.int_mm if op == "int_mm" else kernels.mm
@@ -77,7 +80,6 @@ def side_by_side(op: str, m: int, n: int, k: int, b_layout: str = "row") -> dict
 
 def graph_us(fn, a, b) -> float:
     """GPU time per call without host cost (kernels.timing.device_time_ms: the measurement tuning uses)."""
-    from kernels.measure.timing import device_time_ms
 
     ms = device_time_ms(lambda i: fn(a, b), 1)
     if ms is None:
@@ -92,12 +94,9 @@ def _probe(dtype, m, n, k, b_layout="row"):
 
 
 def host_cost(n_calls: int = 3000) -> dict:
-    import kernels
-
     a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
     kernels.mm(a, b)
-    from kernels.dispatch import api
 
     res = {}
     fast_call = api._fast_call
@@ -122,7 +121,6 @@ def host_cost(n_calls: int = 3000) -> dict:
             api._fast_call = fast_call
         res[name] = min(res.get(name, 1e9), host)
     res["fastpath"] = kernels.fastpath_status()
-    from kernels.dispatch.api import _fast_key
 
     for name, fn in (("fast_key", lambda: _fast_key("mm", a, b)),
                      ("torch.empty", lambda: torch.empty((64, 64), dtype=torch.bfloat16, device="cuda"))):
@@ -182,7 +180,6 @@ def main() -> None:
     ap.add_argument("--fastpath", choices=("build", "off"), default="build",
                     help="the C++ warm-call table: built before measuring (default), or off (Python dispatch)")
     args = ap.parse_args()
-    import kernels
 
     cache = tempfile.mkdtemp(prefix="kernels_core_")
     os.environ["KERNELS_CACHE_DIR"] = cache
@@ -213,7 +210,6 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
-    import math
     ok = [r for r in rows if "speedup" in r]
     print(f"\n{'op':6} {'shape':>20} {'winner':44} {'kernels us':>10} {'aten us':>9} {'speedup':>7} {'regret':>6} "
           f"{'tune s':>6} {'%floor':>6} {'triton/aten':>11}")

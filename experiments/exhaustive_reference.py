@@ -18,6 +18,13 @@ import os
 import tempfile
 import time
 
+import torch
+
+from experiments.fast_preset import cuda_problem, timed_together, tuned
+from kernels.core.config import config
+from kernels.measure.verify import make_inputs
+from tools.perf_model.data import append_rows, run_env, selection_rows
+
 
 def parse_problems(text: str) -> list[tuple[str, str, int, int, int]]:
     """'int8:4000x4000x320,bf16:96x22016x4096' -> [(op, dtype, m, n, k), ...]."""
@@ -37,9 +44,6 @@ def compare(problem, backends: tuple[str, ...], repeats: int = 3, budget_ms: flo
     """Tune `problem` with the fast preset, then with every exhaustive candidate; the winners' side-by-side ratios.
     `truth_csv`: every exhaustive candidate's timing is appended there (the dataset format of `model collect`), the
     offline ground truth `python -m kernels model eval` scores a model's top k against."""
-    from experiments.fast_preset import tuned, timed_together
-    from kernels.core.config import config
-    from kernels.measure.verify import make_inputs
 
     saved = dict(config._overrides)
     try:
@@ -58,8 +62,6 @@ def compare(problem, backends: tuple[str, ...], repeats: int = 3, budget_ms: flo
             fast_ms, full_ms = timed_together(problem, first, fast["runner"].launch, full["runner"].launch, budget_ms)
             ratios.append(fast_ms / full_ms)
     if truth_csv:
-        from tools.perf_model.data import append_rows, run_env, selection_rows
-
         append_rows(truth_csv, selection_rows(full["selection"], run_env()))
     for r in (fast, full):
         r.pop("runner")
@@ -75,9 +77,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--truth-csv", help="append every exhaustive candidate's timing here (dataset CSV)")
     args = ap.parse_args(argv)
-    import torch
 
-    from experiments.fast_preset import cuda_problem
 
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (a full exhaustive tune under the interpreter would take hours)")

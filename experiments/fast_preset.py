@@ -28,14 +28,25 @@ import time
 
 import torch
 
-from kernels.tune.autotune import HOST_BOUND_MAX_MS
+import kernels
+from backends import get_backend
+from kernels.core import counters
+from kernels.core.config import config
+from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
+from kernels.core.selection import ROUND_KEYS
+from kernels.measure.timing import device_time_ms, measure_together, user_call
+from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
+from kernels.space import ranking
 from kernels.space.families import one_launch
+from kernels.space.ranking import model_for
+from kernels.tune import candidates
+from kernels.tune.autotune import HOST_BOUND_MAX_MS, tune
+from tools.perf_model.data import gpu_labelled, read_dataset
 
 
 def _reference(paths: list[str]) -> dict[tuple, dict]:
     """(op, dtype, m, n, k) -> {'best_ms', 'best', 'best_choice', 'candidates', 'label'} over every timed row (aten
     included). Problems with GPU times (`model relabel`) are ranked by them (label 'gpu'), others by call time."""
-    from tools.perf_model.data import gpu_labelled, read_dataset
 
     rows, _ = read_dataset(paths)
     gpu = torch.cuda.get_device_name()
@@ -58,9 +69,6 @@ def _reference(paths: list[str]) -> dict[tuple, dict]:
 def _side_by_side(problem, fast_runner, best_choice) -> dict:
     """The fast preset's winner and the dataset's best choice (built now, verified) timed together in this process,
     the way tuning re-times its finalists: the ratio without another run's clocks and host in it."""
-    from backends import get_backend
-    from kernels.core.config import config
-    from kernels.measure.verify import make_inputs, reference, verify_launch
 
     if best_choice.name == fast_runner.choice.name:
         return {"fast_ms": None, "best_ms": None, "ratio": 1.0, "gpu_ratio": 1.0, "note": "same choice"}
@@ -89,8 +97,6 @@ def _side_by_side(problem, fast_runner, best_choice) -> dict:
 
 def gpu_times(problem, first: tuple, launch_a, launch_b) -> tuple[float | None, float | None]:
     """GPU ms per call of two launches (kernels.timing.device_time_ms) over the rotated input sets."""
-    from kernels.measure.timing import device_time_ms, user_call
-    from kernels.measure.verify import timing_sets
 
     sets = timing_sets(problem, "cuda", first, seed=2)
     return (device_time_ms(user_call(launch_a, sets), len(sets)),
@@ -100,8 +106,6 @@ def gpu_times(problem, first: tuple, launch_a, launch_b) -> tuple[float | None, 
 def timed_together(problem, first: tuple, launch_a, launch_b, budget_ms: float) -> tuple[float, float]:
     """Median ms per user call of two launches re-timed side by side (measure_together, tuning's final round) over
     the rotated input sets that start with `first`."""
-    from kernels.measure.timing import measure_together, user_call
-    from kernels.measure.verify import timing_sets
 
     device = "cuda" if problem.device == "cuda" else "cpu"
     sets = timing_sets(problem, device, first, seed=2)
@@ -144,7 +148,6 @@ def _geomean(values: list[float]) -> float:
 
 def cuda_problem(op: str, dtype: str, m: int, n: int, k: int):
     """The GemmProblem of row-major (m, k) x (k, n) operands of `dtype` on this GPU."""
-    from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
 
     t = DTYPES_BY_NAME[dtype]
     a = torch.empty(m, k, device="cuda", dtype=t)
@@ -155,8 +158,6 @@ def cuda_problem(op: str, dtype: str, m: int, n: int, k: int):
 def tuned(problem, backends) -> dict:
     """Tune `problem` under the current config: winner, its time, seconds, compiles and benchmarks it cost, notes;
     plus "runner" and "selection" (objects, for the caller to use and pop before writing JSON)."""
-    from kernels.core import counters
-    from kernels.tune.autotune import tune
 
     before = counters.snapshot()
     t0 = time.perf_counter()
@@ -173,19 +174,14 @@ def tuned(problem, backends) -> dict:
 
 def finalists(sel) -> dict[str, dict]:
     """The final round's first-pass, re-timed and GPU times per finalist (ms): what a surprising pick is read by."""
-    from kernels.core.selection import ROUND_KEYS
-
     return {n: {k: d[k] for k in ROUND_KEYS if k in d} for n, d in sel.details.items() if "retimed_ms" in d}
 
 
 def _ranking() -> dict:
     """How the top k were ranked in this run (the settings a later reader cannot see in the rows)."""
-    from kernels.tune import candidates
-    from kernels.space import ranking as perf_model
-
-    return {"ensemble": perf_model.ENSEMBLE_PICKS, "analytic_share": perf_model.ANALYTIC_SHARE,
-            "analytic_share_by_dtype": perf_model.ANALYTIC_SHARE_BY_DTYPE,
-            "hedge_families": perf_model.HEDGE_FAMILIES, "hedge_ratio": perf_model.HEDGE_RATIO,
+    return {"ensemble": ranking.ENSEMBLE_PICKS, "analytic_share": ranking.ANALYTIC_SHARE,
+            "analytic_share_by_dtype": ranking.ANALYTIC_SHARE_BY_DTYPE,
+            "hedge_families": ranking.HEDGE_FAMILIES, "hedge_ratio": ranking.HEDGE_RATIO,
             "warm_tie": candidates.WARM_TIE}
 
 
@@ -199,8 +195,6 @@ def main(argv=None) -> int:
     ap.add_argument("--perf-model", help="what ranks the candidates: auto (default), analytic, learned, or a learned "
                                          "model's .json (to compare a new model)")
     args = ap.parse_args(argv)
-    import kernels
-    from kernels.space.ranking import model_for
 
     os.environ["KERNELS_CACHE_DIR"] = tempfile.mkdtemp(prefix="kernels_fast_")
     kernels.config.preset = "fast"

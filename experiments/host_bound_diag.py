@@ -14,21 +14,22 @@ from __future__ import annotations
 import argparse
 import tempfile
 
+import torch
+
+from experiments.exhaustive_reference import parse_problems
+from experiments.fast_preset import cuda_problem
+from kernels.core.config import config
+from kernels.tune.autotune import tune
+
 
 def main(argv=None) -> int:
-    from experiments.exhaustive_reference import parse_problems
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--problems", type=parse_problems, required=True, help="DTYPE:MxNxK,... (bf16, fp16, int8)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--preset", default="fast")
     ap.add_argument("--backends", default="aten,triton")
     args = ap.parse_args(argv)
-    import torch
 
-    from experiments.fast_preset import cuda_problem
-    from kernels.tune.autotune import tune
-    from kernels.core.config import config
 
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (host-bound timing is what it looks at)")
