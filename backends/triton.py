@@ -223,6 +223,7 @@ class TritonBackend(Backend):
             device = torch.cuda.current_device()
             kernel = self._kernels.get((key, device))
             if kernel is None:
+                _triton_driver_ready()
                 with _triton_cache_at(self.triton_cache_dir):
                     kernel = compile_job(self._job(problem, spec, module_path))
                     kernel._init_handles()      # loads the cubin; raises when resources do not fit the device
@@ -263,6 +264,15 @@ def _artifact_record_valid(meta: dict, kernel_name: str, arch: int) -> bool:
 
 def _json(obj) -> str:
     return json.dumps(obj, sort_keys=True, indent=1)
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_driver_ready() -> None:
+    """Triton builds and loads its own driver helpers (cuda_utils.so) on first use, into whichever cache directory is
+    current: make that Triton's own, not ours, where only our kernels' folders are hash-checked."""
+    import triton
+
+    _ = triton.runtime.driver.active.utils
 
 
 @contextlib.contextmanager

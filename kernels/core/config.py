@@ -145,7 +145,7 @@ def _path(value) -> str:
     text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
     if not isinstance(text, str) or not text.strip():
         raise ValueError("allowed: a directory path")
-    return text
+    return os.path.abspath(os.path.expanduser(text))     # children run elsewhere; ~ is the user's home
 
 
 def _optional_path(value) -> str:

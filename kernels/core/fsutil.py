@@ -78,7 +78,7 @@ def read_json(path: Path) -> dict | None:
     """The parsed object, or None when missing, unreadable or not a JSON object (a corrupt entry is a miss)."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):     # deep nesting: a miss too
         return None
     return data if isinstance(data, dict) else None
 

@@ -222,7 +222,7 @@ def _shrink(limit: int) -> None:
     """Keep the warm table within `limit` problems: drop the oldest-added half (a problem that comes back is looked
     up again, cheaply, and goes to the back), and the same in the tables behind it. Insertion order stands in for
     recency so warm calls pay nothing for the bookkeeping."""
-    keep = limit // 2
+    keep = max(1, limit // 2)
     for key in list(_dispatch)[:len(_dispatch) - keep]:
         del _dispatch[key]
     if _fast.module is not None:

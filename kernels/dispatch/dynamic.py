@@ -548,11 +548,13 @@ def launcher_for(problem: GemmProblem, dyn: Dynamic):
         for name in ranking:
             launch, err = build_launch(runtime, by_name[name])
             if launch is not None:
+                err = _checked(runtime, by_name[name], launch)
+            if launch is not None and err is None:
                 if name != dec.winner:
-                    dec.notes.append(f"served by {name} instead: {dec.winner} did not build for this shape")
+                    dec.notes.append(f"served by {name} instead: {dec.winner} could not serve this shape")
                     dec.winner, dec.hint = name, fam.labels(name, entries)
                 break
-            dec.notes.append(f"{name} could not be built for this shape: {err}")
+            dec.notes.append(f"{name} could not serve this shape: {err}")
         else:
             raise KernelsError(f"kernels.dispatch.dynamic: no hint winner could be built for {runtime.short()}: "
                                f"{'; '.join(dec.notes)}")
@@ -577,14 +579,30 @@ def explain(problem: GemmProblem, dyn: Dynamic) -> Selection:
     dec = decision(problem, dyn)
     runtime = dataclasses.replace(problem, dynamic=dyn.dims)
     fam = family_for(runtime, dyn)
-    base = selected.selection(runtime) if dec.source == "own-tune" else \
+    base = _select(runtime) if dec.source == "own-tune" else \
         next(hw.selection for hw in fam.winners if dec.winner in hw.selection.choices)
     sel = dataclasses.replace(base, winner=dec.winner, source=f"dynamic-{dec.mode}", notes=[dec.why(), *base.notes])
     sel.decision = dec           # the structured form, for programs (bench/dynamic.py)
     return sel
 
 
+_checked_here: set[tuple] = set()     # (choice, op, dtype, layouts) verified in this process
+
+
+def _checked(runtime: GemmProblem, choice: Choice, launch) -> str | None:
+    """A hint's runner-up or a stored bucket winner came from disk: before it serves, it is checked against the
+    float64 reference once per process (per choice, op, dtype and layouts), like a stored static winner."""
+    key = (choice.name, runtime.op, runtime.dtype, runtime.layout_a, runtime.layout_b)
+    if key in _checked_here:
+        return None
+    why = selected.verify(launch, runtime)
+    if why is None:
+        _checked_here.add(key)
+    return why
+
+
 def clear() -> None:
+    _checked_here.clear()
     _families.clear()
     _decisions.clear()
     _runtime.clear()

@@ -73,7 +73,7 @@ def _load_stored(key: str, problem: GemmProblem):
         return None
     if outcome.runner is None:
         return None
-    why = _verify(outcome.runner.launch, problem)
+    why = verify(outcome.runner.launch, problem)
     if why is not None:
         _warn_once(f"kernels: the stored winner {sel.winner} for {problem.short()} failed verification ({why}); "
                    "re-tuning")
@@ -89,7 +89,7 @@ def _available(name: str, problem: GemmProblem) -> bool:
         return False
 
 
-def _verify(launch, problem: GemmProblem) -> str | None:
+def verify(launch, problem: GemmProblem) -> str | None:
     """Why the launch computes a wrong product on fresh inputs with the problem's strides, or None."""
     device = "cuda" if problem.device == "cuda" else "cpu"
     a, b = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))

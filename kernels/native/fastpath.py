@@ -81,7 +81,7 @@ def start_builder(job: BuildJob, wait: bool) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "kernels.native.fastpath_build", job.to_json()],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE if wait else subprocess.DEVNULL, text=True,
-                            start_new_session=True, env=env, cwd=str(job.where.folder))
+                            start_new_session=True, env=env, cwd=str(_PACKAGE_ROOT))   # never the cache: `-m` puts cwd on sys.path
     _started.append(proc)
     return proc
 

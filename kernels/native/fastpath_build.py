@@ -123,7 +123,7 @@ def _compile(command: list[str]) -> tuple[int, str]:
     """Run the compiler in its own process group, so that an interrupted build (timeout, signal, exception) takes
     the whole compiler (driver, cc1plus, linker) down with it rather than leaving it running."""
     proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, process_group=0)
+                            text=True, start_new_session=True)    # its own group: killpg reaches the compiler
     try:
         output, _ = proc.communicate(timeout=BUILD_TIMEOUT_S)
     except BaseException:

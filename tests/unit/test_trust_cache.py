@@ -211,3 +211,34 @@ def test_the_warm_tables_stay_bounded(monkeypatch):
         a = torch.randn(m, 8)
         assert torch.allclose(kernels.mm(a, b), a @ b, atol=1e-5)
     assert len(api._dispatch) <= 16 and len(selected._launchers) <= 16 and len(selected._selections) <= 16
+
+
+@pytest.mark.parametrize("text", ["[" * 100000, "\x00\xff garbage", "", "[1, 2]", '{"key": 1}', "1e999999"])
+def test_any_bytes_in_a_selection_file_are_a_miss_never_an_error(isolated_cache, text):
+    a, b = torch.randn(24, 40), torch.randn(40, 8)
+    kernels.mm(a, b)
+    _stored_entry(isolated_cache).write_text(text, errors="surrogateescape")
+    kernels.clear_memory_cache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.allclose(kernels.mm(a, b), a @ b, atol=1e-5)
+
+
+def test_explain_of_a_dynamic_own_tune_survives_a_shrink(monkeypatch):
+    """A dynamic shape no hint winner can run is tuned on its own; the warm tables shrinking under other problems
+    must not leave explain() without its Selection."""
+    from kernels.dispatch import dynamic
+
+    monkeypatch.setattr(dynamic.Family, "can_run", staticmethod(lambda runtime, c: "cannot (forced)"))
+    kernels.config.max_problems = 8
+    a, b = torch.randn(24, 40), torch.randn(40, 8)
+    kernels.mm(a, b, dynamic="m")
+    for m in range(1, 12):
+        kernels.mm(torch.randn(m, 8), torch.randn(8, 4))
+    assert kernels.explain(a, b, dynamic="m").winner
+
+
+def test_a_relative_cache_dir_is_made_absolute(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KERNELS_CACHE_DIR", "kc")
+    assert kernels.config.cache_dir == str(tmp_path / "kc")
