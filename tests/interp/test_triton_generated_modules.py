@@ -130,6 +130,17 @@ def test_loader_runs_only_bytes_that_match_the_name(isolated_cache, second_cache
 ARTIFACT = {"triton_hash": "ab" * 32, "cache_group": "GROUP0", "compile_seconds": 1.5}
 
 
+def compiled_kernel(monkeypatch):
+    """A Triton backend as on a GPU (records exist for compiled kernels) and one kernel's problem, choice, spec and
+    build key, for tests that write its artifact record and Triton cache folder by hand."""
+    monkeypatch.setattr(triton_backend, "interpret_mode", lambda: False)
+    problem = GemmProblem(op="mm", m=64, n=64, k=64, dtype="fp16", out_dtype="fp16", stride_a=(64, 1),
+                          stride_b=(64, 1), align_a=16, align_b=16, device="cuda", arch=90, device_name="test")
+    choice = Choice("triton", "triton_mm", "fp16", GemmConfig(32, 32, 32, 2, 4))
+    (spec,) = family("triton_mm").specs(problem, choice)
+    return TritonBackend(), problem, choice, spec, build_key(render(spec), spec, "cuda:90", triton_version())
+
+
 @pytest.mark.parametrize("bad", [
     {"cache_group": "../triton_cache/GROUP0"}, {"cache_group": 7}, {"cache_group": ""}, {"arch": "90"}, {"arch": 80},
     {"arch": True}, {"kernel": "other"}, {"triton": "0.0"}, {"triton_hash": None}, {"compile_seconds": "1"},
@@ -138,13 +149,7 @@ ARTIFACT = {"triton_hash": "ab" * 32, "cache_group": "GROUP0", "compile_seconds"
 ])
 def test_malformed_artifact_record_is_a_miss(isolated_cache, monkeypatch, bad):
     """A compiled kernel counts as built only when its artifact record is the one a compile of it would write."""
-    monkeypatch.setattr(triton_backend, "interpret_mode", lambda: False)     # records exist for compiled kernels
-    problem = GemmProblem(op="mm", m=64, n=64, k=64, dtype="fp16", out_dtype="fp16", stride_a=(64, 1),
-                          stride_b=(64, 1), align_a=16, align_b=16, device="cuda", arch=90, device_name="test")
-    choice = Choice("triton", "triton_mm", "fp16", GemmConfig(32, 32, 32, 2, 4))
-    (spec,) = family("triton_mm").specs(problem, choice)
-    key = build_key(render(spec), spec, "cuda:90", triton_version())
-    backend = TritonBackend()
+    backend, problem, choice, spec, key = compiled_kernel(monkeypatch)
     (backend.triton_cache_dir / "GROUP0").mkdir(parents=True)            # the compiled kernel's files
     (backend.triton_cache_dir / "GROUP0" / "kernel.json").write_text("{}")
     record = backend.root / "artifacts" / f"{key}.json"
@@ -160,13 +165,7 @@ def test_malformed_artifact_record_is_a_miss(isolated_cache, monkeypatch, bad):
 def test_a_changed_binary_in_tritons_cache_is_a_miss(isolated_cache, monkeypatch):
     """Triton loads its cubin without a check: the files its cache folder holds must hash as they did when compiled
     (a truncated or swapped cubin is a miss, compiled again)."""
-    monkeypatch.setattr(triton_backend, "interpret_mode", lambda: False)
-    problem = GemmProblem(op="mm", m=64, n=64, k=64, dtype="fp16", out_dtype="fp16", stride_a=(64, 1),
-                          stride_b=(64, 1), align_a=16, align_b=16, device="cuda", arch=90, device_name="test")
-    choice = Choice("triton", "triton_mm", "fp16", GemmConfig(32, 32, 32, 2, 4))
-    (spec,) = family("triton_mm").specs(problem, choice)
-    key = build_key(render(spec), spec, "cuda:90", triton_version())
-    backend = TritonBackend()
+    backend, problem, choice, spec, key = compiled_kernel(monkeypatch)
     group = backend.triton_cache_dir / "GROUP0"
     group.mkdir(parents=True)
     (group / "kernel.json").write_text("{}")
