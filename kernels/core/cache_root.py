@@ -73,6 +73,12 @@ def cache_root() -> Path:
         return root
 
 
+def is_private_fallback() -> bool:
+    """Whether this process serves from a temporary cache because the configured one failed its checks (what is
+    built there is gone when the process exits)."""
+    return str(cache_root()) != str(config.cache_dir)
+
+
 def forget() -> None:
     """Check again on the next call (tests; a process that changed its cache directory's permissions)."""
     with _lock:

@@ -32,11 +32,10 @@ from pathlib import Path
 import torch
 from torch.utils import cpp_extension
 
-from kernels.core.cache_root import cache_root
+from kernels.core.cache_root import cache_root, is_private_fallback
 from kernels.core.config import config, tool_variable
 from kernels.core.fsutil import file_lock, make_private_dirs
-from kernels.native.fastpath_build import (MODULE_NAME, OUTPUT, BuildJob, BuildPaths, FastpathBuildError,
-                                           published)
+from kernels.native.fastpath_build import MODULE_NAME, OUTPUT, BuildJob, BuildPaths, FastpathBuildError, published
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fastpath.cpp"
 # the folder that holds the `kernels` package: builder processes import kernels.native.fastpath_build from there
@@ -217,6 +216,10 @@ class Fastpath:
             library = verified_library(where)
             if library is None and where.failed.exists():
                 self.why_not = f"build failed earlier; log: {where.log}"
+                return
+            if library is None and mode == "auto" and is_private_fallback():
+                # a build into a temporary cache is gone with this process: ~20 s of g++ for nothing
+                self.why_not = "the cache directory failed its checks: no background build into a temporary cache"
                 return
             if library is None and mode == "auto":
                 try:

@@ -242,3 +242,18 @@ def test_a_relative_cache_dir_is_made_absolute(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KERNELS_CACHE_DIR", "kc")
     assert kernels.config.cache_dir == str(tmp_path / "kc")
+
+
+def test_no_background_fastpath_build_into_a_temporary_cache(tmp_path, monkeypatch):
+    from kernels.native import fastpath
+
+    root = tmp_path / "not-a-dir"
+    root.write_text("")
+    monkeypatch.setenv("KERNELS_CACHE_DIR", str(root))
+    monkeypatch.setenv("KERNELS_FASTPATH", "auto")
+    monkeypatch.setattr(fastpath, "start_builder", lambda *a, **k: pytest.fail("started a builder"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        state = fastpath.Fastpath()
+        state.try_load(lambda module: None)
+    assert state.module is None and "temporary cache" in state.why_not
