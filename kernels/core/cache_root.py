@@ -73,6 +73,16 @@ def cache_root() -> Path:
         return root
 
 
+_warned: set[str] = set()
+
+
+def warn_once(key: str, text: str, stacklevel: int = 3) -> None:
+    """One CacheWarning per `key` per process: a cache fault repeats on every call, its warning should not."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(text, CacheWarning, stacklevel=stacklevel + 1)
+
+
 def is_private_fallback() -> bool:
     """Whether this process serves from a temporary cache because the configured one failed its checks (what is
     built there is gone when the process exits)."""

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 
 import torch
 
 from backends import get_backend
 from kernels.core import counters as _stats
-from kernels.core.cache_root import CacheWarning
+from kernels.core.cache_root import warn_once
 from kernels.core.config import config
 from kernels.core.fsutil import load_or_build
 from kernels.core.problem import GemmProblem
@@ -96,13 +95,8 @@ def verify(launch, problem: GemmProblem) -> str | None:
     return verify_launch(launch, problem, a, b, reference(problem, a, b))
 
 
-_warned: set[str] = set()
-
-
 def _warn_once(text: str) -> None:
-    if text not in _warned:
-        _warned.add(text)
-        warnings.warn(text, CacheWarning, stacklevel=4)
+    warn_once(text, text, stacklevel=4)
 
 
 def resolved(problem: GemmProblem):

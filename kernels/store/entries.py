@@ -7,20 +7,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import warnings
 from pathlib import Path
 
-from kernels.core.cache_root import CacheWarning, cache_root
+from kernels.core.cache_root import cache_root, warn_once
 from kernels.core.fsutil import atomic_write_text, file_lock, read_json
-
-_warned: set[str] = set()
 
 
 def _warn_unwritable(root: Path, error: OSError) -> None:
-    if str(root) not in _warned:
-        _warned.add(str(root))
-        warnings.warn(f"kernels: cannot write to the cache {root} ({error.strerror or error}); results are kept in "
-                      f"memory for this process only", CacheWarning, stacklevel=4)
+    warn_once(f"unwritable {root}", f"kernels: cannot write to the cache {root} ({error.strerror or error}); results "
+              "are kept in memory for this process only", stacklevel=4)
 
 
 class KeyedJsonStore:
@@ -55,16 +50,11 @@ class KeyedJsonStore:
     def lock(self, key: str):
         """Exclusive per-key lock, released by the OS if the holder dies. A cache where no lock file can be made
         (read-only, full, not ours) warns once and goes on unlocked: at worst two processes tune the same problem."""
-        try:
-            held = file_lock(self.root / "locks" / (self.path(key).stem + ".lock"))
-            held.__enter__()
-        except TimeoutError:
-            raise
-        except OSError as e:
-            _warn_unwritable(self.root, e)
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(file_lock(self.root / "locks" / (self.path(key).stem + ".lock")))
+            except TimeoutError:            # an OSError too, but another process holds it: that is no fault
+                raise
+            except OSError as e:
+                _warn_unwritable(self.root, e)
             yield
-            return
-        try:
-            yield
-        finally:
-            held.__exit__(None, None, None)

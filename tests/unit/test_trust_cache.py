@@ -25,8 +25,7 @@ from kernels.store.selections import SelectionStore
 @pytest.fixture(autouse=True)
 def fresh_checks(monkeypatch):
     cache_root_mod.forget()
-    monkeypatch.setattr(entries, "_warned", set())
-    monkeypatch.setattr(selected, "_warned", set())
+    monkeypatch.setattr(cache_root_mod, "_warned", set())
     kernels.config.backends = ("aten",)
     yield
     cache_root_mod.forget()
