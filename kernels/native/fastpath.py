@@ -32,14 +32,13 @@ from pathlib import Path
 import torch
 from torch.utils import cpp_extension
 
+from kernels.core import detached
 from kernels.core.cache_root import cache_root, is_private_fallback
 from kernels.core.config import config, tool_variable
 from kernels.core.fsutil import file_lock, make_private_dirs
 from kernels.native.fastpath_build import MODULE_NAME, OUTPUT, BuildJob, BuildPaths, FastpathBuildError, published
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fastpath.cpp"
-# the folder that holds the `kernels` package: builder processes import kernels.native.fastpath_build from there
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 _started: list[subprocess.Popen] = []   # detached builders this process started (kept so none is reaped early)
 
 
@@ -75,12 +74,7 @@ def build_job(where: BuildPaths, force: bool = False) -> BuildJob:
 def start_builder(job: BuildJob, wait: bool) -> subprocess.Popen:
     """Start a builder process for the job in its own session: it outlives this process (and a Ctrl-C meant for
     this one), and publishes or records its failure either way."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.Popen([sys.executable, "-m", "kernels.native.fastpath_build", job.to_json()],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE if wait else subprocess.DEVNULL, text=True,
-                            start_new_session=True, env=env, cwd=str(_PACKAGE_ROOT))   # never the cache: `-m` puts cwd on sys.path
+    proc = detached.start("kernels.native.fastpath_build", job.to_json(), wait)
     _started.append(proc)
     return proc
 

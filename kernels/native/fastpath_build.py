@@ -19,12 +19,12 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernels.core.detached import alive, exit_on_signals, run_in_group
 from kernels.core.fsutil import atomic_write_text, file_lock, load_or_build, marker_valid, publish_marker
 
 MODULE_NAME = "_kernels_fastpath"
@@ -100,7 +100,7 @@ def _build(job: BuildJob) -> Path:
         _fail(where, f"C++ compiler {command[0]!r} not found (set CXX)", "")
     try:
         try:
-            returncode, output = _compile(command)
+            returncode, output = run_in_group(command, BUILD_TIMEOUT_S)
         except subprocess.TimeoutExpired as e:
             _fail(where, f"compile timed out after {BUILD_TIMEOUT_S} s", " ".join(command))
             raise AssertionError("unreachable") from e
@@ -119,21 +119,6 @@ def _build(job: BuildJob) -> Path:
     return where.library
 
 
-def _compile(command: list[str]) -> tuple[int, str]:
-    """Run the compiler in its own process group, so that an interrupted build (timeout, signal, exception) takes
-    the whole compiler (driver, cc1plus, linker) down with it rather than leaving it running."""
-    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)    # its own group: killpg reaches the compiler
-    try:
-        output, _ = proc.communicate(timeout=BUILD_TIMEOUT_S)
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
-    return proc.returncode, output
-
-
 def remove_stale_temporaries(folder: Path) -> None:
     """Remove what builds that died left in the folder: temporaries whose writer (the pid in the name) is gone."""
     try:
@@ -145,19 +130,9 @@ def remove_stale_temporaries(folder: Path) -> None:
         if match is None:
             continue
         pid = int(match["pid"] or match["writer"])
-        if pid == os.getpid() or not _alive(pid):
+        if pid == os.getpid() or not alive(pid):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(folder / name)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True         # someone else's process
-    return True
 
 
 def _fail(where: BuildPaths, message: str, log: str):
@@ -177,15 +152,10 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _exit_on_signal(signum, frame):
-    raise SystemExit(128 + signum)      # unwinds the build: the compiler group is killed, the temporary removed
-
-
 def main(argv: list[str]) -> int:
     """Exit 0 when the library is published (by this build or another), 1 when the build failed, 2 when another
     build held the lock past the timeout."""
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(signum, _exit_on_signal)
+    exit_on_signals()
     job = BuildJob.from_json(argv[1])
     try:
         run(job)
