@@ -26,12 +26,13 @@ from bench.results import Cell, Report, ShapeResult, summarize
 from bench.shapes import ShapesError, parse_shapes
 from kernels.tune.autotune import prebuild
 from kernels.core.config import config
+from kernels.space.shapes import COMPARE_LAYOUT, COMPARE_SUITE
 
 # shapes larger than this (M*N*K) are too slow for the Triton interpreter / CPU
 CPU_MAX_MACS = 1 << 21
 # (shapes, dtype) when not given: a GPU runs the real comparison; without one, the interpreter checks tiny shapes in
 # fp16 (its bf16 tl.dot gives wrong results, triton issue #11584)
-GPU_DEFAULTS = ("square", "bf16")
+GPU_DEFAULTS = (COMPARE_SUITE, "bf16")   # the default CUTLASS set (kernels.tune.warmup) is built for these
 NO_GPU_DEFAULTS = ("tiny", "fp16")
 
 
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, choices=("bf16", "fp16", "fp32", "int8"),
                    help=f"operand dtype; int8 benchmarks int_mm (int8 x int8 -> int32) (default {GPU_DEFAULTS[1]} on "
                         f"a GPU, {NO_GPU_DEFAULTS[1]} without one: the Triton interpreter's bf16 dot is wrong)")
-    p.add_argument("--layout", default="nn", choices=("nn", "nt", "tn", "tt"),
+    p.add_argument("--layout", default=COMPARE_LAYOUT, choices=("nn", "nt", "tn", "tt"),
                    help="t = that operand column-major (A then B) (default %(default)s)")
     p.add_argument("--only", action="append", metavar="REGEX", help="keep only candidates whose name matches")
     p.add_argument("--skip", action="append", metavar="REGEX", help="drop candidates whose name matches")

@@ -1,55 +1,17 @@
-"""Shape suites and shapes files (CSV or JSON of M,N,K) for the benchmarks."""
+"""Shape suites (the data: kernels.space.shapes) and shapes files (CSV or JSON of M,N,K) for the benchmarks."""
 from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass
 from pathlib import Path
+
+from kernels.space.shapes import ALL_SUITES, CORE, SUITES, Shape
 
 
 class ShapesError(ValueError):
     """A suite name or shapes file that cannot be used; the message names the file and row."""
 
 
-@dataclass(frozen=True)
-class Shape:
-    m: int
-    n: int
-    k: int
-
-    @property
-    def macs(self) -> int:
-        return self.m * self.n * self.k
-
-    def label(self) -> str:
-        return f"{self.m}x{self.n}x{self.k}"
-
-
-def _cube(s: int) -> Shape:
-    return Shape(s, s, s)
-
-
-# Llama projections as (K, N): qkv, down, gate+up, o, lm head
-_LLAMA_KN = ((4096, 12288), (11008, 4096), (4096, 22016), (4096, 4096), (4096, 65536))
-
-SUITES: dict[str, tuple[Shape, ...]] = {
-    "tiny": (Shape(64, 64, 64), Shape(17, 33, 65)),
-    "square": (_cube(1024), _cube(4096), _cube(8192)),
-    "llama": tuple(Shape(m, n, k) for m in (16, 64) for k, n in _LLAMA_KN),
-    "splitk": tuple(Shape(32, 32, k) for k in (4096, 16384, 32768)),
-    "training": (Shape(8192, 14336, 4096), Shape(4096, 4096, 14336)),
-    "odd": (Shape(3000, 2000, 1000), _cube(2047)),
-}
-
-# the core issue's reference set; int8 has its own shapes
-CORE = {
-    "float": (_cube(1024), _cube(4096), _cube(8192), Shape(16, 12288, 4096), Shape(64, 4096, 11008),
-              Shape(64, 22016, 4096), Shape(3000, 2000, 1000)),
-    "int8": (Shape(256, 12288, 4096), Shape(1024, 22016, 4096), _cube(4096)),
-}
-
-# "all" is every performance suite (not tiny: that one exists for machines without a GPU)
-ALL_SUITES = ("square", "llama", "splitk", "training", "odd")
 SUITE_NAMES = tuple(SUITES) + ("core", "all")
 
 

@@ -31,6 +31,13 @@ def layout_of(shape: tuple[int, int], stride: tuple[int, int]) -> str:
     return "strided"
 
 
+def precision_of(dtype: str) -> str:
+    """How an fp32 product runs under torch's current setting ("ieee" or "tf32"); "" for other dtypes."""
+    if dtype != "fp32":
+        return ""
+    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
 @dataclass(frozen=True)
 class GemmProblem:
     op: str                      # "mm" or "int_mm"
@@ -117,11 +124,8 @@ class GemmProblem:
             arch, name = cap[0] * 10 + cap[1], torch.cuda.get_device_name(dev)
         else:
             arch, name = 0, "cpu"
-        precision = ""
-        if dtype == "fp32":
-            precision = "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
         return cls(op=op, m=a.shape[0], n=b.shape[1], k=a.shape[1], dtype=dtype,
                    out_dtype="int32" if op == "int_mm" else dtype,
                    stride_a=tuple(a.stride()), stride_b=tuple(b.stride()),
                    align_a=pointer_alignment(a.data_ptr()), align_b=pointer_alignment(b.data_ptr()),
-                   device=dev.type, arch=arch, device_name=name, precision=precision)
+                   device=dev.type, arch=arch, device_name=name, precision=precision_of(dtype))

@@ -80,3 +80,15 @@ def test_missing_and_invalid_files(tmp_path):
     empty.write_text("M,N,K\n")
     with pytest.raises(ShapesError, match="no shapes"):
         parse_shapes(str(empty))
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32", "int8"])
+def test_a_shapes_problem_without_tensors_is_the_problem_of_real_tensors(dtype, layout):
+    """kernels.space.shapes.problem_of (what the default CUTLASS set is planned from, no GPU needed) describes the
+    tensors bench.compare makes."""
+    from bench.measure import problem_for
+    from kernels.space.shapes import problem_of
+
+    for shape in (Shape(64, 48, 32), Shape(1, 48, 32)):
+        assert problem_of(shape, dtype, layout, "cpu", 0, "cpu") == problem_for(shape, dtype, layout, "cpu")
