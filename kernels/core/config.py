@@ -28,6 +28,7 @@ from kernels.core.version import __version__
 ALL_BACKENDS = ("aten", "triton", "cutlass", "padded")
 PRESETS = ("none", "fast")
 FASTPATH_MODES = ("auto", "build", "off")
+CUTLASS_BUILD_MODES = ("background", "inline", "off")
 SEARCH_SPACES = ("default", "exhaustive")
 PERF_MODELS = ("auto", "analytic", "learned")
 FAST_TOP_K = 5   # the "fast" preset benchmarks this many candidates per backend, ranked by the performance model
@@ -221,8 +222,9 @@ def _default_cache_dir() -> str:
 SETTINGS = (
     Setting("cache_dir", "KERNELS_CACHE_DIR", _default_cache_dir, "`~/.cache/kernels/<version>`", _path,
             "where tuned selections and built kernels are stored"),
-    Setting("backends", "KERNELS_BACKENDS", lambda: ("aten", "triton", "padded"), "`aten,triton,padded`", _backends,
-            "candidate backends, comma list: `aten`, `triton`, `cutlass`, `padded` (misaligned problems only)"),
+    Setting("backends", "KERNELS_BACKENDS", lambda: ALL_BACKENDS, "`aten,triton,cutlass,padded`", _backends,
+            "candidate backends, comma list: `aten`, `triton`, `cutlass` (where nvcc, the CUTLASS headers and an "
+            "sm80/sm90 GPU are found), `padded` (misaligned problems only)"),
     Setting("max_jobs", "MAX_JOBS", lambda: os.cpu_count() or 1, "CPU count", _positive_int,
             "parallel compile workers"),
     Setting("preset", "KERNELS_PRESET", lambda: "", "none", _preset,
@@ -245,6 +247,11 @@ SETTINGS = (
             "`m=16,256,4096`"),
     Setting("fastpath", "KERNELS_FASTPATH", lambda: "auto", "`auto`", _one_of(FASTPATH_MODES),
             "the C++ warm-call table: `auto` (load it, or build it in the background), `build` (blocking), `off`"),
+    Setting("cutlass_build", "KERNELS_CUTLASS_BUILD", lambda: "background", "`background`",
+            _one_of(CUTLASS_BUILD_MODES),
+            "CUTLASS kernels a tune needs that are not built yet: `background` (tune with what is built; a low-priority "
+            "process builds the rest, and the problem is re-tuned on a later cold lookup), `inline` (compile during the "
+            "tune), `off` (only what `python -m kernels warmup` built)"),
     Setting("max_problems", "KERNELS_MAX_PROBLEMS", lambda: 4096, "4096", _positive_int,
             "distinct problems kept ready in memory; past it the oldest are dropped (looked up again in the store "
             "when they return)"),

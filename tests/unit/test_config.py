@@ -24,7 +24,7 @@ BAD_ENVIRONMENT = [
     ("MAX_JOBS", "0"), ("MAX_JOBS", "two"), ("MAX_JOBS", "1.5"),
     ("KERNELS_PRESET", "fastest"), ("KERNELS_FASTPATH", "sometimes"), ("KERNELS_VERBOSE", "2"),
     ("KERNELS_ONLY", ","), ("KERNELS_SKIP", "("), ("KERNELS_DYNAMIC", ","), ("KERNELS_DYNAMIC", "m=0"),
-    ("KERNELS_DYNAMIC", "x"),
+    ("KERNELS_DYNAMIC", "x"), ("KERNELS_CUTLASS_BUILD", "later"),
 ]
 BY_ENV = {s.env: s.name for s in SETTINGS}
 
@@ -58,6 +58,7 @@ def test_a_call_that_tunes_fails_on_a_bad_setting_before_building(monkeypatch, e
     ("tie_tolerance", math.nan), ("tie_tolerance", 1.5), ("bench_budget_ms", -1), ("bench_budget_ms", 0.0),
     ("bench_budget_ms", math.inf), ("bench_budget_ms", True), ("backends", ()), ("backends", ("aten", "npu")),
     ("max_jobs", 0), ("max_jobs", 2.0), ("preset", "slow"), ("fastpath", "on"), ("verbose", "loud"),
+    ("cutlass_build", "eventually"),
     ("only", "("), ("dynamic", "q"), ("cache_dir", ""), ("search_space", "huge"), ("benchmark_space", 0),
     ("perf_model", "magic")])
 def test_a_bad_value_set_in_code_names_the_attribute_and_keeps_the_old_value(name, value):
@@ -78,7 +79,7 @@ def test_values_set_in_code_win_until_reset(monkeypatch):
     assert config.backends == ("aten", "triton")
     config.reset()
     monkeypatch.delenv("KERNELS_BENCH_MS")
-    assert config.bench_budget_ms == 40.0 and config.backends == ("aten", "triton", "padded")
+    assert config.bench_budget_ms == 40.0 and config.backends == ("aten", "triton", "cutlass", "padded")
 
 
 def test_unknown_and_former_settings_are_attribute_errors():
@@ -98,8 +99,9 @@ def test_a_former_variable_still_set_warns_once_where_it_went():
 
 
 def test_few_settings_each_documented_once():
-    # issue 25 kept 12; issue 26 added KERNELS_MAX_PROBLEMS (the bounded warm table). Each new one joins the table.
-    assert len(SETTINGS) <= 13
+    # issue 25 kept 12; issue 26 added KERNELS_MAX_PROBLEMS (the bounded warm table), issue 27 KERNELS_CUTLASS_BUILD
+    # (how kernels a tune needs get built). Each new one joins the table.
+    assert len(SETTINGS) <= 14
     assert len({s.env for s in SETTINGS}) == len(SETTINGS) and all(s.doc and s.default_text for s in SETTINGS)
     table = settings_markdown()
     assert all(table.count(f"| `{s.env}` |") == 1 for s in SETTINGS)
