@@ -29,6 +29,9 @@ class BuildOutcome:
     error: str | None = None     # failure text when runner is None
     compiled: bool = False       # True when this build ran a compiler (False: loaded from the artifact store)
     seconds: float = 0.0
+    # not built yet, and left to a background build (KERNELS_CUTLASS_BUILD=background): the tune goes on without it
+    # and records it in Selection.pending
+    pending: bool = False
 
 
 class Backend(ABC):
@@ -60,6 +63,12 @@ class Backend(ABC):
         """Names of the choices whose binaries this backend has stored, so building them compiles nothing. Backends
         that cannot tell cheaply keep the default: none known."""
         return set()
+
+    def settled(self, problem: GemmProblem, choices: list[Choice]) -> bool:
+        """Whether choices that were pending when the problem was tuned are settled now: built, or failed for good.
+        Asked on a cold lookup of such a problem (cheaply: no binary is read), which re-tunes it once they are.
+        Backends that never leave a choice pending keep the default."""
+        return True
 
     def prebuild(self, work: list[tuple[GemmProblem, list[Choice]]]) -> int:
         """Compile ahead, in one batch, the binaries several problems' builds will need; returns how many were

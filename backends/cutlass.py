@@ -2,16 +2,24 @@
 launch on torch's current stream. Runners are isolated (CutlassBackend.isolated): verification and timing
 run in a child process (backends/isolated_child.py), so a faulting kernel cannot poison the caller's CUDA context.
 
-Artifacts: <cache_dir>/cutlass/sm<arch>/<key>/{kernel.cu, kernel.so, build.log, meta.json}; key = source hash +
-nvcc version + flags + arch + CUTLASS version. `meta.json` is written last and records the binary's size and hash:
-an entry without a matching marker is a miss and is rebuilt.
+Artifacts: <cache_dir>/cutlass/sm<arch>/<key>/{kernel.cu, kernel.so, build.log, meta.json, failed.json}; key =
+source hash + nvcc version + flags + arch + CUTLASS version. `meta.json` is written last and records the binary's
+size and hash: an entry without a matching marker is a miss and is rebuilt. `failed.json` records a compile that
+failed (this key's compiler output tail): background and `off` builds do not retry it (inline builds do, and
+`python -m kernels warmup --retry-failed`).
+
+How a tune gets binaries it lacks (KERNELS_CUTLASS_BUILD): `inline` compiles them in the tune; `background` loads
+what is built and hands back the rest as pending (kernels.tune.background_build builds them in a low-priority
+process); `off` loads what is built (`python -m kernels warmup`) and reports the rest as not built.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
+import json
+import re
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +32,9 @@ from kernels.core.cache_root import cache_root
 from kernels.core.choice import Choice, name_filter
 from kernels.core.config import config
 from kernels.core.counters import bump as bump_stat
+from kernels.core.detached import run_in_group
 from kernels.core.errors import BuildError, KernelsError
-from kernels.core.fsutil import file_lock, marker_valid, write_if_different
+from kernels.core.fsutil import atomic_write_text, file_lock, marker_claims, marker_valid, read_json, write_if_different
 from kernels.core.fsutil import publish_marker as fs_publish_marker
 from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
 from kernels.core.toolchain import Toolchain, toolchain
@@ -69,13 +78,43 @@ class ArtifactPaths:
     def marker(self) -> Path:
         return self.root / "meta.json"
 
+    @property
+    def failed(self) -> Path:
+        return self.root / "failed.json"
+
 
 def publish_marker(paths: ArtifactPaths, key: str, info: dict) -> None:
     fs_publish_marker(paths.binary, paths.marker, key, info)
+    with contextlib.suppress(FileNotFoundError):
+        paths.failed.unlink()           # an inline build or a retry succeeded where an earlier one failed
 
 
 def artifact_valid(paths: ArtifactPaths, key: str) -> bool:
     return marker_valid(paths.binary, paths.marker, key)
+
+
+def record_failure(paths: ArtifactPaths, key: str, message: str) -> None:
+    """Remember that this key's compile failed, so background builds do not retry it on every tune."""
+    try:
+        atomic_write_text(paths.failed, json.dumps({"key": key, "message": message[-LOG_TAIL_CHARS:]}))
+    except OSError:
+        pass                # not recorded: the next background build tries again, which is all it costs
+
+
+def recorded_failure(paths: ArtifactPaths, key: str) -> str | None:
+    """The recorded compile failure of this key, or None (none, or a record that is not one: ignored)."""
+    data = read_json(paths.failed)
+    if data is None or data.get("key") != key or not isinstance(data.get("message"), str):
+        return None
+    return data["message"]
+
+
+def artifact_state(paths: ArtifactPaths, key: str) -> str:
+    """'built', 'failed' or 'missing', without reading the binary (marker_claims): what a cold lookup, `kernels
+    info` and warmup ask. Loading still checks the hash."""
+    if marker_claims(paths.binary, paths.marker, key) is not None:
+        return "built"
+    return "failed" if recorded_failure(paths, key) is not None else "missing"
 
 
 # -- loading and launching ----------------------------------------------------------------------------------------
@@ -148,16 +187,28 @@ def make_launcher(kernel: LoadedKernel, problem: GemmProblem, cfg: CutlassConfig
     return launch
 
 
-def run_ninja(nvcc: str, jobs: list[BuildJob], batches_dir: Path, max_jobs: int) -> None:
-    """Build every job with one `ninja -jN`, keeping going past failures: a job succeeded iff its output exists."""
+# ninja's status line on a pipe: printed as each edge finishes, "[finished/total] "
+_NINJA_STATUS = re.compile(r"^\[(\d+)/(\d+)\] ")
+
+
+def run_ninja(nvcc: str, jobs: list[BuildJob], batches_dir: Path, max_jobs: int, on_progress=None) -> None:
+    """Build every job with one `ninja -jN`, keeping going past failures: a job succeeded iff its output exists.
+    ninja and its compilers run in their own process group, killed with it when the build is interrupted.
+    `on_progress(done, total)` is called as each compile finishes."""
     text = ninja_text(nvcc, jobs)
     batch = batches_dir / hashlib.sha256(text.encode()).hexdigest()[:16]
     write_if_different(batch / "build.ninja", text)
     for job in jobs:
         job.log.parent.mkdir(parents=True, exist_ok=True)
+
+    def on_line(line: str) -> None:
+        match = _NINJA_STATUS.match(line)
+        if match:
+            on_progress(int(match[1]), int(match[2]))
+
     try:
-        subprocess.run(["ninja", "-C", str(batch), "-k", "0", f"-j{max_jobs}"], capture_output=True, text=True,
-                       check=False)
+        run_in_group(["ninja", "-C", str(batch), "-k", "0", f"-j{max_jobs}"],
+                     on_line=on_line if on_progress is not None else None)
     except OSError as e:
         raise BuildError(f"could not run ninja: {e}") from e
 
@@ -242,35 +293,60 @@ class CutlassBackend(Backend):
         return chosen, skipped
 
     def build(self, problem, choices):
+        """Load each choice's binary; one the artifact store lacks is compiled here (KERNELS_CUTLASS_BUILD=inline),
+        handed back pending for a background build (`background`), or reported not built (`off`)."""
+        mode = config.cutlass_build
+        binaries = (self._build_binaries(problem, choices) if mode == "inline"
+                    else self._built_binaries(problem, choices, mode))
         return [outcome if paths is None else self._load(problem, outcome.choice, paths, started, outcome.compiled)
-                for outcome, paths, started in self._build_binaries(problem, choices)]
+                for outcome, paths, started in binaries]
 
     def compile_only(self, problem: GemmProblem, choices: list[Choice]) -> list[BuildOutcome]:
         """Render and build the binaries without loading or running them: what a machine without a GPU can check.
         An outcome with neither runner nor error is a binary that built (or was already in the artifact store)."""
         return [outcome for outcome, _, _ in self._build_binaries(problem, choices)]
 
+    def built(self, problem, choices):
+        return {c.name for c in choices if self.state(problem, c) == "built"}
+
+    def settled(self, problem, choices):
+        # outside background mode nothing builds them behind the tune's back: a re-tune compiles them (inline) or
+        # reports them not built (off)
+        return config.cutlass_build != "background" or all(self.state(problem, c) != "missing" for c in choices)
+
+    def state(self, problem: GemmProblem, choice: Choice) -> str:
+        """'built', 'failed' (recorded) or 'missing' (also: does not render), without reading the binary."""
+        try:
+            key, paths, _ = self.artifact_paths(problem, choice)
+        except Exception:  # noqa: BLE001 - a config that does not render is never built
+            return "missing"
+        return artifact_state(paths, key)
+
     # -- building ---------------------------------------------------------------------------------------------
-    def _compile(self, todo: list[_Prepared]) -> None:
+    def _compile(self, todo: list[_Prepared], max_jobs: int | None = None, on_progress=None) -> None:
         tools = self.tools
         # choices that differ only in run-time arguments (sm90 swizzle) share one artifact: one edge each
         unique = {p.paths.binary: p for p in todo}.values()
         jobs = [BuildJob(p.paths.source, p.paths.binary, p.paths.log, p.spec.flags, tools.cutlass.include_dirs)
                 for p in unique]
-        run_ninja(str(tools.nvcc), jobs, self.root / "batches", config.max_jobs)
+        run_ninja(str(tools.nvcc), jobs, self.root / "batches", max_jobs or config.max_jobs, on_progress)
         bump_stat("compiles", len(todo))
 
-    def prebuild(self, work: list[tuple[GemmProblem, list[Choice]]]) -> int:
+    def prebuild(self, work: list[tuple[GemmProblem, list[Choice]]], max_jobs: int | None = None,
+                 on_progress=None, retry_failed: bool = True) -> int:
         """Every problem's missing binaries in one ninja batch: a problem has a handful of candidates, so
-        per-problem builds leave most cores idle (bench.compare builds a whole suite this way first)."""
+        per-problem builds leave most cores idle (bench.compare builds a whole suite this way first; warmup and the
+        background build too). `max_jobs`: parallel compiles (default MAX_JOBS); `on_progress(done, total)` as
+        each finishes; `retry_failed=False` leaves out binaries whose compile failed before. Returns how many
+        were compiled."""
         pending = []
         for problem, choices in work:
             for choice in choices:
                 prepared, _ = self._prepare(len(pending), problem, choice)
-                if prepared is not None:
+                if prepared is not None and (retry_failed or recorded_failure(prepared.paths, prepared.key) is None):
                     pending.append(prepared)
         unique = list({p.paths.binary: p for p in pending}.values())
-        return len(self._compile_pending(unique)) if unique else 0
+        return len(self._compile_pending(unique, max_jobs, on_progress)) if unique else 0
 
     def _prepare(self, index: int, problem, choice) -> tuple[_Prepared | None, tuple | None]:
         """(what to compile, None), or (None, the result: an outcome and the binary's paths when it exists)."""
@@ -285,18 +361,18 @@ class CutlassBackend(Backend):
         write_if_different(paths.source, source)
         return _Prepared(index, choice, spec, key, paths, start), None
 
-    def _compile_pending(self, pending: list[_Prepared]) -> dict[int, tuple]:
+    def _compile_pending(self, pending: list[_Prepared], max_jobs: int | None = None,
+                         on_progress=None) -> dict[int, tuple]:
         """Compile what is still missing under the build lock (another process may have built some while we
         waited for it) and publish the good binaries; returns index -> result for what was compiled here."""
         with file_lock(self.root / "build.lock"):
             todo = [p for p in pending if not artifact_valid(p.paths, p.key)]
             if todo:
-                self._compile(todo)
+                self._compile(todo, max_jobs, on_progress)
             return {p.index: self._finish(p) for p in todo}
 
-    def _build_binaries(self, problem, choices) -> list[tuple[BuildOutcome, ArtifactPaths | None, float]]:
-        """Per choice: (an outcome without a runner, the binary's paths when it exists, when its build started).
-        Renders every choice, then compiles what the artifact store lacks in one ninja batch under the build lock."""
+    def _prepared_all(self, problem, choices) -> tuple[list, list[_Prepared]]:
+        """Per choice its result when nothing is to compile (else None), and what is to compile."""
         results: list = [None] * len(choices)
         pending: list[_Prepared] = []
         for i, choice in enumerate(choices):
@@ -305,19 +381,46 @@ class CutlassBackend(Backend):
                 results[i] = result
             else:
                 pending.append(prepared)
+        return results, pending
+
+    def _build_binaries(self, problem, choices) -> list[tuple[BuildOutcome, ArtifactPaths | None, float]]:
+        """Per choice: (an outcome without a runner, the binary's paths when it exists, when its build started).
+        Renders every choice, then compiles what the artifact store lacks in one ninja batch under the build lock."""
+        results, pending = self._prepared_all(problem, choices)
         if pending:
             compiled = self._compile_pending(pending)
             for p in pending:
                 results[p.index] = compiled.get(p.index, (BuildOutcome(p.choice, None), p.paths, p.start))
         return results
 
+    def _built_binaries(self, problem, choices, mode: str) -> list[tuple[BuildOutcome, ArtifactPaths | None, float]]:
+        """As _build_binaries, compiling nothing: a missing binary is pending (mode 'background') or not built
+        ('off'); one whose compile failed before is that failure."""
+        results, missing = self._prepared_all(problem, choices)
+        for p in missing:
+            failure = recorded_failure(p.paths, p.key)
+            if failure is not None:
+                outcome = BuildOutcome(p.choice, None, f"compile failed in an earlier build, not retried in "
+                                                       f"KERNELS_CUTLASS_BUILD={mode} (`python -m kernels warmup "
+                                                       f"--retry-failed` retries; log {p.paths.log}): {failure}")
+            elif mode == "background":
+                outcome = BuildOutcome(p.choice, None, "pending: not built yet, left to the background build "
+                                                       "(KERNELS_CUTLASS_BUILD=background)", pending=True)
+            else:
+                outcome = BuildOutcome(p.choice, None, "not built, and KERNELS_CUTLASS_BUILD=off (`python -m "
+                                                       "kernels warmup` builds the default set)")
+            results[p.index] = (outcome, None, p.start)
+        return results
+
     def _finish(self, p: _Prepared) -> tuple[BuildOutcome, ArtifactPaths | None, float]:
-        """After ninja: the compile error (with the log's tail), or the marker published for a good binary."""
+        """After ninja: the compile error (with the log's tail, also recorded in failed.json), or the marker
+        published for a good binary."""
         if not p.paths.binary.exists():
             try:
                 tail = p.paths.log.read_text()[-LOG_TAIL_CHARS:]
             except OSError:
                 tail = "(no compiler log)"
+            record_failure(p.paths, p.key, tail.strip())
             return (BuildOutcome(p.choice, None, f"compile failed: {tail.strip()} (source {p.paths.source}, "
                                                  f"log {p.paths.log})", compiled=True,
                                  seconds=time.perf_counter() - p.start), None, p.start)

@@ -2,6 +2,8 @@
 
     info                          what this machine offers the tuner, and why a backend would be left out
     config [--readme FILE]        the settings table (markdown), or write it into FILE between its settings markers
+    warmup [--backends cutlass] [--dtypes bf16,fp16,int8] [--jobs N] [--arch N] [--retry-failed]
+                                  build the default CUTLASS set ahead of time (no GPU needed: nvcc only)
     fastpath build [--force]      compile the C++ warm-call table for this torch/Python (retries a failed build)
     lut export [-o FILE]          a lookup table from the selection store (top-k per problem)
     lut check FILE                validate a lookup table and report what is used and what is skipped
@@ -21,13 +23,16 @@ from pathlib import Path
 import torch
 
 from backends import get_backend
+from kernels.core import progress
 from kernels.core.cache_root import cache_root
 from kernels.core.config import ALL_BACKENDS, config, settings_markdown, with_readme_settings
+from kernels.core.errors import SettingError
 from kernels.core.problem import GemmProblem
 from kernels.core.toolchain import toolchain
 from kernels.native import fastpath
 from kernels.space import lut
 from kernels.space.families import families_of
+from kernels.tune import background_build, build_queue, warmup
 
 
 def _version(package: str) -> str:
@@ -89,7 +94,24 @@ def info_lines() -> list[str]:
         lines.append(f"  {backend_name:8s} {status}")
         for family in families_of(backend_name):
             lines.append(f"           {family.name} ({', '.join(family.ops)}): {family.what}")
+    lines.extend(_cutlass_set_lines(arch, name))
     return lines
+
+
+def _target(arch: int, name: str) -> tuple[int, str]:
+    """The arch and device name CUTLASS builds for: this GPU's, else sm90 compile-only (as bench.compare does)."""
+    return (arch, name) if arch else (warmup.DEFAULT_ARCH, f"sm{warmup.DEFAULT_ARCH} (compile-only)")
+
+
+def _cutlass_set_lines(arch: int, name: str) -> list[str]:
+    target, target_name = _target(arch, name)
+    sets = [warmup.default_set(target, dtype, target_name) for dtype in warmup.DTYPES]
+    if sets[0].why_not:
+        return [f"cutlass set: none for sm{target}: {sets[0].why_not}"]
+    return [f"cutlass set: sm{target}{'' if arch else ' (no GPU: compile-only)'}: {warmup.summary(sets)}; "
+            f"`python -m kernels warmup` builds it",
+            f"           KERNELS_CUTLASS_BUILD={config.cutlass_build}; background build: "
+            f"{background_build.describe(build_queue.where())}"]
 
 
 # the unaligned probe padded is asked about: bf16 rows of K=1001 elements start 2 bytes off a 16-byte boundary
@@ -174,12 +196,89 @@ def _config(args) -> int:
     return 0
 
 
+def _warmup(args) -> int:
+    try:
+        if args.jobs is not None:
+            config.max_jobs = args.jobs
+        config.validate()
+    except SettingError as e:
+        print(f"python -m kernels warmup: error: {e}", file=sys.stderr)
+        return 2
+    status = 0
+    for name in args.backends:
+        if name != "cutlass":
+            print(f"warmup: {name}: {warmup.NOTHING_TO_BUILD[name]}")
+            continue
+        status = max(status, _warmup_cutlass(args))
+    return status
+
+
+def _warmup_cutlass(args) -> int:
+    gpu = torch.cuda.is_available()
+    if args.arch is not None:
+        arch, name = args.arch, f"sm{args.arch}"
+    else:
+        cap = torch.cuda.get_device_capability(0) if gpu else (0, 0)
+        arch, name = _target(cap[0] * 10 + cap[1], torch.cuda.get_device_name(0) if gpu else "")
+    sets = [warmup.default_set(arch, dtype, name) for dtype in args.dtypes]
+    if sets[0].why_not:
+        print(f"warmup: cutlass: cannot build for sm{arch}: {sets[0].why_not}", file=sys.stderr)
+        return 1
+    todo = warmup.to_build(sets, args.retry_failed)
+    where = "" if gpu else " (no GPU here: compile-only)"
+    print(f"warmup: cutlass for sm{arch}{where}: {warmup.summary(sets)}; building {todo} with {config.max_jobs} "
+          f"parallel compiles (MAX_JOBS{', --jobs' if args.jobs else ''})", flush=True)
+    with progress.bar(todo, "CUTLASS kernels compiled") as advance:
+        try:
+            result = warmup.warmup(sets, config.max_jobs, args.retry_failed, lambda done, total: advance(done))
+        except TimeoutError as e:
+            print(f"warmup: cutlass: another build held the lock too long: {e}", file=sys.stderr)
+            return 1
+    states = result.states
+    print(f"warmup: cutlass: {warmup.summary(sets)}; compiled {result.compiled} in {result.seconds:.0f} s")
+    if states["failed"]:
+        retry = "" if args.retry_failed else " (recorded: not retried until --retry-failed)"
+        print(f"warmup: {states['failed']} failed{retry}; logs:\n  " + "\n  ".join(result.failed_logs),
+              file=sys.stderr)
+    return 1 if states["failed"] or states["missing"] else 0
+
+
+def _names(kind: str, allowed: tuple[str, ...]):
+    """An argparse type: a comma list of `allowed` names (a bad one is an argparse error naming the allowed ones)."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
+        unknown = [n for n in names if n not in allowed]
+        if unknown or not names:
+            what = f"unknown {kind} {', '.join(repr(n) for n in unknown)}" if unknown else f"no {kind} given"
+            raise argparse.ArgumentTypeError(f"{what}; allowed: a comma list of {', '.join(allowed)}")
+        return names
+    return parse
+
+
+def _positive(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kernels", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="print the toolchain and backends")
     cfg = sub.add_parser("config", help="print the settings table (markdown, as the README carries it)")
     cfg.add_argument("--readme", metavar="FILE", help="write the table into FILE between its settings markers instead")
+
+    wu = sub.add_parser("warmup", help="build the default CUTLASS set ahead of time (no GPU needed: nvcc only)")
+    wu.add_argument("--backends", type=_names("backend", ALL_BACKENDS), default=("cutlass",),
+                    help="comma list; only cutlass has kernels to build ahead (default cutlass)")
+    wu.add_argument("--dtypes", type=_names("dtype", warmup.DTYPES), default=warmup.DTYPES,
+                    help=f"comma list of {', '.join(warmup.DTYPES)} (default all)")
+    wu.add_argument("--jobs", type=_positive, default=None, help="parallel compiles (default MAX_JOBS: the CPU count)")
+    wu.add_argument("--arch", type=_positive, default=None,
+                    help="compute capability to build for, as 90 or 80 (default this GPU's; without one, 90)")
+    wu.add_argument("--retry-failed", action="store_true",
+                    help="compile again the kernels whose compile failed before (recorded, else never retried)")
 
     fp = sub.add_parser("fastpath", help="the C++ warm-call table").add_subparsers(dest="fastpath_command",
                                                                                   required=True)
@@ -206,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "config":
         return _config(args)
+    if args.command == "warmup":
+        return _warmup(args)
     if args.command == "fastpath":
         return _fastpath_build(args)
     if args.command == "lut":

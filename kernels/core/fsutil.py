@@ -151,14 +151,22 @@ def publish_marker(binary: Path, marker: Path, key: str, info: dict) -> None:
     atomic_write_text(marker, json.dumps(meta, sort_keys=True, indent=1))
 
 
-def marker_valid(binary: Path, marker: Path, key: str) -> bool:
-    """The binary is the one its marker published for this key (same size and sha256)."""
+def marker_claims(binary: Path, marker: Path, key: str) -> dict | None:
+    """The marker when it was published for this key and the binary has the size it records: what a check without
+    reading the binary can say (a cold lookup asking whether a build finished); None otherwise. marker_valid also
+    hashes the binary, and only a valid binary is loaded."""
     meta = read_json(marker)
     if meta is None or meta.get("key") != key:
-        return False
+        return None
     try:
         if binary.stat().st_size != meta.get("size"):
-            return False
+            return None
     except OSError:
-        return False
-    return file_sha256(binary) == meta.get("sha256")
+        return None
+    return meta
+
+
+def marker_valid(binary: Path, marker: Path, key: str) -> bool:
+    """The binary is the one its marker published for this key (same size and sha256)."""
+    meta = marker_claims(binary, marker, key)
+    return meta is not None and file_sha256(binary) == meta.get("sha256")

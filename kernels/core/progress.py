@@ -10,7 +10,7 @@ from typing import Callable, Iterator
 _held = [0]       # > 0 while a caller (bench's bar over its shapes) owns the terminal's progress line
 
 
-def _quiet(_text: str) -> None:
+def _quiet(_what) -> None:
     pass
 
 
@@ -45,3 +45,39 @@ def status(text: str) -> Iterator[Callable[[str], None]]:
         return
     with Console(stderr=True).status(text) as line:
         yield lambda new: line.update(new)
+
+
+@contextlib.contextmanager
+def bar(total: int, what: str) -> Iterator[Callable[[int], None]]:
+    """A bar over `total` items of long work (`python -m kernels warmup`'s compiles) while the block runs; yields
+    advance_to(done). On a terminal only: rich's bar, else a plain counter line; quiet elsewhere."""
+    if not shown():
+        yield _quiet
+        return
+    try:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    except ImportError:
+        yield from _plain_bar(total, what)
+        return
+    with Progress(BarColumn(), MofNCompleteColumn(), TextColumn(what), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task(what, total=total)
+        yield lambda done: progress.update(task, completed=done)
+
+
+def _plain_bar(total: int, what: str) -> Iterator[Callable[[int], None]]:
+    width = [0]
+
+    def advance_to(done: int) -> None:
+        line = f"{done}/{total} {what}"
+        sys.stderr.write("\r" + line.ljust(width[0]))
+        sys.stderr.flush()
+        width[0] = max(width[0], len(line))
+
+    try:
+        yield advance_to
+    finally:
+        if width[0]:
+            sys.stderr.write("\r" + " " * width[0] + "\r")
+            sys.stderr.flush()

@@ -28,6 +28,9 @@ class Selection:
     # backends that could not serve when it was tuned: when one of them can, the selection is stale (re-tuned on the
     # next cold lookup, never on a warm call)
     unavailable: list[str] = field(default_factory=list)
+    # choices whose binaries were still being built in the background when it was tuned: once they are built (or
+    # failed for good), the selection is stale the same way (backends.base.Backend.settled)
+    pending: list[str] = field(default_factory=list)
 
     @property
     def winner_choice(self) -> Choice:
@@ -46,7 +49,7 @@ class Selection:
                 "choices": {n: c.as_dict() for n, c in self.choices.items()}, "timings": self.timings,
                 "details": self.details, "tune_seconds": self.tune_seconds, "created": self.created,
                 "fingerprint": self.fingerprint, "notes": self.notes, "stage_seconds": self.stage_seconds,
-                "unavailable": self.unavailable}
+                "unavailable": self.unavailable, "pending": self.pending}
 
     @classmethod
     def from_dict(cls, data: dict, source: str) -> "Selection":
@@ -61,7 +64,7 @@ class Selection:
                    tune_seconds=float(data.get("tune_seconds", 0.0)), created=float(data.get("created", 0.0)),
                    fingerprint=data.get("fingerprint", {}), notes=list(data.get("notes", [])),
                    stage_seconds={k: float(v) for k, v in data.get("stage_seconds", {}).items()},
-                   unavailable=list(data.get("unavailable", [])))
+                   unavailable=list(data.get("unavailable", [])), pending=_pending(data, choices))
 
     def table(self, rounds: bool = False) -> str:
         """The AUTOTUNE table: timed choices sorted by time with % of best, then the failures. `rounds`: each timed
@@ -79,4 +82,15 @@ class Selection:
         for name, why in self.failures().items():
             lines.append(f"   {name:<52} {why[:160]}")
         lines.extend(f"   note: {n}" for n in self.notes)
+        if self.pending:
+            lines.append(f"   note: tuned while {len(self.pending)} candidates were being built in the background; "
+                         "re-tuned with them on a cold lookup once they are built")
         return "\n".join(lines)
+
+
+def _pending(data: dict, choices: dict[str, Choice]) -> list[str]:
+    """The recorded pending choices; each must be a recorded choice (the cold lookup asks its backend about it)."""
+    names = data.get("pending", [])
+    if not isinstance(names, list) or any(n not in choices for n in names):
+        raise ValueError("pending names a choice that is not recorded")
+    return list(names)

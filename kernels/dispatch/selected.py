@@ -18,6 +18,7 @@ from kernels.core.selection import Selection
 from kernels.measure.verify import make_inputs, reference, verify_launch
 from kernels.store.selections import SelectionStore, store_key
 from kernels.tune.autotune import fingerprint, tune
+from kernels.tune.build_queue import request as request_build
 
 lock = threading.RLock()          # guards this module's tables and the api's warm table
 _selections: dict[GemmProblem, Selection] = {}
@@ -65,6 +66,10 @@ def _load_stored(key: str, problem: GemmProblem):
         _warn_once(f"kernels: re-tuning {problem.short()}: tuned while {', '.join(stale)} could not serve, which can "
                    "now")
         return None
+    if sel.pending and _settled(sel, problem):
+        _warn_once(f"kernels: re-tuning {problem.short()}: tuned while {len(sel.pending)} of its candidates were "
+                   "being built in the background, which are done now")
+        return None
     choice = sel.winner_choice
     try:
         outcome = get_backend(choice.backend).build(problem, [choice])[0]
@@ -79,6 +84,26 @@ def _load_stored(key: str, problem: GemmProblem):
         return None
     _stats.bump("disk_hits")
     return sel, outcome.runner.launch
+
+
+def _settled(sel: Selection, problem: GemmProblem) -> bool:
+    """Whether the choices still being built when `sel` was tuned are settled (built, or failed for good; asked of
+    their backends without reading a binary). Those that are not are asked for again: a builder that was killed
+    meanwhile is started again, one that runs already has them."""
+    by_backend: dict[str, list] = {}
+    for name in sel.pending:
+        choice = sel.choices[name]
+        by_backend.setdefault(choice.backend, []).append(choice)
+    settled = True
+    for name, choices in by_backend.items():
+        try:
+            done = name not in config.backends or get_backend(name).settled(problem, choices)
+        except Exception:  # noqa: BLE001 - a backend that cannot even load will not build them: re-tune
+            done = True
+        if not done:
+            settled = False
+            request_build(problem, choices)
+    return settled
 
 
 def _available(name: str, problem: GemmProblem) -> bool:

@@ -33,6 +33,7 @@ from kernels.measure.timing import (
 )
 from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
 from kernels.space.families import complexity, one_launch, template_tree_hash
+from kernels.tune.build_queue import request as request_build
 from kernels.tune.candidates import fingerprint_extra, narrow
 
 if TYPE_CHECKING:
@@ -125,6 +126,7 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
     notes: list[str] = []
     runners: dict[str, Runner] = {}
     unavailable: list[str] = []
+    pending: list[str] = []
 
     for name in backends:
         try:
@@ -143,6 +145,10 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
                 choices[c.name] = c
             with clock("build"):
                 outcomes = backend.build(problem, cands)
+            waiting = [o.choice for o in outcomes if o.pending]
+            if waiting:     # left to the background build: tuned without them, re-tuned once they are built
+                pending += [c.name for c in waiting]
+                notes += [n for n in (request_build(problem, waiting),) if n]
             for outcome in outcomes:
                 if outcome.runner is None:
                     timings[outcome.choice.name] = outcome.error or "build failed"
@@ -194,7 +200,8 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
 
     sel = Selection(problem=problem, winner=winner, choices=choices, timings=timings, details=details,
                     source="tuned", tune_seconds=time.perf_counter() - start, created=time.time(), notes=notes,
-                    stage_seconds={k: round(v, 4) for k, v in clock.seconds.items()}, unavailable=unavailable)
+                    stage_seconds={k: round(v, 4) for k, v in clock.seconds.items()}, unavailable=unavailable,
+                    pending=pending)
     counters.bump("tunes")
     if config.verbose:
         print(sel.table(), file=sys.stderr)

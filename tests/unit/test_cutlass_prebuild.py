@@ -18,7 +18,7 @@ def batches(monkeypatch):
     """Record each ninja batch (binary paths) and stand in for nvcc by writing the binaries."""
     seen = []
 
-    def fake_compile(self, todo):
+    def fake_compile(self, todo, max_jobs=None, on_progress=None):
         seen.append([p.paths.binary for p in todo])
         for p in todo:
             p.paths.binary.parent.mkdir(parents=True, exist_ok=True)
