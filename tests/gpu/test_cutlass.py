@@ -25,6 +25,7 @@ def shared_cache(tmp_path_factory):
 @pytest.fixture
 def backend(shared_cache):
     kernels.config.cache_dir = str(shared_cache)      # after conftest's per-test reset
+    kernels.config.cutlass_build = "inline"           # these test the builds themselves, not the background build
     b = get_backend("cutlass")
     probe = GemmProblem.from_tensors("mm", *_operands(128, 128, 128, "row", "row", torch.bfloat16))
     ok, why = b.available(probe)

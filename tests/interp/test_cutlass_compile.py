@@ -5,6 +5,7 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,9 +14,10 @@ import pytest
 from backends.cutlass import ArtifactPaths, CutlassBackend, run_ninja
 from backends.cutlass_render import BuildJob, render, spec_for
 from kernels.core.choice import Choice
+from kernels.core.config import config
 from kernels.space.heuristics_cutlass import CutlassConfig
 from kernels.core.toolchain import resolve
-from tests.helpers import problem
+from tests.helpers import REPO, problem
 
 TOOLS = resolve()
 needs_toolchain = pytest.mark.skipif(not TOOLS.usable or shutil.which("ninja") is None,
@@ -76,6 +78,7 @@ def test_failed_compile_keeps_source_and_log(tmp_path, monkeypatch):
     import backends.cutlass as cutlass_mod
 
     monkeypatch.setattr(cutlass_mod, "render", lambda spec: "#error deliberately broken\n")
+    config.cutlass_build = "inline"        # compiled in the build (the default leaves it to the background build)
     backend = CutlassBackend(TOOLS)
     c = Choice("cutlass", "cutlass2x_sm80_mm", "bf16", None,
                CutlassConfig(64, 64, 64, schedule="", stages=3, warps_m=2, warps_n=2, align=8, align_c=8).params())
@@ -93,9 +96,26 @@ def test_run_time_twins_share_one_build(tmp_path, monkeypatch):
     import backends.cutlass as cutlass_mod
 
     monkeypatch.setattr(cutlass_mod, "render", lambda spec: "#error twin\n")
+    config.cutlass_build = "inline"
     cfg = CutlassConfig(128, 128, 64, 1, 1, "coop", align=8, align_c=8)
     twins = [Choice("cutlass", "cutlass3x_sm90_mm", "bf16", None, c.params()) for c in (cfg, replace(cfg, swizzle=8))]
     outcomes = CutlassBackend(TOOLS).build(problem(), twins)
     assert [o.runner for o in outcomes] == [None, None]
     assert all("#error twin" in o.error and "(no compiler log)" not in o.error for o in outcomes)
     assert outcomes[0].error == outcomes[1].error
+
+
+def test_warmup_builds_a_one_kernel_set_with_nvcc(tmp_path):
+    """`python -m kernels warmup` end to end with the real compiler: the sm80 int8 set narrowed (KERNELS_ONLY, the
+    tuner's own narrowing) to one kernel; a second run builds nothing."""
+    env = dict(os.environ, KERNELS_CACHE_DIR=str(tmp_path / "cache"), KERNELS_ONLY="int8_mm_64x64x128",
+               PYTHONPATH=str(REPO))
+    command = [sys.executable, "-m", "kernels", "warmup", "--arch", "80", "--dtypes", "int8", "--jobs", "2"]
+    first = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "int8 1 kernels (0 built); building 1" in first.stdout
+    assert "int8 1 kernels (1 built); compiled 1" in first.stdout
+    second = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert second.returncode == 0 and "building 0" in second.stdout, second.stdout + second.stderr
+    [library] = (tmp_path / "cache" / "cutlass" / "sm80").glob("*/kernel.so")
+    assert ctypes.CDLL(str(library)).kernels_cutlass_run
