@@ -58,3 +58,24 @@ def test_a_callers_bar_keeps_the_tuning_status_off_the_terminal(monkeypatch):
     with progress.held_by_caller():
         with progress.status("tuning") as update:
             assert update is progress._quiet
+
+
+def test_a_bar_is_quiet_off_a_terminal(monkeypatch):
+    monkeypatch.setattr(progress.sys, "stderr", io.StringIO())
+    with progress.bar(3, "kernels compiled") as advance:
+        advance(2)
+    assert progress.sys.stderr.getvalue() == ""
+
+
+def test_a_bar_without_rich_is_a_counter_line_cleared_at_the_end(monkeypatch):
+    import sys
+
+    stream = io.StringIO()
+    monkeypatch.setattr(progress.sys, "stderr", stream)
+    monkeypatch.setattr(progress, "shown", lambda: True)
+    monkeypatch.setitem(sys.modules, "rich.progress", None)        # rich not installed
+    with progress.bar(3, "kernels compiled") as advance:
+        advance(1)
+        advance(3)
+        assert stream.getvalue().endswith("\r3/3 kernels compiled")
+    assert stream.getvalue().endswith("\r")
