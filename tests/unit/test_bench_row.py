@@ -24,8 +24,9 @@ class HeatingChip:
     depends on when it runs; a name in `broken` raises from its `after`-th run on (the heat-up is the baseline's
     first)."""
 
-    def __init__(self, broken=(), after=0):
+    def __init__(self, broken=(), after=0, true_ms=None):
         self.calls, self.broken, self.after = 0, set(broken), after
+        self.true_ms = TRUE_MS if true_ms is None else true_ms
         self.runs: dict[str, int] = {}
 
     def __call__(self, name, untimed, timed):
@@ -33,7 +34,7 @@ class HeatingChip:
         if name in self.broken and self.runs[name] > self.after:
             raise RuntimeError(f"{name}: illegal memory access")
         self.calls += untimed + timed
-        ms = TRUE_MS[name] * (1 + 0.18 * min(1.0, self.calls / 2000))
+        ms = self.true_ms[name] * (1 + 0.18 * min(1.0, self.calls / 2000))
         return lambda: ms
 
 
@@ -226,3 +227,28 @@ def test_measure_row_runs_real_calls_and_records_the_ones_that_raise():
     assert row.fills["triton_x"] == ["triton", "triton_tma"]
     assert row.failures["broken"] == "ValueError: no kernel image"
     assert row.failures["unbuilt"] == "RuntimeError: rebuilding failed"
+
+
+def test_a_tuned_cell_keeps_what_its_tune_saw_and_the_row_replaces_only_the_printed_numbers():
+    from bench.columns import Column, NameFilter
+    from bench.measure import TuneOutcome, problem_for, tuned_cell
+    from bench.shapes import Shape
+    from kernels.core.choice import Choice
+
+    aten, tile = Choice("aten", "aten_mm", "bf16"), Choice("triton", "triton_mm", "bf16", params=(("t", 1),))
+    outcome = TuneOutcome(("aten", "triton"), None, {aten.name: 0.183, tile.name: 0.216},
+                          {aten.name: aten, tile.name: tile}, [], 2.5)
+    problem = problem_for(Shape(64, 64, 64), "bf16", "nn", "cpu")
+    facts = DeviceFacts("cuda", "NVIDIA H100", peak_tflops=800.0, bandwidth_gbs=3000.0)
+    cell = tuned_cell(Column("triton", "backend", "triton"), outcome, problem, facts, NameFilter(), interpreted=False)
+    assert (cell.best, cell.measured, cell.median_ms, cell.aten_ms) == (tile.name, "tune", 0.216, 0.183)
+    assert cell.tune_timing == TuneTiming(0.216, None, None, 0.183)
+    sr = ShapeResult(64, 64, 64, "mm", "bf16", "nn", problem.flops, problem.min_bytes, None, cells={"triton": cell})
+    sr.cells["aten"] = Cell("aten", "ok", aten.name, 0.183, measured="tune", tune_timing=TuneTiming(0.183))
+    row = RowCalls(reference=aten.name)
+    row.add(aten.name, "aten", lambda: (lambda i: None))
+    row.add(tile.name, "triton", lambda: (lambda i: None))
+    chip = HeatingChip(true_ms={aten.name: 0.200, tile.name: 0.190})
+    apply_row(sr, row, run_regime(row, chip, chip.true_ms, PLAN), PLAN.as_dict(), speed=True)
+    assert cell.measured == "steady" and cell.speedup == pytest.approx(0.200 / 0.190, rel=0.02)
+    assert cell.tune_timing == TuneTiming(0.216, None, None, 0.183)
