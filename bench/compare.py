@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PNG",
                    help=f"write a bar chart (TFLOP/s per column; without a GPU, candidates verified); needs "
                         f"matplotlib: {PLOT_INSTALL}")
-    p.add_argument("--bench-ms", type=float, default=None, help="tuning's measurement budget per candidate (KERNELS_BENCH_MS); the row's "
-                        "measurement together afterwards follows the steady regime's own plan")
+    p.add_argument("--bench-ms", type=float, default=None,
+                   help="tuning's measurement budget per candidate (KERNELS_BENCH_MS); each row's measurement "
+                        "together afterwards follows the steady regime's own plan")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar and no notes on stderr (the bar is shown only when stderr is a terminal)")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
