@@ -85,7 +85,7 @@ def geomean(values: list[float]) -> float:
 
 def finalists(selection: Selection) -> tuple[list[str], dict[str, float], str]:
     """The final round's finalists with the tuner's times for them, fastest first: the names whose details hold
-    "final_ms" (issue 27's steady round), else "retimed_ms" (the burst final round before it), else the
+    "final_ms" (kernels.tune.final_round, either regime), else "retimed_ms" (selections stored before it), else the
     FALLBACK_FINALISTS fastest timed candidates with their first-pass times. The winner is always among them.
     Returns (names, tuner ms by name, which of those measurements it is)."""
     tuner, source = {}, "timings"
