@@ -144,4 +144,6 @@ def _problems(data) -> str | None:
     for key in ("tune_seconds", "created"):
         if not _number(data.get(key, 0.0)):
             return f"{key} is not a time"
+    if data.get("regime", "burst") not in ("steady", "burst"):
+        return "regime is neither steady nor burst"
     return None
