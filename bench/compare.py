@@ -1,6 +1,11 @@
 """`python -m bench.compare`: every backend side by side on a shape suite, through the same tune/timing code as
 kernels.mm, with the Inductor peer and kernels.mm itself.
 
+Each backend is tuned on its own; then each row (aten, every column's best candidate, kernels.mm, Inductor) is
+measured together in the tuner's steady final-round regime (bench.row), and that is what the table prints: every
+time is the median of its windows, every spread comes from the same windows, every ratio is aten's printed time over
+the cell's. The tunes' own numbers stay in the JSON (`tune_timing`).
+
     python -m bench.compare --backends aten,triton,cutlass,inductor --shapes square --dtype bf16 --json out.json
 
 Without a GPU it says so and checks correctness only: the Triton templates run under the interpreter
@@ -23,9 +28,11 @@ from bench.device import environment, measure_device
 from bench.progress import RunProgress
 from bench.report import PLOT_INSTALL, PlotError, print_table, pyplot, write_csv, write_json, write_plot
 from bench.results import Cell, Report, ShapeResult, summarize
+from bench.row import KERNELS_MM, RowCalls, apply_row, measure_row
 from bench.shapes import ShapesError, parse_shapes
 from kernels.tune.autotune import prebuild
 from kernels.core.config import config
+from kernels.measure.steady import plan_for
 from kernels.space.shapes import COMPARE_LAYOUT, COMPARE_SUITE
 
 # shapes larger than this (M*N*K) are too slow for the Triton interpreter / CPU
@@ -60,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PNG",
                    help=f"write a bar chart (TFLOP/s per column; without a GPU, candidates verified); needs "
                         f"matplotlib: {PLOT_INSTALL}")
-    p.add_argument("--bench-ms", type=float, default=None, help="measurement budget per candidate (KERNELS_BENCH_MS)")
+    p.add_argument("--bench-ms", type=float, default=None,
+                   help="tuning's measurement budget per candidate (KERNELS_BENCH_MS); each row's measurement "
+                        "together afterwards follows the steady regime's own plan")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar and no notes on stderr (the bar is shown only when stderr is a terminal)")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
@@ -137,7 +146,7 @@ def run(args: argparse.Namespace, no_gpu: bool, progress: RunProgress):
     if "cutlass" in backends_all and not no_gpu:
         report.prebuild = _prebuild(shapes, args, device, progress)
     if not args.no_kernels_mm and not no_gpu:
-        # kernels.mm is timed in steady state: with the C++ warm-call table when it builds here (KERNELS_FASTPATH)
+        # kernels.mm is timed as users call it: with the C++ warm-call table when it builds here (KERNELS_FASTPATH)
         progress.note(f"kernels.mm warm-call table: {kernels.load_fastpath()}")
         report.env["fastpath"] = kernels.fastpath_status()
     error = None
@@ -202,6 +211,8 @@ def _save_partial(args, report: Report) -> None:
 
 def _measure_shape(args, columns, flt, backends_all, problem, facts, sr, no_gpu, where,
                    progress: RunProgress) -> None:
+    """Tune each column's backend, make kernels.mm's first call and Inductor's compile, then measure the whole row
+    together in one steady regime (bench.row): the printed times and ratios of a row come from the same windows."""
     outcomes = {}
     compile_only = no_gpu and "cutlass" in backends_all      # no GPU: CUTLASS is built, not run
     for backend in backends_all:
@@ -210,9 +221,10 @@ def _measure_shape(args, columns, flt, backends_all, problem, facts, sr, no_gpu,
         tuned = ("aten",) if backend == "aten" else ("aten", backend)
         progress.step(f"{where}: tuning {'+'.join(tuned)}")
         outcomes[backend] = m.tune_backends(problem, tuned)
-    # kernels.mm first: Inductor's compile leaves process state behind (dynamo, caches) that a host-bound call
-    # feels, so it is measured before any torch.compile of this shape runs
-    sets = None
+    sets = m.rotated_sets(problem, problem.device)
+    row = RowCalls()
+    # kernels.mm's first call before Inductor's compile: that leaves process state behind (dynamo, caches), and the
+    # first call may tune
     if not args.no_kernels_mm:
         mm_backends = backends_all if "aten" in backends_all else ("aten",) + backends_all
         if compile_only:
@@ -220,20 +232,29 @@ def _measure_shape(args, columns, flt, backends_all, problem, facts, sr, no_gpu,
         for out in outcomes.values():
             if out.backends == mm_backends:
                 m.seed_selection(out)    # kernels.mm serves this very tune instead of tuning again
-        progress.step(f"{where}: kernels.mm with backends {','.join(mm_backends)}"
-                      + ("" if no_gpu else " vs torch.mm"))
-        sets = m.rotated_sets(problem, problem.device)
-        sr.kernels_mm = m.kernels_mm_result(problem, mm_backends, sets, config.bench_budget_ms, timed=not no_gpu)
+        progress.step(f"{where}: kernels.mm with backends {','.join(mm_backends)}")
+        sr.kernels_mm, mm_call = m.kernels_mm_result(problem, mm_backends, sets)
+        if mm_call is not None:
+            row.add(KERNELS_MM, KERNELS_MM, lambda: mm_call)
     for col in columns:
         if col.kind == "inductor":
-            sets = sets or m.rotated_sets(problem, problem.device)
             progress.step(f"{where}: inductor compile (max-autotune-no-cudagraphs)")
-            sr.cells[col.name] = m.inductor_cell(problem, sets, facts, config.bench_budget_ms)
+            sr.cells[col.name], compiled = m.inductor_cell(problem, sets)
+            if compiled is not None:
+                row.add(col.name, col.name, lambda: compiled)
         elif compile_only and col.backend == "cutlass":
             progress.step(f"{where}: {col.name} compile-only (no GPU)")
             sr.cells[col.name] = m.cutlass_compile_cell(col, problem)
         else:
-            sr.cells[col.name] = m.tuned_cell(col, outcomes[col.backend], problem, facts, flt, no_gpu)
+            cell = sr.cells[col.name] = m.tuned_cell(col, outcomes[col.backend], problem, facts, flt, no_gpu)
+            if cell.ok:
+                choice = outcomes[col.backend].choices[cell.best]
+                row.add(cell.best, col.name, lambda: m.candidate_call(choice, problem, sets))
+                if col.backend == "aten":
+                    row.reference = cell.best       # aten: the baseline of every ratio on the row
+    progress.step(f"{where}: measuring {len(row.calls)} calls together (steady regime)")
+    result = measure_row(row, len(sets), problem.device)
+    apply_row(sr, row, result, plan_for(problem.device).as_dict(), speed=not no_gpu)
 
 
 def main(argv: list[str] | None = None) -> int:

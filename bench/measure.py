@@ -1,6 +1,7 @@
-"""Measuring one shape: tune each backend with kernels.autotune.tune, time the Inductor peer and kernels.mm itself
-with kernels.timing on the same rotated inputs. Every failure becomes a Cell, never an exception out of here
-(unless the caller asked not to keep going)."""
+"""Measuring one shape: tune each backend with kernels.autotune.tune, compile the Inductor peer, make kernels.mm's
+first call; and the calls bench.row then measures together (each column's best candidate, rebuilt from the artifact
+store; kernels.mm; Inductor). Every failure becomes a Cell, never an exception out of here (unless the caller asked
+not to keep going)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +14,7 @@ import kernels
 from backends import get_backend
 from backends.aten import int_mm_limits
 from bench.columns import Column, NameFilter, pick_best
-from bench.results import Cell, DeviceFacts, KernelsMmResult
+from bench.results import Cell, DeviceFacts, KernelsMmResult, TuneTiming, rates
 from bench.shapes import Shape
 from kernels.tune.autotune import fingerprint, tune
 from kernels.store.selections import SelectionStore, store_key
@@ -21,7 +22,7 @@ from kernels.core.config import config
 from kernels.core.errors import NoCandidateError
 from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
 from kernels.core.selection import Selection
-from kernels.measure.timing import measure_together
+from kernels.measure.timing import Call, user_call
 from kernels.measure.verify import check, make_inputs, reference, timing_sets
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
@@ -92,7 +93,8 @@ def _aten_ms(outcome: TuneOutcome) -> float | None:
 
 def tuned_cell(column: Column, outcome: TuneOutcome, problem: GemmProblem, facts: DeviceFacts,
                flt: NameFilter, interpreted: bool) -> Cell:
-    """The column's best candidate from its backend's tune, with rates and the speedup vs aten in that tune."""
+    """The column's best candidate from its backend's tune, with its tune's times and speedup against aten in that
+    tune (`tune_timing`; also the cell's numbers until bench.row measures the row together)."""
     pick = pick_best(outcome.timings, outcome.choices, column, flt)
     cell = Cell(column.name, "ok", tune_s=outcome.seconds, candidates=pick.candidates, failed=pick.failed,
                 unsupported=pick.unsupported)
@@ -106,14 +108,26 @@ def tuned_cell(column: Column, outcome: TuneOutcome, problem: GemmProblem, facts
             cell.status, cell.message = "failed", pick.broken or pick.failure or "no result"
         return cell
     details = outcome.selection.details.get(pick.name, {}) if outcome.selection else {}
-    cell.best, cell.median_ms = pick.name, pick.median_ms
+    cell.best, cell.median_ms, cell.measured = pick.name, pick.median_ms, "tune"
     cell.p20_ms, cell.p80_ms = spread_of(details, pick.median_ms)
     if interpreted:
         cell.message = pick.broken or ""       # correctness only: the candidates that failed are the news
+        cell.tune_timing = TuneTiming(cell.median_ms, cell.p20_ms, cell.p80_ms)
         return cell
     cell.aten_ms = _aten_ms(outcome)
     fill_rates(cell, problem, facts)
+    cell.tune_timing = TuneTiming(cell.median_ms, cell.p20_ms, cell.p80_ms, cell.aten_ms)
     return cell
+
+
+def candidate_call(choice, problem: GemmProblem, sets) -> Call:
+    """The user's call of a tuned candidate on the rotated sets, as its tune timed it: the backend builds it again,
+    which loads what the tune built (the tune keeps only its winner's runner). The tune verified this binary; a
+    CUTLASS one was verified in its child and then re-timed in this process by the tune's final round."""
+    outcome = get_backend(choice.backend).build(problem, [choice])[0]
+    if outcome.runner is None:
+        raise RuntimeError(f"rebuilding {choice.name} failed: {outcome.error or 'no runner'}")
+    return user_call(outcome.runner.launch, sets)
 
 
 def spread_of(details: dict, median_ms: float) -> tuple[float | None, float | None]:
@@ -126,10 +140,8 @@ def spread_of(details: dict, median_ms: float) -> tuple[float | None, float | No
 
 
 def fill_rates(cell: Cell, problem: GemmProblem, facts: DeviceFacts) -> None:
-    cell.tflops = problem.flops / (cell.median_ms * 1e-3) / 1e12
-    floor = facts.floor_ms(problem.flops, problem.min_bytes)
-    if floor is not None:
-        cell.pct_floor = 100.0 * floor / cell.median_ms
+    cell.tflops, cell.pct_floor = rates(problem.flops, facts.floor_ms(problem.flops, problem.min_bytes),
+                                        cell.median_ms)
     if cell.aten_ms:
         cell.speedup = cell.aten_ms / cell.median_ms
 
@@ -150,11 +162,12 @@ def _calls(fn, sets):
     return call
 
 
-def inductor_cell(problem: GemmProblem, sets, facts: DeviceFacts, budget_ms: float) -> Cell:
-    """torch.compile(torch.mm, mode="max-autotune-no-cudagraphs"), its compile time, verified, timed beside aten."""
+def inductor_cell(problem: GemmProblem, sets) -> tuple[Cell, Call | None]:
+    """torch.compile(torch.mm, mode="max-autotune-no-cudagraphs"): its compile time and result checked; returns the
+    cell and the compiled call, which bench.row times with the rest of the row (None when there is nothing to time)."""
     cell = Cell("inductor", "ok", best="torch.compile max-autotune-no-cudagraphs")
     if problem.device != "cuda":
-        return Cell("inductor", "unavailable", message="needs a CUDA GPU (Inductor max-autotune)")
+        return Cell("inductor", "unavailable", message="needs a CUDA GPU (Inductor max-autotune)"), None
     import torch._dynamo   # noqa: PLC0415 - only the Inductor column needs dynamo
     torch._dynamo.reset()  # a fresh compile per shape: no recompile limit, no dynamic-shape fallback
     fn = torch.compile(_aten_fn(problem.op), mode="max-autotune-no-cudagraphs", dynamic=False)
@@ -165,20 +178,12 @@ def inductor_cell(problem: GemmProblem, sets, facts: DeviceFacts, budget_ms: flo
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - a compile failure is the cell's content
         return Cell("inductor", "failed", tune_s=time.perf_counter() - start,
-                    message=f"compile failed: {type(e).__name__}: {str(e)[:200]}")
+                    message=f"compile failed: {type(e).__name__}: {str(e)[:200]}"), None
     cell.tune_s = time.perf_counter() - start
     result = check(problem, out, reference(problem, a, b))
     if not result.ok:
-        return Cell("inductor", "failed", tune_s=cell.tune_s, message=f"wrong result: {result.message}")
-    calls = {"inductor": _calls(fn, sets)}
-    if not _aten_cannot_run(problem):
-        calls["aten"] = _calls(_aten_fn(problem.op), sets)
-    timed = measure_together(calls, len(sets), "cuda", 2 * budget_ms)
-    t = timed["inductor"]
-    cell.median_ms, cell.p20_ms, cell.p80_ms = t.median_ms, t.p20_ms, t.p80_ms
-    cell.aten_ms = timed["aten"].median_ms if "aten" in timed else None
-    fill_rates(cell, problem, facts)
-    return cell
+        return Cell("inductor", "failed", tune_s=cell.tune_s, message=f"wrong result: {result.message}"), None
+    return cell, _calls(fn, sets)
 
 
 def seed_selection(outcome: TuneOutcome) -> None:
@@ -188,10 +193,9 @@ def seed_selection(outcome: TuneOutcome) -> None:
     SelectionStore().put(store_key(outcome.selection.problem, fingerprint(outcome.backends)), outcome.selection)
 
 
-def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets, budget_ms: float,
-                      timed: bool = True) -> KernelsMmResult:
-    """kernels.mm (or int_mm) as users call it: first call (tunes or loads), checked against the reference, then
-    (`timed`) steady state beside torch.mm."""
+def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets) -> tuple[KernelsMmResult, Call | None]:
+    """kernels.mm (or int_mm) as users call it: the first call (tunes or loads), checked against the reference.
+    Returns the result and the call that bench.row times with the rest of the row (None after an error)."""
     config.backends = backends
     entry = kernels.mm if problem.op == "mm" else kernels.int_mm
     a, b = sets[0]
@@ -206,32 +210,18 @@ def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets, bud
         sel = kernels.explain(a, b, op=problem.op)
     except Exception as e:  # noqa: BLE001 - e.g. NoCandidateError: the row says why
         return KernelsMmResult("error", first_call_s=time.perf_counter() - start,
-                               message=f"{type(e).__name__}: {str(e)[:300]}")
+                               message=f"{type(e).__name__}: {str(e)[:300]}"), None
     result = check(problem, out, reference(problem, a, b))
     if not result.ok:
-        return KernelsMmResult("error", winner=sel.winner, message=f"wrong result: {result.message}")
-    source = first_call_source(before, kernels.stats())
-    if not timed:
-        return KernelsMmResult("ok", winner=sel.winner, source=source, first_call_s=first,
-                               message="matches the reference (correctness only: not timed)")
-    why_not_torch = _aten_cannot_run(problem)
-    calls = {"kernels": _calls(entry, sets)}
-    if not why_not_torch:
-        calls["torch"] = _calls(_aten_fn(problem.op), sets)
-    timed = measure_together(calls, len(sets), device, 2 * budget_ms)
-    km, tm = timed["kernels"], timed.get("torch")
+        return KernelsMmResult("error", winner=sel.winner, message=f"wrong result: {result.message}"), None
     ranked = sel.ranked()
     regret = None
-    if ranked and isinstance(sel.timings.get(sel.winner), float):
+    if device == "cuda" and ranked and isinstance(sel.timings.get(sel.winner), float):
         regret = sel.timings[sel.winner] / ranked[0][1] - 1.0
-    message = "CPU times: correctness only" if device != "cuda" else (
-        f"no torch baseline: {why_not_torch}" if why_not_torch else "")
-    return KernelsMmResult("ok", winner=sel.winner, source=source,
-                           mm_ms=km.median_ms, mm_p20_ms=km.p20_ms, mm_p80_ms=km.p80_ms,
-                           torch_ms=tm.median_ms if tm else None, torch_p20_ms=tm.p20_ms if tm else None,
-                           torch_p80_ms=tm.p80_ms if tm else None,
-                           speedup=tm.median_ms / km.median_ms if tm else None, regret=regret,
-                           first_call_s=first, message=message)
+    why_not_torch = _aten_cannot_run(problem) if device == "cuda" else ""
+    return KernelsMmResult("ok", winner=sel.winner, source=first_call_source(before, kernels.stats()), regret=regret,
+                           first_call_s=first, message=f"no torch baseline: {why_not_torch}" if why_not_torch else ""
+                           ), _calls(entry, sets)
 
 
 def _aten_cannot_run(problem: GemmProblem) -> str:

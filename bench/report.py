@@ -8,9 +8,9 @@ import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from bench.results import Cell, KernelsMmResult, Report
+from bench.results import Cell, KernelsMmResult, Report, ShapeResult, TuneTiming
 
-HEADERS = ("shape", "backend", "best candidate", "median ms (p20-p80)", "TFLOP/s", "% floor", "vs aten", "tune s")
+HEADERS = ("shape", "backend", "best candidate", "ms/call (p20-p80)", "TFLOP/s", "% floor", "vs aten", "tune s")
 # correctness-only runs (no GPU) print no times, rates or ratios: CPU and interpreter times say nothing of a GPU
 CORRECTNESS_HEADERS = ("shape", "backend", "result", "verified / built", "tune s")
 PLOT_INSTALL = 'pip install "kernels[plot]" (or: pip install matplotlib)'
@@ -36,12 +36,29 @@ def _fmt(v, spec: str, none: str = "-") -> str:
     return none if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
 
 
+def _digits(ms: float) -> int:
+    """Decimals that print `ms` with 4 significant digits (0.1830, 0.02049, 1.234): enough that a ratio of two
+    printed times is the printed ratio."""
+    return max(0, 3 - math.floor(math.log10(ms))) if ms > 0 and math.isfinite(ms) else 4
+
+
+def fmt_ms(ms: float, digits: int | None = None) -> str:
+    return format(ms, f".{_digits(ms) if digits is None else digits}f")
+
+
 def _ms(median, p20, p80) -> str:
+    """The median and its spread, all three with the median's decimals."""
     if median is None:
         return "-"
+    digits = _digits(median)
     if p20 is None or p80 is None:
-        return f"{median:.4f}"
-    return f"{median:.4f} ({p20:.4f}-{p80:.4f})"
+        return fmt_ms(median, digits)
+    return f"{fmt_ms(median, digits)} ({fmt_ms(p20, digits)}-{fmt_ms(p80, digits)})"
+
+
+def ratio(ref_ms: float, ms: float) -> str:
+    """ref / ms computed from the two times as printed, so a reader recomputes exactly what is shown."""
+    return f"{float(fmt_ms(ref_ms)) / float(fmt_ms(ms)):.3f}x"
 
 
 def _verified(cell: Cell) -> str:
@@ -67,35 +84,48 @@ def _correctness_mm_row(r: KernelsMmResult) -> tuple[str, ...]:
     return ("kernels.mm", f"{r.winner} [{r.source}]: {r.message}", "-", _fmt(r.first_call_s, ".1f"))
 
 
-def _cell_row(cell: Cell) -> tuple[str, ...]:
+def _vs_aten(cell: Cell, sr: ShapeResult) -> str:
+    """The cell's ratio to its reference: the row's aten (printed on the row) when measured with the row; else the
+    aten of its own tune, printed beside it."""
+    if not cell.aten_ms or cell.median_ms is None:
+        return "-"
+    if cell.measured == "tune":
+        return f"{ratio(cell.aten_ms, cell.median_ms)} vs aten {fmt_ms(cell.aten_ms)} in its tune"
+    if sr.steady is not None and cell.best == sr.steady.reference and sr.steady.self_spread is not None:
+        return f"{ratio(cell.aten_ms, cell.median_ms)} (self {sr.steady.self_spread:.1%})"
+    return ratio(cell.aten_ms, cell.median_ms)
+
+
+def _cell_row(cell: Cell, sr: ShapeResult) -> tuple[str, ...]:
     if not cell.ok:
         return (cell.column, f"{cell.status}: {cell.message}"[:120], "-", "-", "-", "-", _fmt(cell.tune_s, ".1f"))
     return (cell.column, cell.best or "-", _ms(cell.median_ms, cell.p20_ms, cell.p80_ms), _fmt(cell.tflops, ".1f"),
-            _fmt(cell.pct_floor, ".0f"), _fmt(cell.speedup, ".2f", "-") + ("x" if cell.speedup else ""),
-            _fmt(cell.tune_s, ".1f"))
+            _fmt(cell.pct_floor, ".0f"), _vs_aten(cell, sr), _fmt(cell.tune_s, ".1f"))
 
 
-def _mm_row(r: KernelsMmResult) -> tuple[str, ...]:
+def _mm_row(r: KernelsMmResult, sr: ShapeResult) -> tuple[str, ...]:
     if r.status != "ok":
         return ("kernels.mm", f"error: {r.message}"[:120], "-", "-", "-", "-", _fmt(r.first_call_s, ".1f"))
-    regret = f"regret {r.regret * 100:.1f}%" if r.regret is not None else "regret -"
-    if r.torch_ms is None:      # torch cannot run this problem (e.g. torch._int_mm with M <= 16)
+    regret = f"regret {r.regret * 100:.1f}% in its tune" if r.regret is not None else "regret -"
+    if r.torch_ms is None or r.mm_ms is None:      # e.g. torch cannot run this problem (torch._int_mm, M <= 16)
         return ("kernels.mm", f"{r.winner} [{r.source}, {regret}]", f"{_ms(r.mm_ms, r.mm_p20_ms, r.mm_p80_ms)} "
                 f"({r.message})"[:160], "-", "-", "-", _fmt(r.first_call_s, ".1f"))
-    return ("kernels.mm", f"{r.winner} [{r.source}, {regret}]",
-            f"{_ms(r.mm_ms, r.mm_p20_ms, r.mm_p80_ms)} vs torch {r.torch_ms:.4f}", "-", "-",
-            f"{r.speedup:.2f}x torch", _fmt(r.first_call_s, ".1f"))
+    # torch.mm is the row's aten cell: the same call in the same windows
+    return ("kernels.mm", f"{r.winner} [{r.source}, {regret}]", _ms(r.mm_ms, r.mm_p20_ms, r.mm_p80_ms), "-", "-",
+            ratio(r.torch_ms, r.mm_ms), _fmt(r.first_call_s, ".1f"))
 
 
 def rows(report: Report) -> list[tuple[str, ...]]:
     """Table rows: each shape's columns, then its kernels.mm line (shape label only on the first row)."""
-    cell_row, mm_row = (_cell_row, _mm_row) if report.speed else (_correctness_cell_row, _correctness_mm_row)
     out = []
     for sr in report.shapes:
         label = f"{sr.label()} {sr.dtype} {sr.layout}"
-        body = [cell_row(sr.cells[c]) for c in report.columns if c in sr.cells]
-        if sr.kernels_mm is not None:
-            body.append(mm_row(sr.kernels_mm))
+        cells = [sr.cells[c] for c in report.columns if c in sr.cells]
+        if report.speed:
+            body = [_cell_row(c, sr) for c in cells] + ([_mm_row(sr.kernels_mm, sr)] if sr.kernels_mm else [])
+        else:
+            body = [_correctness_cell_row(c) for c in cells] + ([_correctness_mm_row(sr.kernels_mm)]
+                                                               if sr.kernels_mm else [])
         for i, r in enumerate(body):
             out.append(((label if i == 0 else ""),) + r)
     return out
@@ -162,6 +192,20 @@ def title(report: Report) -> str:
                f"{report.prebuild['seconds']:.0f} s" if report.prebuild.get("compiled") else ""))
 
 
+def legend(report: Report) -> str | None:
+    """How the speed table's numbers were measured and how its ratios are computed (None without a GPU)."""
+    if not report.speed:
+        return None
+    plan = next((sr.steady.plan for sr in report.shapes if sr.steady is not None), None)
+    how = ("" if plan is None else
+           f" ({plan['heat_ms']:.0f} ms heat-up, then {plan['rounds']} rounds of one {plan['window_ms']:.0f} ms window "
+           f"per cell, alternated; aten twice a round)")
+    return (f"Rows measured together after tuning, in the tuner's steady regime{how}. ms/call: the median of the "
+            f"cell's windows (p20-p80 of the same windows). vs aten: aten's ms/call over the cell's, as printed; "
+            f"kernels.mm's torch.mm is the aten row. self: aten's two windows of a round apart (median over rounds). "
+            f"'in its tune': not re-measured with the row, against aten in that tune.")
+
+
 def headers(report: Report) -> tuple[str, ...]:
     if not report.speed:
         return CORRECTNESS_HEADERS
@@ -175,7 +219,8 @@ def plain_table(report: Report) -> str:
     body = rows(report)
     widths = [max(len(hdr[i]), *(len(r[i]) for r in body)) if body else len(hdr[i]) for i in range(len(hdr))]
     line = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
-    out = [title(report), line(hdr), line(tuple("-" * w for w in widths))]
+    out = [title(report)] + ([legend(report)] if legend(report) else []) + [line(hdr),
+                                                                          line(tuple("-" * w for w in widths))]
     out.extend(line(r) for r in body)
     summ = summary_rows(report)
     if summ:
@@ -198,6 +243,8 @@ def print_table(report: Report, file=None) -> None:
     # piped output gets a wide fixed width so candidate names are not folded into slivers
     console = Console(file=out, width=None if out.isatty() else 220)
     console.print(Text(title(report)))        # a line of its own: a table title is wrapped to the table's width
+    if legend(report):
+        console.print(Text(legend(report)))
     table = Table(show_lines=False)
     for h in headers(report):
         table.add_column(h, overflow="fold")
@@ -221,13 +268,43 @@ def write_json(report: Report, path: str | Path) -> None:
     Path(path).write_text(json.dumps(report.to_dict(), indent=1, default=str))
 
 
-CSV_FIELDS = (["m", "n", "k", "op", "dtype", "layout", "floor_ms"] + [f.name for f in fields(Cell)])
-_MM_FIELDS = [f.name for f in fields(KernelsMmResult)]
+# fields holding a record (or None): their fields are CSV columns of their own
+_NESTED = {"tune_timing": TuneTiming}
+
+
+def _flat(record: dict) -> dict:
+    """A record for one CSV row: nested records as `key.field` columns, lists joined with ';'."""
+    out = {}
+    for key, value in record.items():
+        if key in _NESTED and value is None:
+            continue
+        if isinstance(value, dict):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        elif isinstance(value, list):
+            out[key] = ";".join(str(v) for v in value)
+        else:
+            out[key] = value
+    return out
+
+
+def _csv_names(cls) -> list[str]:
+    names = []
+    for f in fields(cls):
+        if f.name in _NESTED:
+            names += [f"{f.name}.{t.name}" for t in fields(_NESTED[f.name])]
+        else:
+            names.append(f.name)
+    return names
+
+
+CSV_FIELDS = ["m", "n", "k", "op", "dtype", "layout", "floor_ms"] + _csv_names(Cell)
+_MM_FIELDS = _csv_names(KernelsMmResult)
 
 
 def write_csv(report: Report, path: str | Path) -> None:
     """One row per (shape, column), plus one row per shape for kernels.mm (column 'kernels.mm', its own fields
-    prefixed km_); the environment and device facts go in leading '#' comment lines."""
+    prefixed km_); the environment and device facts go in leading '#' comment lines. A cell's tune numbers are the
+    `tune_timing.*` columns; its steady windows are joined with ';'."""
     with Path(path).open("w", newline="") as f:
         for key, value in {**report.env, **{f"device_{k}": v for k, v in asdict(report.device).items()}}.items():
             f.write(f"# {key}: {value}\n")
@@ -238,10 +315,10 @@ def write_csv(report: Report, path: str | Path) -> None:
                     "floor_ms": sr.floor_ms}
             for c in report.columns:
                 if c in sr.cells:
-                    writer.writerow({**base, **asdict(sr.cells[c])})
+                    writer.writerow({**base, **_flat(asdict(sr.cells[c]))})
             if sr.kernels_mm is not None:
                 writer.writerow({**base, "column": "kernels.mm", "status": sr.kernels_mm.status,
-                                 **{f"km_{k}": v for k, v in asdict(sr.kernels_mm).items()}})
+                                 **{f"km_{k}": v for k, v in _flat(asdict(sr.kernels_mm)).items()}})
 
 
 def write_plot(report: Report, path: str | Path) -> None:

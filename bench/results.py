@@ -6,23 +6,41 @@ from dataclasses import asdict, dataclass, field
 
 
 @dataclass
+class TuneTiming:
+    """What a column's own tune measured (its first pass and final round, beside aten in that tune), kept as tuning
+    saw it. Each column is tuned at another moment and the GPU's clocks drift between them, so these are not the
+    printed numbers: those come from the row's steady measurement (ShapeResult.steady)."""
+    median_ms: float | None = None
+    p20_ms: float | None = None       # None when the tune kept no percentiles of the samples the median is from
+    p80_ms: float | None = None
+    aten_ms: float | None = None      # aten in the same tune
+
+
+@dataclass
 class Cell:
     """One backend (or template group, or the Inductor peer) on one shape."""
     column: str
-    status: str                       # ok | failed | unavailable | skipped | error
+    status: str                       # ok | failed | unavailable | skipped | error | compiled
     best: str | None = None           # the column's fastest verified candidate
-    median_ms: float | None = None
-    p20_ms: float | None = None
+    median_ms: float | None = None    # ms per call: the median of its windows in the row's steady measurement
+    p20_ms: float | None = None       # ... and the 20th / 80th percentile of the same windows
     p80_ms: float | None = None
     tflops: float | None = None       # TOPS for int8
     pct_floor: float | None = None    # 100 * floor / median
-    speedup: float | None = None      # aten time in the same measurement / this time
-    aten_ms: float | None = None      # the baseline the speedup is against
+    speedup: float | None = None      # aten_ms / median_ms
+    aten_ms: float | None = None      # the reference: the row's aten median (measured "steady"), else its tune's aten
     tune_s: float | None = None       # wall time of tuning this backend for this shape (Inductor: compile time)
     candidates: int = 0
     failed: int = 0                   # candidates without a time: unsupported, build failed, wrong result, crashed
     unsupported: int = 0              # of those failed, the ones never built (the problem is outside the template)
-    message: str = ""                 # failure text, or a note (e.g. "CPU interpreter time")
+    message: str = ""                 # failure text, or a note (e.g. why the cell was not re-measured)
+    # where the times come from: "steady" (the row's measurement, every cell of the row together), "tune" (the
+    # column's own tune, when the row could not re-measure it: aten_ms is then aten in that tune), "" (none)
+    measured: str = ""
+    windows_ms: list[float] = field(default_factory=list)   # ms per call in each of its steady windows, in order
+    window_ratio: float | None = None  # the steady regime's own ratio: median over rounds of (its window / aten's
+    #                                    windows of that round), which cancels drift between rounds (the tuner's rule)
+    tune_timing: TuneTiming | None = None
 
     @property
     def ok(self) -> bool:
@@ -40,20 +58,36 @@ class Cell:
 
 @dataclass
 class KernelsMmResult:
-    """`kernels.mm` itself after tuning: the user-visible steady-state call beside torch.mm, and the regret."""
+    """`kernels.mm` itself after tuning: the user's call, measured in the row's steady regime with the other cells
+    (torch.mm is that row's aten cell: the same call, the same windows), and the regret its tune saw."""
     status: str                       # ok | error
     winner: str | None = None
     source: str = ""                  # tuned | disk | memory | cpu-fallback
-    mm_ms: float | None = None        # kernels.mm per call (median), back to back over rotated inputs
-    mm_p20_ms: float | None = None
+    mm_ms: float | None = None        # kernels.mm per call: the median of its steady windows
+    mm_p20_ms: float | None = None    # ... 20th / 80th percentile of the same windows
     mm_p80_ms: float | None = None
-    torch_ms: float | None = None     # torch.mm (torch._int_mm), measured interleaved with kernels.mm
+    torch_ms: float | None = None     # torch.mm (torch._int_mm) in the same measurement: the row's aten median
     torch_p20_ms: float | None = None
     torch_p80_ms: float | None = None
     speedup: float | None = None      # torch_ms / mm_ms
-    regret: float | None = None       # winner's re-timed time / best candidate's time - 1 (from the Selection)
+    regret: float | None = None       # from its tune's Selection: winner's final-round time / best candidate's - 1
     first_call_s: float | None = None # wall time of the first call (tuning or loading the selection)
     message: str = ""
+    measured: str = ""                # "steady" when timed in the row's measurement, "" when not timed
+    mm_windows_ms: list[float] = field(default_factory=list)
+    window_ratio: float | None = None  # as Cell.window_ratio, against torch.mm
+
+
+@dataclass
+class RowRegime:
+    """How a row was measured: every cell together after tuning, in kernels.measure.steady's regime."""
+    baseline: str                     # the name measured twice a round (aten's candidate when the row has aten)
+    reference: str | None             # the name every ratio of the row is against (aten's candidate), or None
+    plan: dict                        # SteadyPlan: heat_ms, window_ms, rounds, settle_fraction
+    self_spread: float | None         # the baseline against itself: median over rounds of |w1 - w2| / mean
+    seconds: float = 0.0
+    measured: dict[str, list[str]] = field(default_factory=dict)   # name measured -> the cells it fills
+    failures: dict[str, str] = field(default_factory=dict)         # name -> why it has no steady time
 
 
 @dataclass
@@ -70,6 +104,7 @@ class ShapeResult:
     cells: dict[str, Cell] = field(default_factory=dict)
     kernels_mm: KernelsMmResult | None = None
     notes: list[str] = field(default_factory=list)
+    steady: RowRegime | None = None   # the row's measurement (None: not measured together, e.g. skipped)
 
     def label(self) -> str:
         return f"{self.m}x{self.n}x{self.k}"
@@ -130,6 +165,11 @@ class Report:
         return asdict(self)
 
 
+def rates(flops: int, floor_ms: float | None, ms: float) -> tuple[float, float | None]:
+    """(TFLOP/s, % of the floor) of a call taking `ms`."""
+    return flops / (ms * 1e-3) / 1e12, (100.0 * floor_ms / ms if floor_ms is not None else None)
+
+
 def geomean(values) -> float | None:
     vals = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
     if not vals:
@@ -163,7 +203,8 @@ def summarize(columns: list[str], shapes: list[ShapeResult], speed: bool = True)
         for c, cell in rated.items():
             per_col.setdefault(c, []).append(cell.speedup)
         if rated:
-            fastest = min(rated, key=lambda c: rated[c].median_ms)
+            # by speedup, not time: a cell the row could not re-measure has its tune's time, against its tune's aten
+            fastest = max(rated, key=lambda c: rated[c].speedup)
             wins[fastest] = wins.get(fastest, 0) + 1
             best_speedups.append(max(cell.speedup for cell in rated.values()))
     called = [sr.kernels_mm for sr in shapes if sr.kernels_mm is not None]

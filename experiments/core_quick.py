@@ -23,9 +23,8 @@ from kernels.core.choice import Choice
 from kernels.core.problem import GemmProblem
 from kernels.dispatch import api
 from kernels.dispatch.api import _fast_key
-from kernels.measure.timing import device_time_ms, measure_together
+from kernels.measure.timing import device_time_ms, measure_together, user_call
 from kernels.measure.verify import make_inputs, timing_sets
-from kernels.tune.autotune import _user_call
 
 BF16 = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192), (16, 12288, 4096), (64, 4096, 11008),
         (64, 22016, 4096), (3000, 2000, 1000)]
@@ -53,8 +52,8 @@ def side_by_side(op: str, m: int, n: int, k: int, b_layout: str = "row") -> dict
     problem = sel.problem
     sets = timing_sets(problem, "cuda", (a, b), seed=2)        # the rotation tuning times over
     aten = torch._int_mm if op == "int_mm" else torch.mm
-    calls = {"kernels": _user_call(Runner(Choice("x", "x", "x"), lambda x, y, o: fn(x, y)), sets),
-             "aten": _user_call(Runner(Choice("x", "x", "x"), lambda x, y, o: aten(x, y)), sets)}
+    calls = {"kernels": user_call(lambda x, y, o: fn(x, y), sets),
+             "aten": user_call(lambda x, y, o: aten(x, y), sets)}
     t = measure_together(calls, len(sets), "cuda", 400.0)
     try:
         gpu = {"kernels": graph_us(fn, a, b), "aten": graph_us(aten, a, b)}

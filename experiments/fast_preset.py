@@ -40,7 +40,8 @@ from kernels.space import ranking
 from kernels.space.families import one_launch
 from kernels.space.ranking import model_for
 from kernels.tune import candidates
-from kernels.tune.autotune import HOST_BOUND_MAX_MS, tune
+from kernels.tune.autotune import tune
+from kernels.tune.final_round import HOST_BOUND_MAX_MS
 from tools.perf_model.data import gpu_labelled, read_dataset
 
 
@@ -174,7 +175,7 @@ def tuned(problem, backends) -> dict:
 
 def finalists(sel) -> dict[str, dict]:
     """The final round's first-pass, re-timed and GPU times per finalist (ms): what a surprising pick is read by."""
-    return {n: {k: d[k] for k in ROUND_KEYS if k in d} for n, d in sel.details.items() if "retimed_ms" in d}
+    return {n: {k: d[k] for k in ROUND_KEYS if k in d} for n, d in sel.details.items() if "final_ms" in d}
 
 
 def _ranking() -> dict:

@@ -1,6 +1,13 @@
 """What the final round's power-steady regime needs (issue 27): how long until clocks settle, and whether alternated
 short windows rank finalists as a 3 s loop does.
 
+Showed (H100, 2026-11-25, docs/measurements/steady_regime_h100_fifteenth.json): the card hits its 700 W cap ~0.8 s
+into a load and then holds 1200-1470 MHz (1980 before); aten's 4096x11008x4096 went 0.48 -> 0.56 ms per call. In 3 s
+loops aten beat every Triton finalist on all four large problems (0.94-0.99x), though in 40 ms bursts the tiles led
+on 4096x11008x4096 (1.015-1.032x). After a heat-up, 25 ms windows gave aten's smallest spread against itself
+(0.0-1.2%) and the best tile's ratio to aten on the loop's side every time; 50-200 ms windows caught the cap's
+periodic dips (aten's own windows 4-17% apart). Sized kernels.measure.steady's plan.
+
 Per problem: tune with the given backends, take the first pass's fastest few and aten, then
   1. settle: after an idle pause, aten back to back for 4 s, ms per call in 50 ms slices;
   2. reference: each finalist in a 3 s back-to-back loop (mean of its last second), alternated, twice;

@@ -239,9 +239,11 @@ SETTINGS = (
     Setting("verbose", "KERNELS_VERBOSE", lambda: False, "off", _flag,
             "`1`: print each tune's table of candidates and times to stderr"),
     Setting("bench_budget_ms", "KERNELS_BENCH_MS", lambda: 40.0, "40", _number(0, low_open=True),
-            "milliseconds of measurement per candidate (a longer budget, steadier times, slower first calls)"),
+            "milliseconds of first-pass measurement per candidate, and per finalist in the final round of calls under "
+            "0.1 ms (calls of 0.1 ms or more are finalized in the power-steady regime, ~1.5 s, whatever this is)"),
     Setting("tie_tolerance", "KERNELS_TIE_TOLERANCE", lambda: 0.01, "0.01", _number(0, 1, high_open=True),
-            "a candidate must beat a simpler one (aten first) by more than this fraction to win"),
+            "for calls under 0.1 ms, a candidate must beat a simpler one (aten first) by more than this fraction to "
+            "win; longer calls must beat aten by more than aten's own spread in the steady round (at least 1%)"),
     Setting("dynamic", "KERNELS_DYNAMIC", lambda: (), "none (static)", _dynamic,
             "dims whose size varies, when `mm(..., dynamic=)` is not given: `m`, `m,k`; with size hints: "
             "`m=16,256,4096`"),
@@ -285,9 +287,9 @@ RETIRED = {
     "search_space": ("KERNELS_SEARCH_SPACE", "KERNELS_PRESET=fast (code: kernels.config.search_space)"),
     "benchmark_space": ("KERNELS_BENCHMARK_SPACE", "KERNELS_PRESET=fast (code: kernels.config.benchmark_space)"),
     "perf_model": ("KERNELS_PERF_MODEL", "code: kernels.config.perf_model"),
-    "retime_top": ("KERNELS_RETIME_TOP", "kernels.tune.autotune.RETIME_TOP"),
-    "tune_cutoff": ("KERNELS_TUNE_CUTOFF", "kernels.tune.autotune.TUNE_CUTOFF"),
-    "host_bound_tolerance": ("KERNELS_HOST_BOUND_TOLERANCE", "kernels.tune.autotune.HOST_BOUND_TOLERANCE"),
+    "retime_top": ("KERNELS_RETIME_TOP", "kernels.tune.final_round.RETIME_TOP"),
+    "tune_cutoff": ("KERNELS_TUNE_CUTOFF", "kernels.tune.final_round.TUNE_CUTOFF"),
+    "host_bound_tolerance": ("KERNELS_HOST_BOUND_TOLERANCE", "kernels.tune.final_round.HOST_BOUND_TOLERANCE"),
     "lock_timeout_s": ("KERNELS_LOCK_TIMEOUT", "kernels.core.fsutil.LOCK_TIMEOUT_S"),
     "cutlass_max_profiling_configs": ("KERNELS_CUTLASS_MAX_CONFIGS", "backends.cutlass.CUTLASS_MAX_CONFIGS"),
     "cutlass_allow": ("KERNELS_CUTLASS_ALLOW", "KERNELS_ONLY (applies to CUTLASS before its candidate limit)"),

@@ -7,8 +7,8 @@ from kernels.core.choice import Choice
 from kernels.core.problem import GemmProblem
 
 SCHEMA_VERSION = 1
-# the times tuning's final round adds to a finalist's details (kernels.autotune._pick_winner)
-ROUND_KEYS = ("first_pass_ms", "retimed_ms", "gpu_ms")
+# the times tuning's final round adds to a finalist's details (kernels.tune.final_round)
+ROUND_KEYS = ("first_pass_ms", "final_ms", "gpu_ms")
 
 
 @dataclass
@@ -23,11 +23,14 @@ class Selection:
     created: float = 0.0
     fingerprint: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    # where tune_seconds went: stage -> seconds (kernels.autotune.StageClock), for `explain` and the benchmarks
+    # where tune_seconds went: stage -> seconds (kernels.tune.final_round.StageClock), for `explain` and the benchmarks
     stage_seconds: dict[str, float] = field(default_factory=dict)
     # backends that could not serve when it was tuned: when one of them can, the selection is stale (re-tuned on the
     # next cold lookup, never on a warm call)
     unavailable: list[str] = field(default_factory=list)
+    # which final round chose the winner: "steady" (calls >= 0.1 ms, timed with clocks and power settled) or "burst"
+    # (shorter calls, short interleaved samples; kernels.tune.final_round)
+    regime: str = "burst"
     # choices whose binaries were still being built in the background when it was tuned: once they are built (or
     # failed for good), the selection is stale the same way (backends.base.Backend.settled)
     pending: list[str] = field(default_factory=list)
@@ -49,7 +52,7 @@ class Selection:
                 "choices": {n: c.as_dict() for n, c in self.choices.items()}, "timings": self.timings,
                 "details": self.details, "tune_seconds": self.tune_seconds, "created": self.created,
                 "fingerprint": self.fingerprint, "notes": self.notes, "stage_seconds": self.stage_seconds,
-                "unavailable": self.unavailable, "pending": self.pending}
+                "unavailable": self.unavailable, "regime": self.regime, "pending": self.pending}
 
     @classmethod
     def from_dict(cls, data: dict, source: str) -> "Selection":
@@ -64,7 +67,8 @@ class Selection:
                    tune_seconds=float(data.get("tune_seconds", 0.0)), created=float(data.get("created", 0.0)),
                    fingerprint=data.get("fingerprint", {}), notes=list(data.get("notes", [])),
                    stage_seconds={k: float(v) for k, v in data.get("stage_seconds", {}).items()},
-                   unavailable=list(data.get("unavailable", [])), pending=_pending(data, choices))
+                   unavailable=list(data.get("unavailable", [])), regime=str(data.get("regime", "burst")),
+                   pending=_pending(data, choices))
 
     def table(self, rounds: bool = False) -> str:
         """The AUTOTUNE table: timed choices sorted by time with % of best, then the failures. `rounds`: each timed
@@ -72,8 +76,8 @@ class Selection:
         ranked = self.ranked()
         best = ranked[0][1] if ranked else float("nan")
         stages = ", ".join(f"{k} {v:.2f}" for k, v in self.stage_seconds.items())
-        lines = [f"AUTOTUNE {self.problem.short()} -> {self.winner} ({self.source}, {self.tune_seconds:.2f} s"
-                 f"{': ' + stages if stages else ''})"]
+        lines = [f"AUTOTUNE {self.problem.short()} -> {self.winner} ({self.source}, {self.regime} final round, "
+                 f"{self.tune_seconds:.2f} s{': ' + stages if stages else ''})"]
         for name, t in ranked:
             mark = "*" if name == self.winner else " "
             d = self.details.get(name, {}) if rounds else {}

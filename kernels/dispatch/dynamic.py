@@ -46,7 +46,7 @@ from kernels.dispatch.dynamic_records import (  # noqa: F401 - resolve: this mod
     sizes_label,
     substitute,
 )
-from kernels.measure.timing import measure_interleaved, measure_together, user_call
+from kernels.measure.timing import user_call
 from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
 from kernels.space.dynamic_rules import (
     bucket_id,
@@ -61,7 +61,8 @@ from kernels.space.families import TEMPLATE_OPS, complexity
 from kernels.space.heuristics import supports
 from kernels.space.perf_model import gpu_spec
 from kernels.store.buckets import BucketStore
-from kernels.tune.autotune import TUNE_CUTOFF, fingerprint
+from kernels.tune.autotune import fingerprint
+from kernels.tune.final_round import select
 
 # Benchmark mode: milliseconds of measurement per candidate when a new bucket is benchmarked: a quarter of tuning's
 # default budget, because it is paid on a user's call at run time, once per bucket
@@ -469,31 +470,19 @@ def benchmark_choices(problem: GemmProblem, choices: list[Choice]) -> dict[str, 
     del ref
     if launches:
         sets = timing_sets(problem, device, (a, b), seed=1)
-        n_sets = len(sets)
-        calls = {n: user_call(fn, sets) for n, fn in launches.items()}
-        # As tuning does: an interleaved first pass, then only the contenders re-timed side by side. Interleaved
-        # with choices several times slower (a small hint's tile at a large M), a compute-bound tile was timed faster
-        # than it runs beside its real rivals (clocks, we think: not measured): H100, K=11008, N=4096, M=5334, the
-        # 128x256 TMA tile took 725 us in the bucket's benchmark beside 4.4 ms split-K tiles and 815 us in the sweep
-        # beside aten (aten: 719 and 730 us), so it won a bucket it then served at 1.12x. The first pass's cutoff
-        # sends such choices out after a few rounds, and the final round has the contenders alone.
-        timed, crashed = measure_interleaved(calls, n_sets, device, DYNAMIC_BENCH_MS, cutoff=TUNE_CUTOFF)
-        for n, why in crashed.items():
-            results[n] = f"crashed while timing: {why}"
-            del calls[n]
-        results.update({n: t.median_ms for n, t in timed.items()})
-        if not calls:
-            return results
-        best = min(results[n] for n in calls)
-        counters.bump("benchmarks", len(calls))
-        # the simplest choice (aten) always joins the final round, as in tuning: H100, K=4096, N=12288, M=129, aten's
-        # first pass came out at ~2x its time in the per-M tune, and left out, a tile won the bucket and ran 1.25-1.34x
-        simplest = min(calls, key=lambda n: (complexity(by_name[n]), results[n]))
-        contenders = [n for n in calls if results[n] <= best * TUNE_CUTOFF or n == simplest]
-        if len(contenders) > 1:
-            timed = measure_together({n: calls[n] for n in contenders}, n_sets, device,
-                                     DYNAMIC_BENCH_MS * len(contenders))
-            results.update({n: t.median_ms for n, t in timed.items()})
+        # the selection routine tuning uses (kernels.tune.final_round): an interleaved first pass, then the
+        # finalists and the baseline in the final round of the call's regime. Interleaved with choices several times
+        # slower (a small hint's tile at a large M), a compute-bound tile was timed faster than it runs beside its
+        # real rivals: H100, K=11008, N=4096, M=5334, the 128x256 TMA tile took 725 us in the bucket's benchmark
+        # beside 4.4 ms split-K tiles and 815 us in the sweep beside aten, and won a bucket it then served at 1.12x.
+        outcome = select({n: user_call(fn, sets) for n, fn in launches.items()}, by_name, len(sets), device,
+                         DYNAMIC_BENCH_MS)
+        finalists = set(outcome.finalists)
+        for name, t in outcome.timings.items():
+            # only the final round's times compare with each other: a first pass is a burst, and in the steady
+            # regime a burst flatters a tile that the power cap then slows (kernels.measure.steady)
+            results[name] = t if name in finalists or not isinstance(t, float) else \
+                f"not a finalist (first pass {t * 1e3:.1f} us)"
     return results
 
 

@@ -189,3 +189,32 @@ def steady_winner(result: SteadyResult, floor: float) -> tuple[str, float, str]:
                             f"{result.timings[fastest].median_ms * 1e3:.1f} vs "
                             f"{result.timings[base].median_ms * 1e3:.1f} us; {base} against itself "
                             f"{result.self_spread:.1%})")
+
+
+# Calls at least this long are bound by the GPU's compute or memory, so its power state decides their speed; below,
+# the host's launch cost does (the final round ranks those by GPU time: kernels.tune.final_round).
+STEADY_MIN_MS = 0.1
+# The regime, from experiments/steady_regime.py on the H100 (2026-11-25, docs/measurements/
+# steady_regime_h100_fifteenth.json): under load the card reaches its 700 W cap within ~0.8 s and holds 1200-1470 MHz
+# (1980 idle-to-burst), and aten's 4096x11008x4096 goes from 0.48 ms per call cool to 0.56 in a 3 s loop. Of heat-ups
+# 0 / 0.5 / 1.5 s and windows 25 / 50 / 100 / 200 ms (3 rounds each), 25 ms windows after a heat-up showed the
+# smallest spread of aten against itself (0.0-1.2%, median over rounds) and put the best Triton tile on the right side
+# of aten on all four large problems, as the 3 s loops did; longer windows caught the cap's periodic dips (aten's
+# windows 4-17% apart). More rounds of short windows buy more than longer windows.
+HEAT_MS = 500.0
+WINDOW_MS = 25.0
+ROUNDS = 8
+# a challenger must beat the baseline by more than its spread against itself, and at least this much
+MARGIN_FLOOR = 0.01
+
+
+def plan_for(device: str) -> SteadyPlan:
+    """The regime's plan on `device`: the measured one on a GPU; off the GPU (the interpreter) a token one that runs
+    the same code path in milliseconds."""
+    if device == "cuda":
+        return SteadyPlan(heat_ms=HEAT_MS, window_ms=WINDOW_MS, rounds=ROUNDS)
+    return SteadyPlan(heat_ms=0.0, window_ms=0.0, rounds=2)
+
+
+def window_clock(calls: dict[str, Call], n_sets: int, device: str) -> WindowClock:
+    return CudaWindows(calls, n_sets) if device == "cuda" else HostWindows(calls, n_sets)

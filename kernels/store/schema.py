@@ -144,4 +144,9 @@ def _problems(data) -> str | None:
     for key in ("tune_seconds", "created"):
         if not _number(data.get(key, 0.0)):
             return f"{key} is not a time"
+    if data.get("regime", "burst") not in ("steady", "burst"):
+        return "regime is neither steady nor burst"
+    pending = data.get("pending", [])
+    if not (isinstance(pending, list) and all(isinstance(n, str) and n in choices for n in pending)):
+        return "pending is not a list of recorded choices"
     return None

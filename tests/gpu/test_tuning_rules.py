@@ -23,7 +23,7 @@ def test_host_set_first_pass_is_screened_by_gpu_time(isolated_cache):
     sel = _tuned("mm", "bf16", 24, 6144, 1536)
     screened = {n: d["gpu_ms"] for n, d in sel.details.items() if d.get("gpu_ms") is not None}
     assert len(screened) >= 2, sel.table(rounds=True)
-    finalists = {n for n, d in sel.details.items() if "retimed_ms" in d}
+    finalists = {n for n, d in sel.details.items() if "final_ms" in d}
     assert min(screened, key=screened.get) in finalists, sel.table(rounds=True)
     assert sel.winner in finalists
     assert {"candidates", "build", "verify", "first_pass", "final_round", "gpu_time"} <= set(sel.stage_seconds)
@@ -31,11 +31,18 @@ def test_host_set_first_pass_is_screened_by_gpu_time(isolated_cache):
 
 
 def test_large_problem_takes_no_gpu_time(isolated_cache):
-    """Above HOST_BOUND_MAX_MS per call nothing is captured: the final round's call times decide."""
+    """Above HOST_BOUND_MAX_MS per call nothing is captured: the final round's call times decide, in the
+    power-steady regime, aten among the finalists with its spread against itself on record."""
     kernels.config.preset = "fast"
     sel = _tuned("mm", "bf16", 4096, 4096, 4096)
     assert not any("gpu_ms" in d for d in sel.details.values()), sel.table(rounds=True)
     assert "gpu_time" not in sel.stage_seconds
+    assert sel.regime == "steady", sel.table(rounds=True)
+    aten = next(n for n in sel.choices if n.startswith("aten"))
+    finalists = {n: d for n, d in sel.details.items() if "final_ms" in d}
+    assert aten in finalists and "self_spread" in finalists[aten] and len(finalists) >= 2
+    assert all(len(d["final_windows_ms"]) >= 8 for d in finalists.values())
+    assert any(note.startswith("steady round:") for note in sel.notes)
 
 
 def test_relabel_writes_gpu_times_below_the_call_times(tmp_path, isolated_cache):

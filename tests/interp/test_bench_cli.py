@@ -37,6 +37,10 @@ def test_no_gpu_tiny_end_to_end(tmp_path):
     assert cells["inductor"]["status"] == "unavailable"
     assert cells["cutlass"]["status"] in ("unavailable", "failed", "ok")   # whether or not the backend exists yet
     assert data["shapes"][0]["kernels_mm"]["status"] == "ok"
+    # the row measured together (the token plan without a GPU), the tune's numbers kept beside it
+    assert data["shapes"][0]["steady"]["reference"] == "aten_mm" and data["shapes"][0]["steady"]["failures"] == {}
+    assert cells["triton"]["measured"] == "steady" and len(cells["triton"]["windows_ms"]) == 2
+    assert cells["triton"]["tune_timing"]["median_ms"] > 0 and cells["triton"]["speedup"] is None
     assert (tmp_path / "r.csv").read_text().count("17,33,65") >= 4
 
 

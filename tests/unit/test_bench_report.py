@@ -151,3 +151,13 @@ def test_correctness_mode_table_and_summary_have_no_speed():
     assert "vs aten" not in text and "geomean" not in text and "x torch" not in text and "TFLOP/s" not in text
     assert "correctness over 2 shapes" in text
     assert "failed on 1; unavailable on 1" in text      # cutlass: failed on one shape, unavailable on the other
+
+
+def test_wins_go_by_speedup_when_a_cell_kept_its_tunes_time():
+    """A cell the row could not re-measure has its tune's time against its tune's aten: beside the row's times only
+    its speedup compares."""
+    s = ShapeResult(4096, 4096, 4096, "mm", "bf16", "nn", 2 * 4096**3, 1, None)
+    s.cells = {"aten": Cell("aten", "ok", "aten_mm", 0.20, speedup=1.0, aten_ms=0.20, measured="steady"),
+               "triton": Cell("triton", "ok", "triton_x", 0.19, speedup=1.053, aten_ms=0.20, measured="steady"),
+               "cutlass": Cell("cutlass", "ok", "cutlass_x", 0.23, speedup=1.087, aten_ms=0.25, measured="tune")}
+    assert summarize(["aten", "triton", "cutlass"], [s]).wins == {"aten": 0, "triton": 0, "cutlass": 1}

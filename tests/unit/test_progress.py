@@ -4,7 +4,7 @@ import io
 import pytest
 
 from kernels.core import progress
-from kernels.tune.autotune import StageClock
+from kernels.tune.final_round import StageClock
 
 
 def test_status_is_quiet_off_a_terminal(monkeypatch, capsys):

@@ -11,7 +11,7 @@ def test_selection_table_with_rounds_lists_every_timed_choice_fastest_first_with
     problem = GemmProblem.from_tensors("mm", torch.empty(64, 64), torch.empty(64, 64))
     sel = Selection(problem, "fast", {n: Choice("aten", n, "fp32") for n in ("fast", "slow", "broken")},
                     timings={"slow": 0.0165, "fast": 0.0119, "broken": "failed verification: max error 3.0"},
-                    details={"fast": {"first_pass_ms": 0.0145, "retimed_ms": 0.0119, "gpu_ms": 0.0106}, "slow": {}},
+                    details={"fast": {"first_pass_ms": 0.0145, "final_ms": 0.0119, "gpu_ms": 0.0106}, "slow": {}},
                     notes=["triton: benchmarking 5 of 1179 candidates"])
     lines = sel.table(rounds=True).splitlines()[1:]
     assert lines[0].split()[:3] == ["*", "fast", "11.90"]

@@ -185,7 +185,8 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(field=st.sampled_from(["schema", "winner", "choices", "timings", "problem", "details", "notes",
-                              "stage_seconds", "unavailable", "tune_seconds", "created", "fingerprint"]),
+                              "stage_seconds", "unavailable", "tune_seconds", "created", "fingerprint",
+                              "pending"]),
        value=json_values)
 def test_any_json_in_a_selection_file_is_ignored_or_used_never_an_error(isolated_cache, field, value):
     a, b = torch.randn(24, 40), torch.randn(40, 8)
