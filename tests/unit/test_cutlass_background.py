@@ -2,6 +2,7 @@
 never compiles and marks what it lacked pending; the builder builds it; the next cold lookup re-tunes with it; a
 failed compile is recorded, not retried, and leaves the problem on what it had, re-tuned once, not in a loop."""
 import json
+import os
 import threading
 
 import pytest
@@ -161,11 +162,13 @@ def test_one_builder_at_a_time_and_a_request_made_meanwhile_is_built_by_it(fake,
     builder.start()
     assert compiling.wait(30)
     assert background_build.run_builder(w, jobs=2) is False          # the lock is held: nothing done here
+    assert background_build.describe(w).startswith(f"running (pid {os.getpid()}, low priority): 1 asking problem")
     build_queue.request(second, backend.choices(second)[0][:2])
     assert len(fake.started) == 1                                     # a builder runs: none started
     release.set()
     builder.join(60)
     assert results["one"] is True and build_queue.queued(w) == {}
+    assert background_build.describe(w).startswith(f"finished 0 min ago: {len(fake.compiles())} compiled, 0 failed")
     for p in (first, second):
         assert all(backend.state(p, c) == "built" for c in backend.choices(p)[0][:2])
     default_sets = {k for p in (first, second) for k in background_build.default_set(90, p.dtype).kernels}
