@@ -17,6 +17,12 @@
 #                                      tools/perf_model/data/h100_heldout_full_*.csv.gz (offline ground truth for `model eval`)
 #   bash bench/gpu_check.sh relabel    issue 6: GPU time of the short problems' candidates (`model relabel`): the
 #                                      held-out ones' 96 fastest, then every candidate of the training files' ones
+#   bash bench/gpu_check.sh issue27    issue 27 with the CUTLASS set: warmup (timed) on an empty cache, bench.sustained
+#                                      (CUTLASS inline for problems outside the set), then each problem's first call
+#                                      again with the kernels built and no selections (the cost of a new problem)
+#   bash bench/gpu_check.sh issue27bg  issue 27 before the CUTLASS build: an empty cache, the default backends with
+#                                      the background build, bench.sustained while it runs; then GPU calls timed while
+#                                      a warmup runs on the CPU cores
 # (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)
 set -u
 OUT=${OUT:-results/gpu_check}
@@ -24,6 +30,29 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 gpu_tests() { local t=$1; shift; timeout "$t" python3 -m pytest -q -m gpu --tb=short -p no:cacheprovider "$@" 2>&1 | tail -25; }
 case "${1:-native}" in
+issue27)
+  export KERNELS_CACHE_DIR=/tmp/kernels_issue27; rm -rf "$KERNELS_CACHE_DIR"
+  python3 -m kernels fastpath build > /dev/null 2>&1
+  for d in bf16 int8; do
+    s0=$(date +%s.%N); python3 -m kernels warmup --backends cutlass --dtypes $d > "$OUT/warmup_$d.txt" 2>&1
+    echo "warmup $d: rc $? $(echo "$(date +%s.%N) - $s0" | bc) s" | tee -a "$OUT/warmup_times.txt"; tail -3 "$OUT/warmup_$d.txt"
+  done
+  python3 -m kernels info 2>&1 | tail -2
+  KERNELS_CUTLASS_BUILD=inline timeout 380 python3 -m bench.sustained --json "$OUT/sustained_cutlass.jsonl" \
+    --time-limit 340 --quiet > "$OUT/sustained_cutlass.txt" 2>&1; tail -22 "$OUT/sustained_cutlass.txt"
+  rm -rf "$KERNELS_CACHE_DIR/selections"
+  KERNELS_CUTLASS_BUILD=off timeout 80 python3 -m experiments.new_problem_cost > "$OUT/new_problem_cost.jsonl" 2>&1
+  cut -c1-160 "$OUT/new_problem_cost.jsonl"
+  ;;
+issue27bg)
+  export KERNELS_CACHE_DIR=/tmp/kernels_issue27bg; rm -rf "$KERNELS_CACHE_DIR"
+  timeout 300 python3 -m bench.sustained --json "$OUT/sustained_background.jsonl" --time-limit 270 --quiet \
+    > "$OUT/sustained_background.txt" 2>&1; tail -22 "$OUT/sustained_background.txt"
+  python3 -m kernels info 2>&1 | tail -2
+  export KERNELS_CACHE_DIR=/tmp/kernels_interference; rm -rf "$KERNELS_CACHE_DIR"
+  timeout 200 python3 -m experiments.build_interference --json "$OUT/build_interference.json" \
+    > "$OUT/build_interference.txt" 2>&1; tail -30 "$OUT/build_interference.txt"
+  ;;
 native)
   python3 -m kernels fastpath build
   gpu_tests 240 tests/gpu/test_fastpath.py | tee "$OUT/fastpath_tests.txt"

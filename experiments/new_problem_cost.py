@@ -1,0 +1,46 @@
+"""What a new problem costs when its binaries are already built (issue 27: a new large problem <= 3 s): the first
+call of each problem of a bench.sustained set, in this process, against a cache that holds the kernels but no
+selection for them (run it after `python -m kernels warmup` and a run that built the rest, with the cache's
+`selections/` removed). Prints one JSON line per problem: wall seconds of the first call, the tune's stages, whether
+anything compiled. `python -m experiments.new_problem_cost [--set issue27]` (GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+import kernels
+from bench.measure import problem_for
+from bench.shapes import Shape
+from bench.sustained import problem_set
+from kernels.measure.verify import make_inputs
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--set", default="issue27")
+    args = p.parse_args(argv)
+    for spec in problem_set(args.set):
+        problem = problem_for(Shape(spec.m, spec.n, spec.k), spec.dtype, spec.layout, "cuda")
+        a, b = make_inputs(problem, "cuda", seed=0)
+        fn = kernels.int_mm if spec.op == "int_mm" else kernels.mm
+        before = kernels.stats()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(a, b)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        after = kernels.stats()
+        sel = kernels.explain(a, b, op=spec.op)
+        print(json.dumps({"problem": spec.label(), "first_call_s": round(seconds, 3), "winner": sel.winner,
+                          "regime": sel.regime, "source": sel.source, "stages": sel.stage_seconds,
+                          "compiles": after.get("compiles", 0) - before.get("compiles", 0),
+                          "tunes": after["tunes"] - before["tunes"], "pending": list(sel.pending)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
