@@ -33,7 +33,7 @@ case "${1:-native}" in
 issue27)
   export KERNELS_CACHE_DIR=/tmp/kernels_issue27; rm -rf "$KERNELS_CACHE_DIR"
   python3 -m kernels fastpath build > /dev/null 2>&1
-  for d in bf16 int8; do
+  for d in ${WARMUP_DTYPES:-bf16 int8}; do
     s0=$(date +%s%N); python3 -m kernels warmup --backends cutlass --dtypes $d > "$OUT/warmup_$d.txt" 2>&1
     echo "warmup $d: rc $? $(( ($(date +%s%N) - s0) / 1000000 )) ms" | tee -a "$OUT/warmup_times.txt"
     tail -3 "$OUT/warmup_$d.txt"

@@ -26,6 +26,7 @@ from kernels.measure.steady import (
     STEADY_MIN_MS,
     SteadyResult,
     WindowClock,
+    confirm_plan,
     measure_steady,
     plan_for,
     steady_winner,
@@ -163,7 +164,30 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
     details[baseline]["self_spread"] = round(result.self_spread, 5)
     notes.append(f"{why}; regime: heat {result.plan.heat_ms:.0f} ms, {result.plan.rounds} rounds of "
                  f"{result.plan.window_ms:.0f} ms windows, {result.seconds:.2f} s")
+    if winner != baseline:
+        winner = _confirm(winner, baseline, timings, calls, make_clock, device, details, notes, clock)
     return winner, [n for n in top if n in result.timings]
+
+
+def _confirm(challenger: str, baseline: str, timings, calls, make_clock, device, details, notes,
+             clock: StageClock) -> str:
+    """The challenger against the baseline alone, in windows long enough for the card's power control to settle on
+    each (kernels.measure.steady.confirm_plan): it keeps the win only if it beats the baseline there too. Short
+    windows alternated with aten under-charge a kernel that draws more power: on the H100 a CUTLASS 128x256 tile
+    ran 0.977x aten's time in 25 ms windows and 1.022x it in its own 1.5 s loops (bf16 8192^3)."""
+    with clock("final_round"):
+        result = measure_steady(make_clock({n: calls[n] for n in (baseline, challenger)}),
+                                {n: timings[n] for n in (baseline, challenger)}, baseline, confirm_plan(device))
+    if challenger not in result.timings or baseline not in result.timings:
+        notes.append(f"confirmation failed ({result.failures}); {baseline} kept")
+        if challenger in result.failures:
+            timings[challenger] = f"crashed in the final round: {result.failures[challenger]}"
+        return baseline
+    details[challenger]["confirm_ratio"] = round(result.timings[challenger].ratio, 5)
+    winner, _, why = steady_winner(result, MARGIN_FLOOR)
+    notes.append(f"confirmation, {result.plan.rounds} rounds of {result.plan.window_ms:.0f} ms windows "
+                 f"({result.seconds:.2f} s): {why.removeprefix('steady round: ')}")
+    return winner
 
 
 # First pass: a candidate this many times slower than the best so far after a few samples stops being measured (it
