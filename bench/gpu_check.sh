@@ -47,14 +47,18 @@ issue27)
   ;;
 issue27bg)
   export KERNELS_CACHE_DIR=/tmp/kernels_issue27bg; rm -rf "$KERNELS_CACHE_DIR"
-  timeout 300 python3 -m bench.sustained --json "$OUT/sustained_background.jsonl" --time-limit 270 --quiet \
+  timeout 290 python3 -m bench.sustained --json "$OUT/sustained_background.jsonl" --time-limit 250 --quiet \
     > "$OUT/sustained_background.txt" 2>&1; tail -22 "$OUT/sustained_background.txt"
   python3 -m kernels info 2>&1 | tail -2
+  rm -rf "$KERNELS_CACHE_DIR/selections"
+  KERNELS_CUTLASS_BUILD=off timeout 90 python3 -m experiments.new_problem_cost > "$OUT/new_problem_cost.jsonl" 2>&1
+  cut -c1-200 "$OUT/new_problem_cost.jsonl"
   export KERNELS_CACHE_DIR=/tmp/kernels_interference; rm -rf "$KERNELS_CACHE_DIR"
-  timeout 200 python3 -m experiments.build_interference --json "$OUT/build_interference.json" \
+  timeout 120 python3 -m experiments.build_interference --json "$OUT/build_interference.json" \
+    --during "timeout 40 nice -n 19 python3 -m kernels warmup --backends cutlass --dtypes fp16" \
     > "$OUT/build_interference.txt" 2>&1; tail -30 "$OUT/build_interference.txt"
   ;;
-native)
+ative)
   python3 -m kernels fastpath build
   gpu_tests 240 tests/gpu/test_fastpath.py | tee "$OUT/fastpath_tests.txt"
   timeout 170 python3 -m experiments.core_quick --suite issue3 --backends aten,triton,padded --json "$OUT/issue3.json" \
