@@ -24,7 +24,7 @@ from kernels.measure.timing import Call
 @dataclass(frozen=True)
 class SteadyPlan:
     """How long each part of the regime runs (milliseconds) and how many rounds; the values and the measurement
-    behind them are at `plan_for` (kernels.tune.final_round)."""
+    behind them are at `plan_for` below."""
     heat_ms: float
     window_ms: float
     rounds: int

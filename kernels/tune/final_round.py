@@ -135,6 +135,12 @@ def pick_winner(timings: dict[str, float], choices, calls: dict[str, Call], n_se
     return winner, "burst", finalists
 
 
+def _baseline(timings: dict[str, float | str], choices) -> str:
+    """The simplest timed candidate (aten when it ran), the fastest of equals: the one a challenger must beat."""
+    timed = [n for n, t in timings.items() if isinstance(t, float)]
+    return min(timed, key=lambda n: (complexity(choices[n]), timings[n]))
+
+
 def _steady_pick(timings, choices, calls, make_clock, device, details, notes, clock: StageClock, *,
                  retime_top: int) -> tuple[str, list[str]]:
     """The fastest `retime_top` first passes (within TUNE_CUTOFF of the best) and the baseline in the power-steady
@@ -142,7 +148,7 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
     one beats it by more than its own spread there (kernels.measure.steady.steady_winner)."""
     ranked = sorted((t, n) for n, t in timings.items() if isinstance(t, float))
     top = [n for t, n in ranked[:retime_top] if t <= ranked[0][0] * TUNE_CUTOFF]
-    baseline = min((n for _, n in ranked), key=lambda n: (complexity(choices[n]), timings[n]))
+    baseline = _baseline(timings, choices)
     if baseline not in top:
         top.append(baseline)
     if len(top) == 1:
@@ -295,7 +301,7 @@ def _burst_pick(timings, choices, fns, n_sets, device, details, notes, clock: St
         by_gpu = sorted((g, timings[n], n) for n, g in gpu_ms.items() if g is not None)
         top += [n for _, _, n in by_gpu[:retime_top] if n not in top]
     # the simplest candidate (aten) always joins the final round: it is the baseline we must not lose to
-    simplest = min((n for _, n in ranked), key=lambda n: (complexity(choices[n]), timings[n]))
+    simplest = _baseline(timings, choices)
     if simplest not in top:
         top.append(simplest)
     if finalists is not None:
