@@ -23,6 +23,9 @@
 #   bash bench/gpu_check.sh issue27bg  issue 27 before the CUTLASS build: an empty cache, the default backends with
 #                                      the background build, bench.sustained while it runs; then GPU calls timed while
 #                                      a warmup runs on the CPU cores
+#   bash bench/gpu_check.sh isolated   the persistent isolated child: warmup of the bf16 set, each issue-27 problem's
+#                                      first call with the kernels built (one child for the process), then the GPU
+#                                      fault test (a faulting CUTLASS kernel in the child leaves the caller working)
 # (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)
 set -u
 OUT=${OUT:-results/gpu_check}
@@ -44,6 +47,15 @@ issue27)
   rm -rf "$KERNELS_CACHE_DIR/selections"
   KERNELS_CUTLASS_BUILD=off timeout 80 python3 -m experiments.new_problem_cost > "$OUT/new_problem_cost.jsonl" 2>&1
   cut -c1-160 "$OUT/new_problem_cost.jsonl"
+  ;;
+isolated)
+  export KERNELS_CACHE_DIR=/tmp/kernels_isolated; rm -rf "$KERNELS_CACHE_DIR"
+  python3 -m kernels fastpath build > /dev/null 2>&1
+  s0=$(date +%s%N); python3 -m kernels warmup --backends cutlass --dtypes bf16 > "$OUT/warmup_bf16.txt" 2>&1
+  echo "warmup bf16: rc $? $(( ($(date +%s%N) - s0) / 1000000 )) ms" | tee "$OUT/warmup_times.txt"
+  KERNELS_CUTLASS_BUILD=off timeout 120 python3 -m experiments.new_problem_cost --set issue27-bf16 \
+    > "$OUT/new_problem_cost.jsonl" 2>&1; cut -c1-230 "$OUT/new_problem_cost.jsonl"
+  gpu_tests 150 tests/gpu/test_cutlass.py -m "gpu or gpu_sweep" -k test_faulting_kernel_in_child | tee "$OUT/fault_test.txt"
   ;;
 issue27bg)
   export KERNELS_CACHE_DIR=/tmp/kernels_issue27bg; rm -rf "$KERNELS_CACHE_DIR"
