@@ -72,3 +72,18 @@ def test_padded_triton_choices_inherit_isolation(isolated_triton):
     assert triton and "padded_aten_mm" in timed
     assert all(sel.details[n]["measured_in"] == "child" for n in triton)
     assert sel.details["padded_aten_mm"].get("measured_in") != "child"
+
+
+def test_one_child_serves_every_tune_of_the_process(isolated_triton):
+    """The child's start (a process, torch, a CUDA context: 5-7 s a tune on the H100) is paid once per process."""
+    pids = []
+    for m, k, n in ((17, 65, 33), (19, 40, 24)):
+        a, b = operands(m, k, n, "col")
+        names = two_triton_choices(a, b)
+        kernels.config.only = "|".join("^" + re.escape(x) + "$" for x in names)
+        assert_close(kernels.mm(a, b), a, b)
+        assert all(kernels.explain(a, b).details[x]["measured_in"] == "child" for x in names)
+        pids.append(isolated_child._worker.proc.pid)
+    assert pids[0] == pids[1] and isolated_child._worker.proc.poll() is None
+    isolated_child.close_worker()
+    assert isolated_child._worker is None
