@@ -2,9 +2,10 @@
 
 A kernel that faults (illegal address) poisons its CUDA context for good, so it must not run in the caller.
 Backends whose `isolated` attribute is set (CUTLASS's) measure their runners here.
-The parent sends one JSON request on stdin; the child answers one tagged JSON line per event on stdout:
-{"start": name} before touching a candidate, then {"name", "timing"} or {"name", "error"}. When the child dies or
-times out, the candidate that started without an answer is the culprit; the rest run in a fresh child.
+The parent keeps one child per process and sends it one JSON request per line on stdin; the child answers one tagged
+JSON line per event on stdout: {"start": name} before touching a candidate, then {"name", "timing"} or
+{"name", "error"}, and a tagged `done` line after the request. When the child dies or times out, the candidate that
+started without an answer is the culprit; the rest run in a fresh child.
 The checks and timing are kernels.verify and kernels.timing, exactly as in-process tuning uses them.
 
 `FAULT_INJECTION = <choice name>` (set in the parent, passed in the request) makes the child kill itself (SIGSEGV)
@@ -12,11 +13,15 @@ when it starts that candidate, so the isolation itself can be tested on any mach
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 import torch
@@ -32,6 +37,7 @@ from kernels.measure.verify import make_inputs, reference, timing_sets, verify_l
 from kernels.native import fastpath
 
 TAG = "@@kernels-child "
+DONE = "done"                       # after TAG: the child has answered the whole request
 STDERR_TAIL = 1500
 # Seconds an isolated verify-and-time child may run before it is killed. The child compiles nothing (it loads what the
 # parent built), so this only bounds a hung kernel: far above a dozen candidates at KERNELS_BENCH_MS each, with the
@@ -76,41 +82,111 @@ def child_environment() -> dict:
     return env
 
 
+class _Worker:
+    """One child that serves requests, one JSON line each, until it dies or is closed: its start (a Python process,
+    torch, a CUDA context) is paid once per process rather than once per tune. After a fault it is discarded and the
+    rest of the request goes to a fresh one."""
+
+    def __init__(self):
+        # stderr to a file: a pipe nobody reads while the child works could fill and stall it
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "backends.isolated_child"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True, bufsize=1,
+                                     cwd=str(REPO_ROOT), env=child_environment())
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)                 # end of output: the child is gone
+
+    def ask(self, request: dict, timeout_s: float) -> tuple[str, str]:
+        """(the child's output for this request, how it ended: "done", "died" or "timed out")."""
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+        except OSError:
+            return "", "died"
+        out: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return "".join(out), "timed out"
+            if line is None:
+                return "".join(out), "died"
+            if line.startswith(TAG + DONE):
+                return "".join(out), "done"
+            out.append(line)
+
+    def end(self, kill: bool) -> tuple[int | None, str]:
+        """Stop the child (kill it, or let it read the end of its input); (its exit status, its stderr's tail)."""
+        try:
+            if kill:
+                self.proc.kill()
+            else:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.seek(0)
+        tail = self.stderr.read()[-STDERR_TAIL:]
+        self.stderr.close()
+        return self.proc.returncode, tail
+
+
+_worker: _Worker | None = None
+_worker_lock = threading.Lock()
+
+
+def close_worker() -> None:
+    """End this process's child, if one runs (at exit; tests)."""
+    global _worker
+    with _worker_lock:
+        if _worker is not None:
+            _worker.end(kill=False)
+            _worker = None
+
+
+atexit.register(close_worker)
+
+
 def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: float) -> dict:
     """name -> kernels.timing.Timing, or name -> failure text, for every choice of `backend`. Never raises for a
     kernel's fault."""
-
+    global _worker
     results: dict = {}
     remaining = list(choices)
     seed = int(time.time_ns() % (1 << 31))
-    while remaining:
-        request = {"backend": backend, "problem": json.loads(problem.key()),
-                   "choices": [c.as_dict() for c in remaining], "budget_ms": budget_ms, "seed": seed,
-                   "device": torch.cuda.current_device() if torch.cuda.is_available() else 0,
-                   "cache_dir": str(cache_root()), "fault": FAULT_INJECTION}
-        proc = subprocess.Popen([sys.executable, "-m", "backends.isolated_child"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO_ROOT),
-                                env=child_environment())
-        timed_out = False
-        try:
-            stdout, stderr = proc.communicate(json.dumps(request), timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        answers, in_flight = _parse(stdout)
-        for name, msg in answers.items():
-            results[name] = Timing(**msg["timing"]) if "timing" in msg else str(msg.get("error", "no error text"))
-        why = (f"timed out after {timeout_s:.0f} s in the isolated child" if timed_out else
-               f"isolated child exited with status {proc.returncode}: {stderr.strip()[-STDERR_TAIL:]}")
-        if in_flight is not None and in_flight not in results:
-            results[in_flight] = f"crashed: {why}"
-        left = [c for c in remaining if c.name not in results]
-        if len(left) == len(remaining):   # no progress at all: the child cannot start; do not loop
-            for c in left:
-                results[c.name] = f"not measured: {why}"
-            break
-        remaining = left
+    with _worker_lock:
+        while remaining:
+            request = {"backend": backend, "problem": json.loads(problem.key()),
+                       "choices": [c.as_dict() for c in remaining], "budget_ms": budget_ms, "seed": seed,
+                       "device": torch.cuda.current_device() if torch.cuda.is_available() else 0,
+                       "cache_dir": str(cache_root()), "fault": FAULT_INJECTION}
+            if _worker is None:
+                _worker = _Worker()
+            stdout, ended = _worker.ask(request, timeout_s)
+            why = ""
+            if ended != "done":
+                status, stderr = _worker.end(kill=True)
+                _worker = None
+                why = (f"timed out after {timeout_s:.0f} s in the isolated child" if ended == "timed out" else
+                       f"isolated child exited with status {status}: {stderr.strip()}")
+            answers, in_flight = _parse(stdout)
+            for name, msg in answers.items():
+                results[name] = Timing(**msg["timing"]) if "timing" in msg else str(msg.get("error", "no error text"))
+            if in_flight is not None and in_flight not in results:
+                results[in_flight] = f"crashed: {why or 'no answer from the isolated child'}"
+            left = [c for c in remaining if c.name not in results]
+            if len(left) == len(remaining):   # no progress at all: the child cannot start; do not loop
+                for c in left:
+                    results[c.name] = f"not measured: {why or 'no answer from the isolated child'}"
+                break
+            remaining = left
     return results
 
 
@@ -127,7 +203,23 @@ def _context_alive(device: str) -> bool:
 
 
 def main() -> int:
-    request = json.loads(sys.stdin.read())
+    """Serve requests, one JSON line each, until the end of input; 3 when a fault has poisoned the CUDA context
+    (the parent starts a fresh child for the rest)."""
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        status = serve(json.loads(line))
+        if status:
+            return status
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()     # between requests the child holds its CUDA context, not the inputs' memory
+        sys.stdout.write(TAG + DONE + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+def serve(request: dict) -> int:
+    """One request: verify and time each choice, one tagged answer per event; non-zero when the context is gone."""
     config.cache_dir = request["cache_dir"]
     problem = GemmProblem.from_dict(request["problem"])
     device = problem.device
