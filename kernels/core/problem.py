@@ -12,6 +12,7 @@ DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp
 DTYPES_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "int8": 1, "int32": 4}
 OPS = {"mm": ("fp16", "bf16", "fp32"), "int_mm": ("int8",)}
+ACTIVATIONS = ("", "relu", "gelu", "silu")
 
 
 def pointer_alignment(ptr: int) -> int:
@@ -56,6 +57,8 @@ class GemmProblem:
     precision: str = ""          # "ieee" or "tf32" for fp32 inputs, "" otherwise
     # dims ("m", "n", "k") declared dynamic: kernels must not specialise on their values, so one binary serves all
     dynamic: tuple[str, ...] = ()
+    bias: bool = False           # out = act(a @ b + bias), bias (N,) of the output dtype
+    activation: str = ""         # one of ACTIVATIONS, applied in fp32 before the cast to the output dtype
 
     @property
     def layout_a(self) -> str:
@@ -95,9 +98,20 @@ class GemmProblem:
             return False
         return (lead * self.elem_bytes) % bytes_ == 0
 
+    @property
+    def epilogue(self) -> str:
+        """"", "bias", "gelu", "bias+gelu", ...: the fused epilogue, for names."""
+        return "+".join(part for part in ("bias" if self.bias else "", self.activation) if part)
+
     def key(self) -> str:
-        """Stable text identity of the problem, used in the persistent selection store."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        """Stable text identity of the problem, used in the persistent selection store. The epilogue fields are
+        left out at their defaults, so the keys of plain products do not change."""
+        data = asdict(self)
+        if not self.bias:
+            del data["bias"]
+        if not self.activation:
+            del data["activation"]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def short(self) -> str:
         return (f"{self.op} {self.m}x{self.n}x{self.k} {self.dtype} A:{self.layout_a}{list(self.stride_a)} "
