@@ -114,7 +114,7 @@ def dot_vars(problem: GemmProblem) -> dict:
 def epilogue_vars(problem: GemmProblem) -> dict:
     """The fused epilogue as render variables (templates/triton/_gemm.jinja's `epilogue` macro): `bias` (add
     bias[n] to the fp32 accumulator) and `activation` ("" or its name, applied in fp32 before the one cast)."""
-    if problem.activation not in ACTIVATIONS:
+    if problem.activation and problem.activation not in ACTIVATIONS:
         raise ValueError(f"activation {problem.activation!r} is not one of {ACTIVATIONS}")
     return dict(bias=problem.bias, activation=problem.activation)
 
