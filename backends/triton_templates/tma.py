@@ -8,7 +8,15 @@ import functools
 import torch
 
 from backends.triton_launch import kernel_sequence
-from backends.triton_render import bias_args, dot_vars, epilogue_vars, int_arg, ldc_multiple, make_spec, ptr
+from backends.triton_render import (
+    bias_args,
+    dot_vars,
+    epilogue_vars,
+    int_arg,
+    ldc_multiple,
+    make_spec,
+    ptr,
+)
 from backends.triton_templates import TritonFamily
 from kernels.core.choice import Choice
 from kernels.core.problem import DTYPE_BYTES, DTYPES_BY_NAME, GemmProblem
