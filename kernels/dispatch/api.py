@@ -28,9 +28,11 @@ _memory_hits = [0]
 _lock = selected.lock          # one lock for the warm table and the selections behind it
 _fast = _fastpath.Fastpath()
 _fast_call = None       # the C++ table's call(op, a, b) once loaded: the product, or None when it does not serve it
+_fast_linear = None     # its call_linear(x, weight, bias, activation), set with _fast_call (which switches both)
 _FAST_OP = {"mm": 0, "int_mm": 1}
 _FAST_ATEN_KIND = {torch.mm: 0, torch._int_mm: 1}
 _FAST_PYTHON_KIND = 2
+_FAST_ADDMM_KIND = 4    # linear's aten_addmm, computed by the table itself (at::addmm / at::mm, the activation)
 
 
 _FP32 = torch.float32
@@ -95,6 +97,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     (N, K) as nn.Linear stores it, bias (N,) or None, activation None / "relu" / "gelu" (tanh approximation) /
     "silu". fp16 / bf16 / fp32. The bias and activation are fused into the tuned kernel's epilogue; x of 3-D and
     more is flattened to 2-D without a copy when its strides allow."""
+    if _fast_call is not None:
+        result = _fast_linear(x, weight, bias, activation)
+        if result is not None:
+            return result
     try:
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         wt = weight.t()
@@ -127,12 +133,14 @@ def _linear_cold(x, weight, bias, activation):
         with _device_ctx(x):
             launch = selected.resolved(problem) or _linear_aten(problem)
             return launch(*operands, None).view(shape)
-    if _cpu_fallback(x):
+    aten = _cpu_fallback(x)
+    if aten:
         launch = _linear_aten(problem)
         _stats.bump("cpu_fallbacks")
     else:
         with _device_ctx(x):
             launch = selected.launcher_for(problem)
+        aten = _aten_winner(problem)
     direct = _direct(launch, len(operands))
     if bias is not None and bias.stride(0) != 1:        # kernels read the bias as a contiguous vector
         contiguous = direct
@@ -140,12 +148,20 @@ def _linear_cold(x, weight, bias, activation):
         operands = (x2, wt, bias.contiguous())
     key = (_fast_key("mm", x2, wt), activation, None if bias is None else
            (bias.dtype, bias.shape, bias.stride(), bias.device))
+    kind = _FAST_ADDMM_KIND if aten and problem.epilogue else _FAST_ATEN_KIND.get(direct, _FAST_PYTHON_KIND)
     with _lock:
-        _dispatch[key] = (direct, launch)
+        _dispatch[key] = entry = (direct, launch, kind)
+        if _fast.module is not None:
+            _fast_register(_fast.module, key, entry)
         if len(_dispatch) > config.max_problems:
             _shrink(config.max_problems)
     with _device_ctx(x):
         return direct(*operands).view(shape)
+
+
+def _aten_winner(problem: GemmProblem) -> bool:
+    sel = selected.selection(problem)
+    return sel is not None and sel.winner_choice.backend == "aten"
 
 
 def _linear_aten(problem: GemmProblem):
@@ -331,7 +347,7 @@ def _cold(op: str, a, b, out, dynamic=None):
     with _lock:
         _dispatch[key] = entry = (_two_arg(launch), launch)
         if dynamic is None and _fast.module is not None:
-            _fast_register(_fast.module, key, entry[0])
+            _fast_register(_fast.module, key, entry)
         if len(_dispatch) > config.max_problems:
             _shrink(config.max_problems)
     with _device_ctx(a):
@@ -358,26 +374,27 @@ def _shrink(limit: int) -> None:
     if _fast.module is not None:
         _fast.module.clear()
         for key, entry in _dispatch.items():
-            if key and isinstance(key[0], str):
-                _fast_register(_fast.module, key, entry[0])
+            _fast_register(_fast.module, key, entry)
     selected.trim(keep)
     _dynamic.trim(keep)
 
 
-def _fast_register(module, key: tuple, two_arg) -> None:
-    """Mirror one warm entry into the C++ table (it declines keys it does not serve: fp32, grad, ...)."""
-    kind = _FAST_ATEN_KIND.get(two_arg, _FAST_PYTHON_KIND)
-    module.add(key, kind, two_arg)
+def _fast_register(module, key: tuple, entry: tuple) -> None:
+    """Mirror one warm entry into the C++ table; it declines keys it does not serve (fp32, grad, dynamic calls'
+    (key, dynamic), a linear bias it would not pass as is). Entries are (direct, launch) for mm / int_mm, whose
+    kind follows from direct (torch's own function: computed in C++), and (direct, launch, kind) for linear."""
+    kind = entry[2] if len(entry) > 2 else _FAST_ATEN_KIND.get(entry[0], _FAST_PYTHON_KIND)
+    module.add(key, kind, entry[0])
 
 
 def _fast_loaded(module) -> None:
     """The C++ table just loaded (maybe from the background build): copy every warm entry into it, then route
     warm calls through it."""
-    global _fast_call
+    global _fast_call, _fast_linear
     with _lock:
         for key, entry in list(_dispatch.items()):
-            if key and isinstance(key[0], str):          # static keys; dynamic-call keys are (key, dynamic)
-                _fast_register(module, key, entry[0])
+            _fast_register(module, key, entry)
+        _fast_linear = module.call_linear
         _fast_call = module.call
 
 

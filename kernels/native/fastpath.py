@@ -3,7 +3,10 @@ marker vouches for it.
 
 Why: a warm `kernels.mm` in Python builds a 13-field key from tensor attributes (~1 us here, ~2 us on the H100's
 host) before it reaches torch.mm; for host-bound problems that is the whole gap to torch.mm. The C++ table reads the
-same fields from the TensorImpls and calls at::mm itself.
+same fields from the TensorImpls and calls at::mm itself. A warm `kernels.linear` in Python also flattens x, makes
+weight.t() and a key with the epilogue (~7-15 us against F.linear's ~4-6 us on this CPU); its C++ entry point
+(call_linear) reads the key from x and weight directly and runs aten_addmm winners as at::addmm / at::mm plus the
+activation in place, so a warm linear costs about what F.linear does.
 
 Build: one g++ call ($CXX, default c++) against torch's headers (~15-25 s on 2 cores), into
 <cache_dir>/fastpath/<tag>/ (one library per torch/Python/source/compiler), run by a builder process

@@ -9,6 +9,12 @@
 // Only keys with precision None (no fp32) and grad flag False are accepted; everything else stays in Python.
 // All access happens with the GIL held, which is what serialises the table.
 //
+// kernels.linear(x, weight, bias, activation) is served by call_linear: its key is mm's key for (x viewed as 2-D,
+// weight.t()) under an op code of its own per (bias present, activation), registered from api's linear key
+// (mm key, activation, bias facts). The bias facts are not keyed: every bias this table serves has the same ones
+// given the rest of the key (x's dtype and device, length N, stride 1, 16-byte aligned), so call_linear checks them
+// on each call and declines any other bias (the Python path then validates it, or serves it with a copy).
+//
 // Native launches (type NativeLaunch): a compiled Triton choice as a list of kernel launches whose arguments are all
 // fixed for the problem except the three operand pointers, launched with cuLaunchKernel from here. The Python path
 // (launcher closure -> torch.empty -> Triton's C launcher parsing ~15 Python arguments) costs 10+ us of host time per
@@ -20,10 +26,16 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/TensorUtils.h>
+#include <ATen/core/DimVector.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_int_mm.h>
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/silu.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -51,7 +63,25 @@ struct KeyHash {
   }
 };
 
-enum Kind : int { kAtenMm = 0, kAtenIntMm = 1, kPython = 2, kNative = 3 };
+enum Kind : int { kAtenMm = 0, kAtenIntMm = 1, kPython = 2, kNative = 3, kAtenAddmm = 4 };
+
+// Op codes: the key's first field. Linear's: kOpLinear + 4 * (bias present) + activation.
+constexpr int64_t kOpMm = 0, kOpIntMm = 1, kOpLinear = 8;
+enum Activation : int { kActNone = 0, kActRelu = 1, kActGelu = 2, kActSilu = 3 };
+
+int64_t linear_op(bool bias, int activation) { return kOpLinear + (bias ? 4 : 0) + activation; }
+bool is_linear_op(int64_t op) { return op >= kOpLinear && op < kOpLinear + 8; }
+bool linear_has_bias(int64_t op) { return ((op - kOpLinear) & 4) != 0; }
+
+// None -> kActNone, "relu" / "gelu" / "silu" -> their code, anything else -1 (not served: Python validates it).
+int activation_code(PyObject* activation) {
+  if (activation == Py_None) return kActNone;
+  if (!PyUnicode_Check(activation)) return -1;
+  if (PyUnicode_CompareWithASCIIString(activation, "relu") == 0) return kActRelu;
+  if (PyUnicode_CompareWithASCIIString(activation, "gelu") == 0) return kActGelu;
+  if (PyUnicode_CompareWithASCIIString(activation, "silu") == 0) return kActSilu;
+  return -1;
+}
 
 struct Entry {
   int kind;
@@ -68,6 +98,8 @@ int64_t device_code(c10::DeviceType type, c10::DeviceIndex index) {
   return (static_cast<int64_t>(type) << 16) | static_cast<int64_t>(static_cast<uint16_t>(index));
 }
 
+int64_t alignment(const at::Tensor& t) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()) & 15); }
+
 bool key_from_tensors(int64_t op, const at::Tensor& a, const at::Tensor& b, Key& k) {
   if (a.dim() != 2 || b.dim() != 2) return false;
   const auto da = a.device(), db = b.device();
@@ -79,9 +111,46 @@ bool key_from_tensors(int64_t op, const at::Tensor& a, const at::Tensor& b, Key&
        sa[0], sa[1], sb[0], sb[1], ta[0], ta[1], tb[0], tb[1],
        device_code(da.type(), da.index()),
        device_code(db.type(), db.index()),
-       static_cast<int64_t>(reinterpret_cast<uintptr_t>(a.data_ptr()) & 15),
-       static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.data_ptr()) & 15)};
+       alignment(a), alignment(b)};
   return true;
+}
+
+// Linear's x as a 2-D (M, K) operand without a copy: its sizes and strides, as x.reshape(-1, K) gives them when
+// that is a view (the strides computed as view does). False when only a copy would flatten x.
+bool flat_2d(const at::Tensor& x, int64_t& m, int64_t& s0, int64_t& s1) {
+  const int64_t k = x.size(-1);
+  if (x.dim() == 2) {
+    m = x.size(0), s0 = x.stride(0), s1 = x.stride(1);
+    return true;
+  }
+  if (k == 0) return false;  // reshape(-1, 0) cannot infer M: Python raises it
+  m = x.numel() / k;
+  auto strides = at::detail::computeStride(x.sizes(), x.strides(), at::DimVector{m, k});
+  if (!strides) return false;
+  s0 = (*strides)[0], s1 = (*strides)[1];
+  return true;
+}
+
+// mm's key for (x2, weight.t()) under a linear op code, read from x and weight without making either view.
+bool key_from_linear(int64_t op, const at::Tensor& x, const at::Tensor& w, Key& k) {
+  if (w.dim() != 2 || x.dim() < 1 || x.layout() != c10::kStrided || w.layout() != c10::kStrided) return false;
+  int64_t m = 0, s0 = 0, s1 = 0;
+  if (!flat_2d(x, m, s0, s1)) return false;
+  const auto dx = x.device(), dw = w.device();
+  k = {op,
+       static_cast<int64_t>(x.scalar_type()),
+       static_cast<int64_t>(w.scalar_type()),
+       m, x.size(-1), w.size(1), w.size(0), s0, s1, w.stride(1), w.stride(0),
+       device_code(dx.type(), dx.index()),
+       device_code(dw.type(), dw.index()),
+       alignment(x), alignment(w)};
+  return true;
+}
+
+// The bias facts every entry with a bias assumes (see the top of this file).
+bool servable_bias(const at::Tensor& bias, const at::Tensor& x, int64_t n) {
+  return bias.layout() == c10::kStrided && bias.dim() == 1 && bias.size(0) == n && bias.stride(0) == 1 &&
+         bias.scalar_type() == x.scalar_type() && bias.device() == x.device() && alignment(bias) == 0;
 }
 
 bool read_pair(PyObject* seq, int64_t& x, int64_t& y) {
@@ -91,15 +160,56 @@ bool read_pair(PyObject* seq, int64_t& x, int64_t& y) {
   return !PyErr_Occurred();
 }
 
-// The Python key tuple -> Key; false (no error set) when the key is one this table does not serve.
+bool is_long(PyObject* o, int64_t value) {
+  if (!PyLong_Check(o)) return false;
+  int64_t v = PyLong_AsLongLong(o);
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  return v == value;
+}
+
+// api's bias facts (dtype, shape, stride, device[, grad flag]) -> true when they are the ones servable_bias checks
+// for the problem of key k (k[1] x's dtype, k[6] N, k[11] x's device).
+bool bias_facts_servable(PyObject* facts, const Key& k) {
+  if (!PyTuple_Check(facts) || PyTuple_GET_SIZE(facts) < 4 || PyTuple_GET_SIZE(facts) > 5) return false;
+  PyObject *dtype = PyTuple_GET_ITEM(facts, 0), *shape = PyTuple_GET_ITEM(facts, 1);
+  PyObject *stride = PyTuple_GET_ITEM(facts, 2), *device = PyTuple_GET_ITEM(facts, 3);
+  if (PyTuple_GET_SIZE(facts) == 5 && PyTuple_GET_ITEM(facts, 4) != Py_False) return false;
+  if (!THPDtype_Check(dtype) || !THPDevice_Check(device) || !PyTuple_Check(shape) || !PyTuple_Check(stride) ||
+      PyTuple_GET_SIZE(shape) != 1 || PyTuple_GET_SIZE(stride) != 1) {
+    return false;
+  }
+  const auto& dev = reinterpret_cast<THPDevice*>(device)->device;
+  return static_cast<int64_t>(reinterpret_cast<THPDtype*>(dtype)->scalar_type) == k[1] &&
+         device_code(dev.type(), dev.index()) == k[11] && is_long(PyTuple_GET_ITEM(shape, 0), k[6]) &&
+         is_long(PyTuple_GET_ITEM(stride, 0), 1);
+}
+
+bool product_key_from_python(PyObject* t, Key& k);
+
+// The Python key tuple -> Key; false (no error set) when the key is one this table does not serve. mm / int_mm:
+// api._fast_key's tuple; linear: (that tuple for ("mm", x2, weight.t()), activation, bias facts or None).
 bool key_from_python(PyObject* t, Key& k) {
+  if (!PyTuple_Check(t)) return false;
+  if (PyTuple_GET_SIZE(t) != 3) return product_key_from_python(t, k);
+  if (!product_key_from_python(PyTuple_GET_ITEM(t, 0), k) || k[0] != kOpMm) return false;
+  const int act = activation_code(PyTuple_GET_ITEM(t, 1));
+  PyObject* bias = PyTuple_GET_ITEM(t, 2);
+  if (act < 0 || (bias != Py_None && !bias_facts_servable(bias, k))) return false;
+  k[0] = linear_op(bias != Py_None, act);
+  return true;
+}
+
+bool product_key_from_python(PyObject* t, Key& k) {
   if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 13) return false;
   PyObject* op = PyTuple_GET_ITEM(t, 0);
   int64_t op_code;
   if (PyUnicode_Check(op) && PyUnicode_CompareWithASCIIString(op, "mm") == 0) {
-    op_code = 0;
+    op_code = kOpMm;
   } else if (PyUnicode_Check(op) && PyUnicode_CompareWithASCIIString(op, "int_mm") == 0) {
-    op_code = 1;
+    op_code = kOpIntMm;
   } else {
     return false;
   }
@@ -198,7 +308,9 @@ std::string ensure_context(const Driver& d, int device) {
 }
 
 // ---- NativeLaunch ----------------------------------------------------------------------------------------------------
-enum Operand : int { kA = 0, kB = 1, kOut = 2 };
+// backends/triton_launch.Operand: the pointers that change per call. A plan whose steps take kBias is called
+// (a, b, bias, out=None); one without, (a, b, out=None).
+enum Operand : int { kA = 0, kB = 1, kOut = 2, kBias = 3 };
 
 struct OperandSlot {
   size_t param;  // index of the kernel parameter that takes this operand's pointer
@@ -220,6 +332,7 @@ struct NativePlan {
   void* stream;  // the stream whose workspaces the fixed arguments point at
   int64_t m, n;
   at::ScalarType out_dtype;
+  bool bias;  // some step takes the bias pointer: the launch's operands are (a, b, bias)
   std::vector<KernelStep> steps;
 };
 
@@ -227,12 +340,39 @@ struct NativeLaunch {
   PyObject_HEAD
   vectorcallfunc vectorcall;
   NativePlan* plan;
-  PyObject* fallback;   // launch(a, b, out): the Python path, for other streams and outputs we do not write
+  PyObject* fallback;   // launch(a, b[, bias], out): the Python path, for other streams and outputs we do not write
   PyObject* keepalive;  // owns what the fixed pointers point at (workspaces, scratch)
 };
 
-PyObject* call_fallback(NativeLaunch* self, PyObject* pa, PyObject* pb, PyObject* pout) {
-  return PyObject_CallFunctionObjArgs(self->fallback, pa, pb, pout != nullptr ? pout : Py_None, nullptr);
+// One call's operands: the tensors, and their Python objects where the caller has them (borrowed; nullptr: made
+// only if the fallback needs them). bias is nullptr for a plan without one.
+struct Operands {
+  const at::Tensor& a;
+  const at::Tensor& b;
+  const at::Tensor* bias;
+  PyObject* pa;
+  PyObject* pb;
+  PyObject* pbias;
+};
+
+PyObject* new_ref(PyObject* given, const at::Tensor& t) {
+  if (given == nullptr) return THPVariable_Wrap(t);
+  Py_INCREF(given);
+  return given;
+}
+
+PyObject* call_fallback(NativeLaunch* self, const Operands& ops, PyObject* pout) {
+  PyObject* out = pout != nullptr ? pout : Py_None;
+  PyObject* pa = new_ref(ops.pa, ops.a);
+  PyObject* pb = pa != nullptr ? new_ref(ops.pb, ops.b) : nullptr;
+  PyObject* result = nullptr;
+  if (pb != nullptr) {
+    result = self->plan->bias ? PyObject_CallFunctionObjArgs(self->fallback, pa, pb, ops.pbias, out, nullptr)
+                              : PyObject_CallFunctionObjArgs(self->fallback, pa, pb, out, nullptr);
+  }
+  Py_XDECREF(pa);
+  Py_XDECREF(pb);
+  return result;
 }
 
 bool writable_output(const NativePlan& plan, const at::Tensor& out) {
@@ -241,23 +381,30 @@ bool writable_output(const NativePlan& plan, const at::Tensor& out) {
          (out.stride(1) == 1 || plan.n <= 1) && (reinterpret_cast<uintptr_t>(out.data_ptr()) & 15) == 0;
 }
 
+// The bias a kernel reads: a contiguous (N,) vector of the output dtype on the plan's device, 16-byte aligned (the
+// alignment Triton assumed for every pointer argument when it compiled the kernel).
+bool readable_bias(const NativePlan& plan, const at::Tensor& bias) {
+  return bias.is_cuda() && bias.device().index() == plan.device && bias.dim() == 1 && bias.size(0) == plan.n &&
+         (bias.stride(0) == 1 || plan.n <= 1) && bias.scalar_type() == plan.out_dtype && alignment(bias) == 0;
+}
+
 // The product, or nullptr with a Python error set. pout may be nullptr (allocate) or a tensor to write into.
-PyObject* run_native(NativeLaunch* self, const at::Tensor& a, const at::Tensor& b, PyObject* pa, PyObject* pb,
-                     PyObject* pout) {
+PyObject* run_native(NativeLaunch* self, const Operands& ops, PyObject* pout) {
   const NativePlan& plan = *self->plan;
+  const at::Tensor &a = ops.a, &b = ops.b;
   if (!a.is_cuda() || a.device().index() != plan.device || !b.is_cuda() || a.dim() != 2 || b.dim() != 2 ||
-      a.size(0) != plan.m || b.size(1) != plan.n) {
-    return call_fallback(self, pa, pb, pout);  // not the problem this plan was made for: the Python path decides
+      a.size(0) != plan.m || b.size(1) != plan.n || (plan.bias && !readable_bias(plan, *ops.bias))) {
+    return call_fallback(self, ops, pout);  // not the problem this plan was made for: the Python path decides
   }
   const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(plan.device));
   const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
   void* stream = impl->getStream(device).native_handle();
-  if (stream != plan.stream) return call_fallback(self, pa, pb, pout);
+  if (stream != plan.stream) return call_fallback(self, ops, pout);
   at::Tensor out;
   if (pout != nullptr && pout != Py_None) {
-    if (!THPVariable_Check(pout)) return call_fallback(self, pa, pb, pout);
+    if (!THPVariable_Check(pout)) return call_fallback(self, ops, pout);
     out = THPVariable_Unpack(pout);
-    if (!writable_output(plan, out)) return call_fallback(self, pa, pb, pout);
+    if (!writable_output(plan, out)) return call_fallback(self, ops, pout);
   }
   const Driver& d = driver();
   if (!d.why_not.empty()) {
@@ -271,8 +418,9 @@ PyObject* run_native(NativeLaunch* self, const at::Tensor& a, const at::Tensor& 
     return nullptr;
   }
   if (!out.defined()) out = at::empty({plan.m, plan.n}, at::TensorOptions().dtype(plan.out_dtype).device(device));
-  const uint64_t pointers[3] = {reinterpret_cast<uint64_t>(a.data_ptr()), reinterpret_cast<uint64_t>(b.data_ptr()),
-                                reinterpret_cast<uint64_t>(out.data_ptr())};
+  const uint64_t pointers[4] = {reinterpret_cast<uint64_t>(a.data_ptr()), reinterpret_cast<uint64_t>(b.data_ptr()),
+                                reinterpret_cast<uint64_t>(out.data_ptr()),
+                                plan.bias ? reinterpret_cast<uint64_t>(ops.bias->data_ptr()) : 0};
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     auto& step = self->plan->steps[i];
     if (step.grid[0] == 0 || step.grid[1] == 0 || step.grid[2] == 0) continue;
@@ -292,18 +440,29 @@ PyObject* run_native(NativeLaunch* self, const at::Tensor& a, const at::Tensor& 
   return THPVariable_Wrap(std::move(out));
 }
 
-// native(a, b, out=None)
+// native(a, b, out=None), or native(a, b, bias, out=None) for a plan with a bias
 PyObject* native_vectorcall(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   HANDLE_TH_ERRORS
   auto* self = reinterpret_cast<NativeLaunch*>(callable);
-  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-  if (kwnames != nullptr || nargs < 2 || nargs > 3) {
-    PyErr_SetString(PyExc_TypeError, "NativeLaunch(a, b, out=None) takes 2 or 3 positional arguments");
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  const Py_ssize_t inputs = self->plan->bias ? 3 : 2;
+  if (kwnames != nullptr || nargs < inputs || nargs > inputs + 1) {
+    PyErr_SetString(PyExc_TypeError, self->plan->bias
+                                         ? "NativeLaunch(a, b, bias, out=None) takes 3 or 4 positional arguments"
+                                         : "NativeLaunch(a, b, out=None) takes 2 or 3 positional arguments");
     return nullptr;
   }
-  PyObject* pout = nargs == 3 ? args[2] : nullptr;
-  if (!THPVariable_Check(args[0]) || !THPVariable_Check(args[1])) return call_fallback(self, args[0], args[1], pout);
-  return run_native(self, THPVariable_Unpack(args[0]), THPVariable_Unpack(args[1]), args[0], args[1], pout);
+  PyObject* pout = nargs > inputs ? args[inputs] : nullptr;
+  PyObject* pbias = self->plan->bias ? args[2] : nullptr;
+  for (Py_ssize_t i = 0; i < inputs; ++i) {
+    if (!THPVariable_Check(args[i])) {
+      static const at::Tensor undefined;
+      return call_fallback(self, Operands{undefined, undefined, nullptr, args[0], args[1], pbias}, pout);
+    }
+  }
+  const Operands ops{THPVariable_Unpack(args[0]), THPVariable_Unpack(args[1]),
+                     pbias != nullptr ? &THPVariable_Unpack(pbias) : nullptr, args[0], args[1], pbias};
+  return run_native(self, ops, pout);
   END_HANDLE_TH_ERRORS
 }
 
@@ -332,9 +491,9 @@ int native_clear(PyObject* obj) {
 
 PyObject* native_repr(PyObject* obj) {
   const NativePlan& plan = *reinterpret_cast<NativeLaunch*>(obj)->plan;
-  return PyUnicode_FromFormat("<NativeLaunch %zd launch(es), %lldx%lld on cuda:%d>",
+  return PyUnicode_FromFormat("<NativeLaunch %zd launch(es), %lldx%lld%s on cuda:%d>",
                               static_cast<Py_ssize_t>(plan.steps.size()), static_cast<long long>(plan.m),
-                              static_cast<long long>(plan.n), plan.device);
+                              static_cast<long long>(plan.n), plan.bias ? " + bias" : "", plan.device);
 }
 
 PyTypeObject NativeLaunchType = [] {
@@ -348,7 +507,7 @@ PyTypeObject NativeLaunchType = [] {
   t.tp_traverse = native_traverse;
   t.tp_clear = native_clear;
   t.tp_repr = native_repr;
-  t.tp_doc = "A compiled Triton choice launched from C++: call(a, b, out=None) -> out";
+  t.tp_doc = "A compiled Triton choice launched from C++: call(a, b[, bias], out=None) -> out";
   return t;
 }();
 
@@ -358,7 +517,7 @@ bool read_u64(PyObject* o, uint64_t& v) {
 }
 
 // One step: (function, gx, gy, gz, block_threads, shared_bytes, values, operands) with operands a sequence of
-// (parameter index, operand code 0=a 1=b 2=out).
+// (parameter index, operand code 0=a 1=b 2=out 3=bias).
 bool read_step(PyObject* item, KernelStep& step) {
   if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 8) {
     PyErr_SetString(PyExc_TypeError, "native: each step is (function, gx, gy, gz, block, shared, values, operands)");
@@ -392,9 +551,9 @@ bool read_step(PyObject* item, KernelStep& step) {
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(ops); ++i) {
     PyObject* pair = PySequence_Fast_GET_ITEM(ops, i);
     int64_t param = 0, operand = 0;
-    if (!read_pair(pair, param, operand) || param < 0 || param >= nv || operand < kA || operand > kOut) {
+    if (!read_pair(pair, param, operand) || param < 0 || param >= nv || operand < kA || operand > kBias) {
       Py_DECREF(ops);
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "native: an operand is (parameter index, 0|1|2)");
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "native: an operand is (parameter index, 0|1|2|3)");
       return false;
     }
     step.operands.push_back(OperandSlot{static_cast<size_t>(param), static_cast<int>(operand)});
@@ -435,6 +594,10 @@ PyObject* make_native(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
   }
   Py_DECREF(steps);
+  plan->bias = false;
+  for (const auto& step : plan->steps) {
+    for (const auto& slot : step.operands) plan->bias = plan->bias || slot.operand == kBias;
+  }
   auto* self = PyObject_GC_New(NativeLaunch, &NativeLaunchType);
   if (self == nullptr) return nullptr;
   self->vectorcall = native_vectorcall;
@@ -469,14 +632,21 @@ PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const at::Tensor& b = THPVariable_Unpack(pb);
   if ((a.requires_grad() || b.requires_grad()) && at::GradMode::is_enabled()) Py_RETURN_NONE;
   if (at::impl::torch_function_mode_enabled()) Py_RETURN_NONE;  // torch.mm from Python must see the mode
+  const int64_t op = PyLong_AsLongLong(args[0]);
+  if (op != kOpMm && op != kOpIntMm) {
+    if (PyErr_Occurred()) return nullptr;
+    Py_RETURN_NONE;
+  }
   Key k;
-  if (!key_from_tensors(PyLong_AsLongLong(args[0]), a, b, k)) Py_RETURN_NONE;
+  if (!key_from_tensors(op, a, b, k)) Py_RETURN_NONE;
   auto& t = table();
   auto it = t.find(k);
   if (it == t.end()) Py_RETURN_NONE;
   ++g_hits;
   const Entry& e = it->second;
-  if (e.kind == kNative) return run_native(reinterpret_cast<NativeLaunch*>(e.launch), a, b, pa, pb, nullptr);
+  if (e.kind == kNative) {
+    return run_native(reinterpret_cast<NativeLaunch*>(e.launch), Operands{a, b, nullptr, pa, pb, nullptr}, nullptr);
+  }
   if (e.kind == kPython) return PyObject_CallFunctionObjArgs(e.launch, pa, pb, nullptr);
   auto run = [&] { return e.kind == kAtenMm ? at::mm(a, b) : at::_int_mm(a, b); };
   at::Tensor result;
@@ -493,6 +663,124 @@ PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+at::Tensor aten_linear(const at::Tensor& x2, const at::Tensor& wt, const at::Tensor* bias, int activation) {
+  // backends/aten.py's epilogue_launch, step for step: addmm (cuBLASLt fuses the bias) or mm, then the activation
+  // in place
+  at::Tensor out = bias != nullptr ? at::addmm(*bias, x2, wt) : at::mm(x2, wt);
+  if (activation == kActRelu) at::relu_(out);
+  if (activation == kActGelu) at::gelu_(out, "tanh");
+  if (activation == kActSilu) at::silu_(out);
+  return out;
+}
+
+// A launch's (M, N) result -> x.shape[:-1] + (N,). Steals `result` (a new reference); nullptr with an error set
+// when the launch failed or returned something else than a tensor.
+PyObject* unflatten(PyObject* result, const at::Tensor& x) {
+  if (result == nullptr || x.dim() == 2) return result;
+  if (!THPVariable_Check(result)) {
+    Py_DECREF(result);
+    PyErr_SetString(PyExc_TypeError, "kernels.linear: a launch returned something else than a tensor");
+    return nullptr;
+  }
+  at::Tensor out = THPVariable_Unpack(result);
+  Py_DECREF(result);
+  at::DimVector shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(out.size(1));
+  return THPVariable_Wrap(out.view(shape));
+}
+
+// call_linear(x, weight, bias, activation) -> activation(x @ weight.T + bias) shaped x.shape[:-1] + (N,), or None
+// when this table does not serve the call (api.linear's Python path then runs as without the table).
+PyObject* call_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "call_linear(x, weight, bias, activation) takes 4 arguments");
+    return nullptr;
+  }
+  PyObject *px = args[0], *pw = args[1], *pbias = args[2];
+  const bool has_bias = pbias != Py_None;
+  const int act = activation_code(args[3]);
+  // subclasses go through __torch_function__ in Python (nn.Parameter counts as a plain tensor here, as in torch)
+  if (act < 0 || !THPVariable_CheckExact(px) || !THPVariable_CheckExact(pw) ||
+      (has_bias && !THPVariable_CheckExact(pbias))) {
+    Py_RETURN_NONE;
+  }
+  if (at::impl::torch_function_mode_enabled()) Py_RETURN_NONE;  // the launch's torch calls must see the mode
+  const at::Tensor& x = THPVariable_Unpack(px);
+  const at::Tensor& w = THPVariable_Unpack(pw);
+  const at::Tensor* bias = has_bias ? &THPVariable_Unpack(pbias) : nullptr;
+  if (at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (has_bias && bias->requires_grad()))) {
+    Py_RETURN_NONE;
+  }
+  if (x.scalar_type() == at::kFloat) Py_RETURN_NONE;  // fp32 depends on the matmul precision, read in Python
+  Key k;
+  try {
+    if (!key_from_linear(linear_op(has_bias, act), x, w, k)) Py_RETURN_NONE;
+    if (has_bias && !servable_bias(*bias, x, k[6])) Py_RETURN_NONE;
+  } catch (const c10::Error&) {
+    Py_RETURN_NONE;  // a tensor without strides or data (sparse, nested, batched): Python decides about it
+  }
+  auto& t = table();
+  auto it = t.find(k);
+  if (it == t.end()) Py_RETURN_NONE;
+  ++g_hits;
+  const int kind = it->second.kind;
+  const at::Tensor x2 = x.dim() == 2 ? x : x.view({k[3], k[4]});
+  const at::Tensor wt = w.t();
+  if (kind == kNative || kind == kPython) {
+    PyObject* launch = it->second.launch;
+    Py_INCREF(launch);  // the launch may run Python code that clears the table
+    PyObject* result = nullptr;
+    if (kind == kNative) {
+      result = run_native(reinterpret_cast<NativeLaunch*>(launch),
+                          Operands{x2, wt, bias, x.dim() == 2 ? px : nullptr, nullptr, pbias}, nullptr);
+    } else {
+      PyObject* px2 = x.dim() == 2 ? (Py_INCREF(px), px) : THPVariable_Wrap(x2);
+      PyObject* pwt = px2 != nullptr ? THPVariable_Wrap(wt) : nullptr;
+      if (pwt != nullptr) {
+        result = has_bias ? PyObject_CallFunctionObjArgs(launch, px2, pwt, pbias, nullptr)
+                          : PyObject_CallFunctionObjArgs(launch, px2, pwt, nullptr);
+      }
+      Py_XDECREF(px2);
+      Py_XDECREF(pwt);
+    }
+    Py_DECREF(launch);
+    return unflatten(result, x);
+  }
+  at::Tensor result;
+  if (x.device().is_cpu()) {
+    ReleaseGil no_gil;
+    result = aten_linear(x2, wt, bias, act);
+  } else {
+    c10::OptionalDeviceGuard guard(x.device());
+    result = aten_linear(x2, wt, bias, act);
+  }
+  if (x.dim() != 2) {
+    at::DimVector shape(x.sizes().begin(), x.sizes().end() - 1);
+    shape.push_back(k[6]);
+    result = result.view(shape);
+  }
+  return THPVariable_Wrap(std::move(result));
+  END_HANDLE_TH_ERRORS
+}
+
+// Whether an entry of this kind computes the op: an aten kind names the product it runs, a native launch takes a
+// bias exactly when the op has one.
+bool kind_serves(long kind, int64_t op, PyObject* launch) {
+  switch (kind) {
+    case kAtenMm:
+      return op == kOpMm || op == linear_op(false, kActNone);
+    case kAtenIntMm:
+      return op == kOpIntMm;
+    case kAtenAddmm:
+      return is_linear_op(op);
+    case kNative:
+      return reinterpret_cast<NativeLaunch*>(launch)->plan->bias == (is_linear_op(op) && linear_has_bias(op));
+    default:
+      return true;
+  }
+}
+
 // add(key, kind, launch) -> True when registered (False: a key this table does not serve).
 PyObject* add(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3) {
@@ -502,7 +790,11 @@ PyObject* add(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   long kind = PyLong_AsLong(args[1]);
   if (PyErr_Occurred()) return nullptr;
   if (kind == kPython && Py_TYPE(args[2]) == &NativeLaunchType) kind = kNative;
-  if (kind != kAtenMm && kind != kAtenIntMm && kind != kPython && kind != kNative) {
+  if (kind == kNative && Py_TYPE(args[2]) != &NativeLaunchType) {
+    PyErr_SetString(PyExc_TypeError, "add: a native entry's launch must be a NativeLaunch");
+    return nullptr;
+  }
+  if (kind != kAtenMm && kind != kAtenIntMm && kind != kPython && kind != kNative && kind != kAtenAddmm) {
     PyErr_Format(PyExc_ValueError, "unknown entry kind %ld", kind);
     return nullptr;
   }
@@ -512,6 +804,11 @@ PyObject* add(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   Key k;
   if (!key_from_python(args[0], k)) Py_RETURN_FALSE;
+  if (!kind_serves(kind, k[0], args[2])) {
+    PyErr_Format(PyExc_ValueError, "add: an entry of kind %ld cannot compute op %lld", kind,
+                 static_cast<long long>(k[0]));
+    return nullptr;
+  }
   PyObject* launch = nullptr;
   if (kind == kPython || kind == kNative) {
     Py_INCREF(args[2]);
@@ -552,8 +849,11 @@ PyObject* size(PyObject*, PyObject*) { return PyLong_FromSize_t(table().size());
 PyMethodDef methods[] = {
     {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call)), METH_FASTCALL,
      "call(op, a, b): the product for a registered problem, else None (op 0 = mm, 1 = int_mm)"},
+    {"call_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call_linear)), METH_FASTCALL,
+     "call_linear(x, weight, bias, activation): kernels.linear for a registered problem, else None"},
     {"add", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(add)), METH_FASTCALL,
-     "add(key, kind, launch): register a warm entry under the Python dispatch key"},
+     "add(key, kind, launch): register a warm entry under the Python dispatch key (kind 0 = at::mm, 1 = "
+     "at::_int_mm, 2 = the launch, called from here, 4 = at::addmm / at::mm and the activation, for linear)"},
     {"native", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(make_native)), METH_FASTCALL,
      "native(device, stream, m, n, out_dtype, steps, fallback, keepalive): a NativeLaunch"},
     {"driver_status", driver_status, METH_NOARGS, "'' when the CUDA driver's entry points resolved, else why not"},
