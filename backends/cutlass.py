@@ -1,6 +1,8 @@
 """CUTLASS backend: render one .cu per config, build a batch with one `ninja -jN`, load the .so with ctypes and
 launch on torch's current stream. Runners are isolated (CutlassBackend.isolated): verification and timing
 run in a child process (backends/isolated_child.py), so a faulting kernel cannot poison the caller's CUDA context.
+A problem with an epilogue (bias, activation) gets kernels that fuse it (backends.cutlass_render): their entry point
+takes the bias pointer after B, and the launch is launch(a, b, bias, out=None).
 
 Artifacts: <cache_dir>/cutlass/sm<arch>/<key>/{kernel.cu, kernel.so, build.log, meta.json, failed.json}; key =
 source hash + nvcc version + flags + arch + CUTLASS version. `meta.json` is written last and records the binary's
@@ -246,6 +248,7 @@ class _Prepared:
 class CutlassBackend(Backend):
     name = "cutlass"
     isolated = True
+    epilogues = True
 
     def __init__(self, tools: Toolchain | None = None, max_configs: int = CUTLASS_MAX_CONFIGS):
         self._tools = tools

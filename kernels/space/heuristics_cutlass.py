@@ -30,7 +30,8 @@ INT32_MAX = 2**31 - 1
 SM90_EPILOGUE_SMEM = 32_768          # upper bound of the TMA epilogue's shared storage; the rest feeds the mainloop
 ASSUMED_SMS = 132                    # H100/H200 SXM; only used to rank, never to decide correctness
 # every GemmProblem.epilogue but the plain one: "bias", "relu", "bias+relu", ...
-EPILOGUES = tuple(e for bias in ("", "bias") for act in ACTIVATIONS if (e := "+".join(p for p in (bias, act) if p)))
+EPILOGUES = tuple(e for bias in ("", "bias") for act in ("", *ACTIVATIONS)
+                  if (e := "+".join(part for part in (bias, act) if part)))
 _TAG_RE = re.compile(r"^(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(coop|pingpong|s\d+w\d+x\d+)(_sk)?(_swap)?_a(\d+)c(\d+)_sw(\d+)"
                      r"(?:_(" + "|".join(re.escape(e) for e in EPILOGUES) + r"))?$")
 
@@ -196,7 +197,7 @@ def supports_cutlass(problem: GemmProblem, template: str, cfg: CutlassConfig | N
                        f"A {problem.layout_a} x B {problem.layout_b}; swapping operands keeps K's layout, so no")
     if max(problem.m, problem.n, problem.k) > INT32_MAX:
         return False, "a dimension exceeds 32-bit int"
-    if problem.activation not in ACTIVATIONS:
+    if problem.activation not in ("", *ACTIVATIONS):
         return False, f"unknown activation {problem.activation!r}"
     if problem.epilogue and problem.op != "mm":
         return False, f"{template} fuses no epilogue ({problem.epilogue}) into {problem.op}"
