@@ -643,11 +643,16 @@ PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   auto it = t.find(k);
   if (it == t.end()) Py_RETURN_NONE;
   ++g_hits;
-  const Entry& e = it->second;
-  if (e.kind == kNative) {
-    return run_native(reinterpret_cast<NativeLaunch*>(e.launch), Operands{a, b, nullptr, pa, pb, nullptr}, nullptr);
+  // a copy: the table may change while the GIL is released below, or from Python code a launch runs
+  const Entry e = it->second;
+  if (e.kind == kNative || e.kind == kPython) {
+    Py_INCREF(e.launch);
+    PyObject* result = e.kind == kNative ? run_native(reinterpret_cast<NativeLaunch*>(e.launch),
+                                                      Operands{a, b, nullptr, pa, pb, nullptr}, nullptr)
+                                         : PyObject_CallFunctionObjArgs(e.launch, pa, pb, nullptr);
+    Py_DECREF(e.launch);
+    return result;
   }
-  if (e.kind == kPython) return PyObject_CallFunctionObjArgs(e.launch, pa, pb, nullptr);
   auto run = [&] { return e.kind == kAtenMm ? at::mm(a, b) : at::_int_mm(a, b); };
   at::Tensor result;
   if (a.device().is_cpu()) {
