@@ -89,7 +89,8 @@ def _note(r: VariantResult) -> str:
     parts = []
     tunes = r.cold_stats.get("tunes")
     if tunes:
-        parts.append(f"{tunes} tunes")
+        each = f" ({r.cold_s / tunes:.1f} s each)" if r.cold_s else ""
+        parts.append(f"{tunes} tunes{each}")
     if r.loop_stats.get("tunes"):
         parts.append(f"{r.loop_stats['tunes']} tunes in the loops")
     if r.grad_err_param:

@@ -283,7 +283,7 @@ def test_table_rows_and_the_plain_fallback():
     row = dict(zip(br.HEADERS, br.table_row(rs[1])))
     assert row == {"mode": "fwd", "M": "1", "variant": "patch", "cold s": "1.50", "ms/step": "1.7000",
                    "tokens/s": "588", "vs eager": "1.235x", "out err": "2.00e-03", "grad err": "-",
-                   "note": "4 tunes"}
+                   "note": "4 tunes (0.4 s each)"}
     assert br.table_row(rs[9])[-1] == "error: RuntimeError: no GPU" and br.table_row(rs[9])[4] == "-"
     assert br.table_row(rs[-1])[-1] == "worst grad mlp.down.weight"
     text = br.plain_table(rs, "title")
