@@ -1,7 +1,9 @@
-"""aten: `torch.mm` and `torch._int_mm`, always a candidate so the tuned call is never slower than PyTorch's."""
+"""aten: `torch.mm`, `torch._int_mm` and (for products with an epilogue) `torch.addmm` plus the activation, always a
+candidate so the tuned call is never slower than PyTorch's."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from backends.base import Backend, BuildOutcome, Runner
 from kernels.core.choice import Choice
@@ -20,6 +22,25 @@ def _int_mm(a, b, out):
 _mm.direct = torch.mm
 _int_mm.direct = torch._int_mm
 
+# in place, so the epilogue adds no allocation; gelu as the kernels compute it (tanh approximation)
+_ACTIVATE = {"": None, "relu": torch.relu_, "silu": lambda t: F.silu(t, inplace=True),
+             "gelu": lambda t: t.copy_(F.gelu(t, approximate="tanh"))}
+
+
+def epilogue_launch(problem: GemmProblem):
+    """launch(a, b[, bias], out=None) for a problem with an epilogue: torch.addmm (cuBLASLt fuses the bias) or
+    torch.mm, then the activation in place."""
+    act = _ACTIVATE[problem.activation]
+    if problem.bias:
+        def launch(a, b, bias, out=None):
+            out = torch.addmm(bias, a, b) if out is None else torch.addmm(bias, a, b, out=out)
+            return out if act is None else act(out)
+    else:
+        def launch(a, b, out=None):
+            out = torch.mm(a, b) if out is None else torch.mm(a, b, out=out)
+            return out if act is None else act(out)
+    return launch
+
 
 def int_mm_limits(problem: GemmProblem) -> str:
     """aten's own rules for torch._int_mm on CUDA (cuBLASLt): '' when it can run, else the reason."""
@@ -34,6 +55,7 @@ def int_mm_limits(problem: GemmProblem) -> str:
 
 class AtenBackend(Backend):
     name = "aten"
+    epilogues = True
 
     def available(self, problem: GemmProblem) -> tuple[bool, str]:
         return True, ""
@@ -43,11 +65,13 @@ class AtenBackend(Backend):
             why = int_mm_limits(problem)
             choice = Choice("aten", "aten_int_mm", problem.dtype)
             return ([], {choice.name: why}) if why else ([choice], {})
+        if problem.epilogue:
+            return [Choice("aten", "aten_addmm", problem.dtype)], {}
         return [Choice("aten", "aten_mm", problem.dtype)], {}
 
     def build(self, problem, choices):
-        fns = {"aten_mm": _mm, "aten_int_mm": _int_mm}
-        return [BuildOutcome(c, Runner(c, fns[c.template])) for c in choices]
+        fns = {"aten_mm": lambda: _mm, "aten_int_mm": lambda: _int_mm, "aten_addmm": lambda: epilogue_launch(problem)}
+        return [BuildOutcome(c, Runner(c, fns[c.template]())) for c in choices]
 
 
 def create() -> AtenBackend:

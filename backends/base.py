@@ -39,6 +39,9 @@ class Backend(ABC):
     # verify and time this backend's runners in a child process first (backends/isolated_child.py): a kernel that
     # faults poisons the CUDA context it runs in. Costs a child start per tune; CUTLASS's are isolated.
     isolated: bool = False
+    # runs problems with an epilogue (GemmProblem.bias / .activation): launch(a, b[, bias], out) computes
+    # activation(a @ b + bias); backends without it are left out of such problems' tunes with the reason
+    epilogues: bool = False
 
     @abstractmethod
     def available(self, problem: GemmProblem) -> tuple[bool, str]:

@@ -232,9 +232,9 @@ def serve(request: dict) -> int:
     outcomes = get_backend(request["backend"]).build(problem, choices)    # artifacts exist: this only loads
     fault = request.get("fault")
 
-    a, b = make_inputs(problem, device, seed=request["seed"])
-    ref = reference(problem, a, b)
-    sets = timing_sets(problem, device, (a, b), seed=request["seed"] + 1)
+    operands = make_inputs(problem, device, seed=request["seed"])
+    ref = reference(problem, *operands)
+    sets = timing_sets(problem, device, operands, seed=request["seed"] + 1)
     n_sets = len(sets)
 
     for outcome in outcomes:
@@ -247,7 +247,7 @@ def serve(request: dict) -> int:
             continue
         launch = outcome.runner.launch
         try:
-            why = verify_launch(launch, problem, a, b, ref)
+            why = verify_launch(launch, problem, operands, ref)
             if why is not None:
                 _emit({"name": name, "error": why})
                 if not _context_alive(device):

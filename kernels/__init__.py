@@ -3,6 +3,7 @@
     import kernels
     c = kernels.mm(a, b)            # fp16 / bf16 / fp32
     c = kernels.int_mm(a8, b8)      # int8 x int8 -> int32
+    y = kernels.linear(x, weight, bias, activation="gelu")     # nn.Linear's layout, epilogue fused
     kernels.explain(a, b).winner
     c = kernels.mm(x, w, dynamic="m")   # M varies: one winner per size hint, each new M served by one of them
 
@@ -15,7 +16,7 @@ import importlib
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "mm": "kernels.dispatch.api", "int_mm": "kernels.dispatch.api", "explain": "kernels.dispatch.api",
+    "mm": "kernels.dispatch.api", "int_mm": "kernels.dispatch.api", "linear": "kernels.dispatch.api", "explain": "kernels.dispatch.api",
     "stats": "kernels.dispatch.api", "clear_memory_cache": "kernels.dispatch.api",
     "fastpath_status": "kernels.dispatch.api", "load_fastpath": "kernels.dispatch.api",
     "Dynamic": "kernels.dispatch.dynamic", "config": "kernels.core.config", "__version__": "kernels.core.version",

@@ -12,6 +12,11 @@ DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp
 DTYPES_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "int8": 1, "int32": 4}
 OPS = {"mm": ("fp16", "bf16", "fp32"), "int_mm": ("int8",)}
+# epilogue activations (kernels.linear): applied in fp32 to acc + bias, before the one cast to the output dtype.
+# gelu is the tanh approximation (F.gelu(approximate="tanh")).
+ACTIVATIONS = ("relu", "gelu", "silu")
+# fields whose default is left out of key(): stored keys of plain products stay what they were before epilogues
+_KEY_DEFAULTS = {"bias": False, "activation": ""}
 
 
 def pointer_alignment(ptr: int) -> int:
@@ -56,6 +61,14 @@ class GemmProblem:
     precision: str = ""          # "ieee" or "tf32" for fp32 inputs, "" otherwise
     # dims ("m", "n", "k") declared dynamic: kernels must not specialise on their values, so one binary serves all
     dynamic: tuple[str, ...] = ()
+    # epilogue (op "mm" only): out = activation(a @ b + bias), bias a (N,) vector of the output dtype
+    bias: bool = False
+    activation: str = ""         # "" or one of ACTIVATIONS
+
+    @property
+    def epilogue(self) -> str:
+        """'' for a plain product, else 'bias', 'gelu', 'bias+gelu', ...: names and explain() use it."""
+        return "+".join(p for p in ("bias" if self.bias else "", self.activation) if p)
 
     @property
     def layout_a(self) -> str:
@@ -80,7 +93,8 @@ class GemmProblem:
     @property
     def min_bytes(self) -> int:
         """Fewest bytes a kernel must move: each operand read once, the result written once."""
-        return (self.m * self.k + self.k * self.n) * self.elem_bytes + self.m * self.n * self.out_bytes
+        return ((self.m * self.k + self.k * self.n) * self.elem_bytes + self.m * self.n * self.out_bytes
+                + (self.n * self.out_bytes if self.bias else 0))
 
     def leading_dim(self, which: str) -> int | None:
         """The operand's non-unit stride (row-major: the row stride; column-major: the column stride); None when
@@ -97,11 +111,16 @@ class GemmProblem:
 
     def key(self) -> str:
         """Stable text identity of the problem, used in the persistent selection store."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        data = asdict(self)
+        for name, default in _KEY_DEFAULTS.items():
+            if data[name] == default:
+                del data[name]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def short(self) -> str:
-        return (f"{self.op} {self.m}x{self.n}x{self.k} {self.dtype} A:{self.layout_a}{list(self.stride_a)} "
-                f"B:{self.layout_b}{list(self.stride_b)} {self.precision or ''}".rstrip())
+        parts = [self.op, f"{self.m}x{self.n}x{self.k}", self.dtype, f"A:{self.layout_a}{list(self.stride_a)}",
+                 f"B:{self.layout_b}{list(self.stride_b)}", self.precision, self.epilogue]
+        return " ".join(p for p in parts if p)
 
     def digest(self) -> str:
         return hashlib.sha256(self.key().encode()).hexdigest()[:24]
@@ -115,7 +134,8 @@ class GemmProblem:
         return cls(**data)
 
     @classmethod
-    def from_tensors(cls, op: str, a: torch.Tensor, b: torch.Tensor) -> "GemmProblem":
+    def from_tensors(cls, op: str, a: torch.Tensor, b: torch.Tensor, bias: bool = False,
+                     activation: str = "") -> "GemmProblem":
         """Assumes inputs were validated (2-D, same supported dtype, same device)."""
         dtype = DTYPE_NAMES[a.dtype]
         dev = a.device
@@ -128,4 +148,5 @@ class GemmProblem:
                    out_dtype="int32" if op == "int_mm" else dtype,
                    stride_a=tuple(a.stride()), stride_b=tuple(b.stride()),
                    align_a=pointer_alignment(a.data_ptr()), align_b=pointer_alignment(b.data_ptr()),
-                   device=dev.type, arch=arch, device_name=name, precision=precision_of(dtype))
+                   device=dev.type, arch=arch, device_name=name, precision=precision_of(dtype), bias=bias,
+                   activation=activation)

@@ -1,4 +1,4 @@
-"""User entry points: mm, int_mm, explain, stats. Validation, the warm dispatch table, and the cold path."""
+"""User entry points: mm, int_mm, linear, explain, stats. Validation, the warm dispatch table, and the cold path."""
 from __future__ import annotations
 
 import contextlib
@@ -6,16 +6,18 @@ import dataclasses
 import inspect
 
 import torch
+import torch.nn.functional as F
 
 from kernels.core import counters as _stats
 from kernels.core.choice import Choice
 from kernels.core.config import config, interpret_mode
 from kernels.core.errors import InputTypeError, InputValueError
-from kernels.core.problem import GemmProblem
+from kernels.core.problem import ACTIVATIONS, GemmProblem
 from kernels.core.selection import Selection
 from kernels.dispatch import dynamic as _dynamic
 from kernels.dispatch import selected
 from kernels.native import fastpath as _fastpath
+from backends.aten import epilogue_launch
 
 _MM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _ATEN = {"mm": torch.mm, "int_mm": torch._int_mm}
@@ -87,6 +89,95 @@ def int_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     return _cold("int_mm", a, b, out, dynamic)
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           activation: str | None = None) -> torch.Tensor:
+    """activation(x @ weight.T + bias), as torch.nn.functional.linear (then the activation): x (..., K), weight
+    (N, K) as nn.Linear stores it, bias (N,) or None, activation None / "relu" / "gelu" (tanh approximation) /
+    "silu". fp16 / bf16 / fp32. The bias and activation are fused into the tuned kernel's epilogue; x of 3-D and
+    more is flattened to 2-D without a copy when its strides allow."""
+    try:
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        wt = weight.t()
+        entry = _dispatch.get((_fast_key("mm", x2, wt), activation, None if bias is None else
+                               (bias.dtype, bias.shape, bias.stride(), bias.device)))
+    except (AttributeError, TypeError, IndexError, RuntimeError):
+        entry = None
+    if entry is not None:
+        _memory_hits[0] += 1
+        out = entry[0](x2, wt) if bias is None else entry[0](x2, wt, bias)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[1])
+    return _linear_cold(x, weight, bias, activation)
+
+
+def _linear_cold(x, weight, bias, activation):
+    validate_linear(x, weight, bias, activation)
+    if _fast_call is None:
+        _fast.try_load(_fast_loaded)
+    act = activation or ""
+    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    wt = weight.t()
+    shape = (*x.shape[:-1], weight.shape[0])
+    if 0 in (x2.shape[0], x2.shape[1], wt.shape[1]):
+        return _trivial_linear(x2, wt, bias, act).view(shape)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        return _activate(F.linear(x, weight, bias), act)          # keeps autograd working
+    problem = GemmProblem.from_tensors("mm", x2, wt, bias=bias is not None, activation=act)
+    operands = (x2, wt) if bias is None else (x2, wt, bias)
+    if x.device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
+        with _device_ctx(x):
+            launch = selected.resolved(problem) or _linear_aten(problem)
+            return launch(*operands, None).view(shape)
+    if _cpu_fallback(x):
+        launch = _linear_aten(problem)
+        _stats.bump("cpu_fallbacks")
+    else:
+        with _device_ctx(x):
+            launch = selected.launcher_for(problem)
+    direct = _direct(launch, len(operands))
+    if bias is not None and bias.stride(0) != 1:        # kernels read the bias as a contiguous vector
+        contiguous = direct
+        direct = lambda a, b, c: contiguous(a, b, c.contiguous())    # noqa: E731
+        operands = (x2, wt, bias.contiguous())
+    key = (_fast_key("mm", x2, wt), activation, None if bias is None else
+           (bias.dtype, bias.shape, bias.stride(), bias.device))
+    with _lock:
+        _dispatch[key] = (direct, launch)
+        if len(_dispatch) > config.max_problems:
+            _shrink(config.max_problems)
+    with _device_ctx(x):
+        return direct(*operands).view(shape)
+
+
+def _linear_aten(problem: GemmProblem):
+    return _aten_launch("mm") if not problem.epilogue else epilogue_launch(problem)
+
+
+def _direct(launch, n_operands: int):
+    """launch(*operands) without `out`: `.direct` when the launch has one, else a wrapper passing out=None."""
+    if n_operands == 2:
+        return _two_arg(launch)
+    direct = getattr(launch, "direct", None)
+    return direct if direct is not None else (lambda a, b, bias: launch(a, b, bias, None))
+
+
+def _activate(out: torch.Tensor, activation: str) -> torch.Tensor:
+    if activation == "relu":
+        return torch.relu(out)
+    if activation == "gelu":
+        return F.gelu(out, approximate="tanh")
+    if activation == "silu":
+        return F.silu(out)
+    return out
+
+
+def _trivial_linear(x2, wt, bias, activation: str) -> torch.Tensor:
+    """A zero-size dimension: an empty result, or (K == 0) the bias broadcast, then the activation."""
+    out = torch.zeros(x2.shape[0], wt.shape[1], dtype=x2.dtype, device=x2.device)
+    if bias is not None:
+        out += bias
+    return _activate(out, activation)
+
+
 def _two_arg(launch):
     """launch(a, b) for calls without `out`: the torch function itself for aten winners (they carry it as
     `.direct`), the launcher when it accepts two arguments, else a wrapper passing out=None."""
@@ -153,6 +244,45 @@ def validate(op: str, a, b, out=None) -> None:
             raise InputTypeError(f"kernels.{op}: out has dtype {out.dtype}, expected {out_dtype}")
         if out.device != a.device:
             raise InputValueError(f"kernels.{op}: out is on {out.device}, inputs on {a.device}")
+
+
+def validate_linear(x, weight, bias, activation) -> None:
+    """Raise InputTypeError / InputValueError naming the argument of kernels.linear that is wrong."""
+    for name, t in (("x", x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise InputTypeError(f"kernels.linear: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise InputTypeError(f"kernels.linear: bias must be a torch.Tensor or None, got {type(bias).__name__}")
+    if activation is not None and (not isinstance(activation, str) or activation not in ACTIVATIONS):
+        raise InputValueError(f"kernels.linear: unknown activation {activation!r}; expected None or one of "
+                              f"{', '.join(repr(a) for a in ACTIVATIONS)}")
+    if weight.dim() != 2:
+        raise InputValueError(f"kernels.linear: weight must be 2-D (out_features, in_features), got "
+                              f"{weight.dim()}-D with shape {tuple(weight.shape)}")
+    if x.dim() < 1:
+        raise InputValueError("kernels.linear: x must have at least one dimension (..., in_features), got a scalar")
+    if x.shape[-1] != weight.shape[1]:
+        raise InputValueError(f"kernels.linear: x's last dimension is {x.shape[-1]} but weight has in_features "
+                              f"{weight.shape[1]} (x {tuple(x.shape)}, weight {tuple(weight.shape)})")
+    for name, t in (("x", x), ("weight", weight)):
+        if t.dtype not in _MM_DTYPES:
+            raise InputTypeError(f"kernels.linear: {name} has unsupported dtype {t.dtype}; supported: "
+                                 f"{_dtype_list(_MM_DTYPES)}")
+    if x.dtype != weight.dtype:
+        raise InputTypeError(f"kernels.linear: x and weight dtypes differ ({x.dtype} and {weight.dtype})")
+    if x.device != weight.device:
+        raise InputValueError(f"kernels.linear: x and weight are on different devices ({x.device} and "
+                              f"{weight.device})")
+    if x.device.type not in ("cuda", "cpu"):
+        raise InputValueError(f"kernels.linear: tensors on {x.device} are not supported (cuda or cpu)")
+    if bias is not None:
+        if bias.dim() != 1 or bias.shape[0] != weight.shape[0]:
+            raise InputValueError(f"kernels.linear: bias must have shape ({weight.shape[0]},) (out_features), got "
+                                  f"{tuple(bias.shape)}")
+        if bias.dtype != x.dtype:
+            raise InputTypeError(f"kernels.linear: bias has dtype {bias.dtype}, expected {x.dtype} (x's dtype)")
+        if bias.device != x.device:
+            raise InputValueError(f"kernels.linear: bias is on {bias.device}, x on {x.device}")
 
 
 # -- cold path -------------------------------------------------------------------------------------------------

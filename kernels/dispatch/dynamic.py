@@ -460,16 +460,16 @@ def benchmark_choices(problem: GemmProblem, choices: list[Choice]) -> dict[str, 
             results[c.name] = err
         else:
             launches[c.name] = launch
-    a, b = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
-    ref = reference(problem, a, b)
+    operands = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
+    ref = reference(problem, *operands)
     for name, launch in list(launches.items()):
-        why = verify_launch(launch, problem, a, b, ref)     # a hint winner that fails here is one failed candidate
+        why = verify_launch(launch, problem, operands, ref)     # a hint winner that fails here is one failed candidate
         if why is not None:
             results[name] = why
             del launches[name]
     del ref
     if launches:
-        sets = timing_sets(problem, device, (a, b), seed=1)
+        sets = timing_sets(problem, device, operands, seed=1)
         # the selection routine tuning uses (kernels.tune.final_round): an interleaved first pass, then the
         # finalists and the baseline in the final round of the call's regime. Interleaved with choices several times
         # slower (a small hint's tile at a large M), a compute-bound tile was timed faster than it runs beside its

@@ -116,8 +116,8 @@ def _available(name: str, problem: GemmProblem) -> bool:
 def verify(launch, problem: GemmProblem) -> str | None:
     """Why the launch computes a wrong product on fresh inputs with the problem's strides, or None."""
     device = "cuda" if problem.device == "cuda" else "cpu"
-    a, b = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
-    return verify_launch(launch, problem, a, b, reference(problem, a, b))
+    operands = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
+    return verify_launch(launch, problem, operands, reference(problem, *operands))
 
 
 def _warn_once(text: str) -> None:

@@ -2,6 +2,7 @@
 check every candidate must pass before it may win."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -40,25 +41,43 @@ def make_operand(shape: tuple[int, int], stride: tuple[int, int], align: int, dt
     return torch.as_strided(flat, shape, stride, storage_offset=offset)
 
 
-def make_inputs(problem: GemmProblem, device: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def make_inputs(problem: GemmProblem, device: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """The problem's operands, as every launch takes them before `out`: (a, b), or (a, b, bias) with a contiguous
+    (N,) bias of the output dtype when the problem has one."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     a = make_operand((problem.m, problem.k), problem.stride_a, problem.align_a, problem.dtype, device, gen)
     b = make_operand((problem.k, problem.n), problem.stride_b, problem.align_b, problem.dtype, device, gen)
-    return a, b
+    if not problem.bias:
+        return a, b
+    bias = make_operand((1, problem.n), (problem.n, 1), 16, problem.out_dtype, device, gen)[0]
+    return a, b, bias
 
 
-def timing_sets(problem: GemmProblem, device: str, first: tuple[torch.Tensor, torch.Tensor],
-                seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def timing_sets(problem: GemmProblem, device: str, first: tuple[torch.Tensor, ...],
+                seed: int) -> list[tuple[torch.Tensor, ...]]:
     """The input sets a timing loop rotates through (kernels.timing.rotation_sets of them, so small problems are not
     timed out of a warm L2): `first`, then fresh ones from seeds seed, seed + 1, ..."""
     n_sets = rotation_sets((problem.m * problem.k + problem.k * problem.n) * problem.elem_bytes, device)
     return [first] + [make_inputs(problem, device, seed=seed + s) for s in range(n_sets - 1)]
 
 
-def reference(problem: GemmProblem, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """float64 product (exact for int8 at any K we allow: |sum| < 2**53)."""
-    return torch.mm(a.to(torch.float64), b.to(torch.float64))
+def _activation64(name: str, x: torch.Tensor) -> torch.Tensor:
+    if name == "relu":
+        return torch.relu(x)
+    if name == "gelu":
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    if name == "silu":
+        return x * torch.sigmoid(x)
+    return x
+
+
+def reference(problem: GemmProblem, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 result, epilogue included (the product is exact for int8 at any K we allow: |sum| < 2**53)."""
+    out = torch.mm(a.to(torch.float64), b.to(torch.float64))
+    if bias is not None:
+        out += bias.to(torch.float64)
+    return _activation64(problem.activation, out)
 
 
 def poisoned_output(problem: GemmProblem, device: str) -> torch.Tensor:
@@ -87,9 +106,10 @@ def check(problem: GemmProblem, out: torch.Tensor, ref: torch.Tensor) -> CheckRe
     return CheckResult(ok, err, "" if ok else f"relative error {err:.3g} > {tol:g}")
 
 
-def verify_launch(launch, problem: GemmProblem, a: torch.Tensor, b: torch.Tensor, ref: torch.Tensor) -> str | None:
+def verify_launch(launch, problem: GemmProblem, operands: tuple[torch.Tensor, ...], ref: torch.Tensor) -> str | None:
     """None when every way the warm path can call `launch` writes the reference result into a poisoned output:
-    launch(a, b, out), and its native launch (`launch.native(a, b, out)`, the C++ table's path) when it has one.
+    launch(*operands, out), and its native launch (`launch.native(*operands, out)`, the C++ table's path) when it
+    has one.
     Else why not; a crash is a result here, never an exception."""
     device = "cuda" if problem.device == "cuda" else "cpu"
     paths = [("", launch)]
@@ -99,7 +119,7 @@ def verify_launch(launch, problem: GemmProblem, a: torch.Tensor, b: torch.Tensor
     for label, call in paths:
         out = poisoned_output(problem, device)
         try:
-            call(a, b, out)
+            call(*operands, out)
             if device == "cuda":
                 torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001

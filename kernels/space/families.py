@@ -37,6 +37,9 @@ _TMA = ("triton/tma_persistent.py.jinja", "triton/_gemm.jinja")
 FAMILIES: tuple[TemplateFamily, ...] = (
     TemplateFamily("aten_mm", "aten", ("mm",), 0, "torch.mm (cuBLAS): always a candidate"),
     TemplateFamily("aten_int_mm", "aten", ("int_mm",), 0, "torch._int_mm (cuBLAS): always a candidate"),
+    TemplateFamily("aten_addmm", "aten", ("mm",), 0,
+                   "torch.addmm (cuBLASLt bias epilogue) or torch.mm, then the activation: the baseline of products "
+                   "with an epilogue (kernels.linear)"),
     TemplateFamily("triton_mm", "triton", ("mm",), 10, "one program per output tile, GROUP_M swizzle",
                    ("mm_configs",), True, f"{_TRITON}.mm:FAMILY", _MM),
     TemplateFamily("triton_int8_mm", "triton", ("int_mm",), 10, "the tiled kernel for int8",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from kernels.core.choice import Choice, GemmConfig
-from kernels.core.problem import DTYPES_BY_NAME, OPS
+from kernels.core.problem import ACTIVATIONS, DTYPES_BY_NAME, OPS
 from kernels.core.selection import SCHEMA_VERSION
 from kernels.space.families import BY_NAME
 from kernels.space.heuristics_cutlass import CutlassConfig
@@ -66,8 +66,12 @@ def _problem(p) -> str | None:
     dyn = p.get("dynamic", [])
     if not (isinstance(dyn, list) and all(isinstance(d, str) and d in DIMS for d in dyn)):
         return "problem.dynamic malformed"
+    if not isinstance(p.get("bias", False), bool):
+        return "problem.bias is not a boolean"
+    if p.get("activation", "") not in ("", *ACTIVATIONS):
+        return f"problem.activation {p.get('activation')!r} unknown"
     extra = set(p) - {"op", *DIMS, "dtype", "out_dtype", "stride_a", "stride_b", "align_a", "align_b", "device",
-                      "arch", "device_name", "precision", "dynamic"}
+                      "arch", "device_name", "precision", "dynamic", "bias", "activation"}
     return f"unknown problem fields {sorted(extra)}" if extra else None
 
 

@@ -107,6 +107,8 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
         try:
             backend = get_backend(name)
             ok, why = backend.available(problem)
+            if ok and problem.epilogue and not backend.epilogues:
+                ok, why = False, f"no fused {problem.epilogue} epilogue in this backend"
             if not ok:
                 notes.append(f"{name} unavailable: {why}")
                 unavailable.append(name)
@@ -137,13 +139,13 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
         isolated_ok = _measure_isolated(problem, runners, timings, details)
 
     with clock("verify"):
-        a, b = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
-        ref = reference(problem, a, b)
+        operands = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
+        ref = reference(problem, *operands)
         verified: dict[str, Runner] = {}
         for cname, runner in runners.items():
             if runner.isolated:
                 continue
-            why = verify_launch(runner.launch, problem, a, b, ref)
+            why = verify_launch(runner.launch, problem, operands, ref)
             if why is None:
                 verified[cname] = runner
             else:
@@ -152,7 +154,7 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
 
     winner, regime = None, "burst"
     if verified or isolated_ok:
-        sets = timing_sets(problem, device, (a, b), seed=1)
+        sets = timing_sets(problem, device, operands, seed=1)
         # isolated runners were verified and timed in a child; safe to re-time here beside the rest
         outcome = select({n: user_call(r.launch, sets) for n, r in verified.items()}, choices, len(sets), device,
                          config.bench_budget_ms, pretimed={n: timings[n] for n in isolated_ok},
