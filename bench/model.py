@@ -192,7 +192,8 @@ def measure_group(setup: Setup, mode: str, tokens: int, progress: RunProgress,
     if ready:
         progress.step(f"{mode} M={tokens}: {len(ready)} variants' loops")
         if plan.heat > 0 and "eager" in ready:
-            runner(lambda i: ready["eager"].step(), 1, plan.heat)    # unread: the first round starts on a warm chip
+            heat_step = ready["eager"].step
+            runner(lambda i: heat_step(), 1, plan.heat)    # unread: the first round starts on a warm chip
         _loops(ready, results, plan, runner)
     out = list(results.values())
     attach_eager(out)

@@ -143,8 +143,8 @@ def weight_grads(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def worst_grad_err(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> tuple[float, str]:
-    """(the largest max_rel_err over the parameters, its name); a parameter with a grad on one side only is an
-    error, not a difference."""
+    """(the largest max_rel_err over the parameters, its name, "" when that is 0); a parameter with a grad on one
+    side only is an error, not a difference."""
     if set(grads) != set(reference):
         missing = sorted(set(reference) ^ set(grads))
         raise ValueError(f"grads present on one side only: {', '.join(missing[:4])}")
@@ -152,4 +152,4 @@ def worst_grad_err(grads: dict[str, torch.Tensor], reference: dict[str, torch.Te
     if not errs:
         raise ValueError("no weight grads")
     worst = max(errs, key=errs.get)
-    return errs[worst], worst
+    return errs[worst], worst if errs[worst] > 0 else ""       # no name when every grad matches exactly
