@@ -61,7 +61,7 @@ def _marked(fn: Callable) -> Callable:
     return call
 
 
-def _first_call_repeated(step: Callable[[], torch.Tensor], calls: int) -> Callable[[], torch.Tensor]:
+def first_call_repeated(step: Callable[[], torch.Tensor], calls: int) -> Callable[[], torch.Tensor]:
     """The first call runs `step` `calls` times: torch.compile's CUDA-graph trees run a warm-up call and record on a
     later one, which belong to the cold time, not to the first timing loop."""
     done = False
@@ -140,7 +140,7 @@ def build_variant(name: str, base: nn.Module, x: torch.Tensor, mode: str) -> Var
         return Variant(name, module, CapturedForward(fn, x))
     step = _forward(fn, x) if mode == "fwd" else _forward_backward(module, fn, x)
     if name == "max-autotune+cudagraphs":
-        step = _first_call_repeated(step, CUDAGRAPH_TREE_CALLS)
+        step = first_call_repeated(step, CUDAGRAPH_TREE_CALLS)
     return Variant(name, module, step)
 
 

@@ -148,9 +148,9 @@ def test_cudagraph_variants_refuse_cpu_and_backward():
         bv.build_variant("max-autotune+cudagraphs", base, x, "fwd")
 
 
-def test_a_first_call_repeated_until_cuda_graph_trees_replay():
+def test_afirst_call_repeated_until_cuda_graph_trees_replay():
     calls = []
-    step = bv._first_call_repeated(lambda: calls.append(1) or len(calls), bv.CUDAGRAPH_TREE_CALLS)
+    step = bv.first_call_repeated(lambda: calls.append(1) or len(calls), bv.CUDAGRAPH_TREE_CALLS)
     assert step() == 3 and step() == 4
 
 
