@@ -226,6 +226,7 @@ class Operand(enum.IntEnum):
     A = 0
     B = 1
     OUT = 2
+    BIAS = 3        # the epilogue's (N,) vector, for problems with a bias
 
 
 @dataclass(frozen=True)
@@ -310,10 +311,6 @@ def attach_native(launch, shape: tuple[int, int], out_dtype: torch.dtype, calls:
     return launch
 
 
-NO_NATIVE_BIAS = ("bias epilogue: the C++ warm-call table launches (a, b, out) only; a bias needs a fourth operand "
-                  "pointer there (kernels/native/csrc/fastpath.cpp)")
-
-
 def kernel_sequence(handles: list, grids: list[tuple[int, int, int]], args, shape: tuple[int, int],
                     out_dtype: torch.dtype, ldc_multiple: int, buffers: Callable[[], object] = lambda: None,
                     bias: bool = False):
@@ -329,11 +326,8 @@ def kernel_sequence(handles: list, grids: list[tuple[int, int, int]], args, shap
             run(*kernel_args)
 
     def calls():
-        described = args(Operand.A, Operand.B, Operand.OUT, shape[1], buffers(), ())
+        described = args(Operand.A, Operand.B, Operand.OUT, shape[1], buffers(), (Operand.BIAS,) if bias else ())
         return [KernelCall(h, g, x) for h, g, x in zip(handles, grids, described)]
 
     launch = output_launch(shape, out_dtype, handles[0].device, ldc_multiple, run_into, bias)
-    if bias:
-        launch.native_why = NO_NATIVE_BIAS
-        return launch
     return attach_native(launch, shape, out_dtype, calls)

@@ -102,9 +102,9 @@ class _FakeTable:
 
 
 @pytest.mark.parametrize("template", list(FAMILIES))
-def test_native_launch_only_without_a_bias(template, monkeypatch):
-    """The C++ table launches (a, b, out) only: a bias problem keeps the Python launch and says why; an
-    activation-only problem's operands are still (a, b), and it gets its native launch."""
+def test_native_launch_describes_the_bias_operand(template, monkeypatch):
+    """Every epilogue problem gets its native launch; the bias is operand 3 (Operand.BIAS) of the kernel that
+    applies the epilogue, and an activation-only problem's operands are still (a, b, out)."""
     monkeypatch.setenv("KERNELS_FASTPATH", "auto")
     monkeypatch.setattr(fastpath, "_loaded", [_FakeTable()])
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
@@ -118,8 +118,7 @@ def test_native_launch_only_without_a_bias(template, monkeypatch):
         assert [("bias_ptr" in spec.signature) for spec in specs] == [False] * (len(specs) - 1) + [with_bias]
         handles = [_Handle(tuple(arg.type for arg in spec.args)) for spec in specs]
         launch = family(template).launcher(p, choice, specs, handles)
-        if with_bias:
-            assert not hasattr(launch, "native") and not hasattr(launch, "direct")
-            assert "bias" in launch.native_why
-        else:
-            assert launch.native_why == "" and launch.direct is launch.native
+        assert launch.native_why == "" and launch.direct is launch.native
+        steps = launch.native[5]
+        operand_codes = [code for step in steps for _, code in step[-1]]
+        assert (3 in operand_codes) == with_bias and operand_codes.count(3) <= 1
