@@ -5,7 +5,8 @@ beta = alpha = 1.
 
 Anything the library does not serve goes to torch unchanged and is counted in `kernels.stats()`: "passthroughs"
 in total and one "passthrough:<reason>" entry per reason (kernels.core.counters), the reason a short slug:
-"dtype=float64", "dtype=int8", "layout=sparse_coo", "device=meta", "subclass=<type>", "dtypes-differ",
+"dtype=float64", "dtype=int8", "layout=sparse_coo", "device=meta", "subclass=<type>", "type=<type>" (not a
+tensor), "dtypes-differ",
 "devices-differ", "dims=1-D@2-D" (matmul shapes other than 2-D/N-D @ 2-D), "shape" (sizes that do not
 multiply: torch raises its own error), "bias" (a bias that is not (N,) of the inputs' dtype and device), "out"
 (out= arguments), "addmm-scale" (beta or alpha not 1), "addmm-input" (an addmm input other than a 1-D bias row),
@@ -27,7 +28,6 @@ from kernels.core.errors import InputTypeError, InputValueError
 from kernels.dispatch import api, selected
 
 _DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32))
-_DEVICES = frozenset(("cuda", "cpu"))
 _PLAIN_TYPES = frozenset((torch.Tensor, torch.nn.Parameter))
 _STRIDED = torch.strided
 INPUT_ERRORS = (InputTypeError, InputValueError)
