@@ -1,6 +1,8 @@
 """CUTLASS backend: render one .cu per config, build a batch with one `ninja -jN`, load the .so with ctypes and
 launch on torch's current stream. Runners are isolated (CutlassBackend.isolated): verification and timing
 run in a child process (backends/isolated_child.py), so a faulting kernel cannot poison the caller's CUDA context.
+A problem with an epilogue (bias, activation) gets kernels that fuse it (backends.cutlass_render): their entry point
+takes the bias pointer after B, and the launch is launch(a, b, bias, out=None).
 
 Artifacts: <cache_dir>/cutlass/sm<arch>/<key>/{kernel.cu, kernel.so, build.log, meta.json, failed.json}; key =
 source hash + nvcc version + flags + arch + CUTLASS version. `meta.json` is written last and records the binary's
@@ -124,13 +126,15 @@ class LoadedKernel:
     run: object
 
 
-def load_library(path: Path) -> LoadedKernel:
+def load_library(path: Path, bias: bool = False) -> LoadedKernel:
+    """The entry points of a built kernel; `bias`: its run takes a bias pointer after B (problem.bias)."""
     lib = ctypes.CDLL(str(path))
     ws = lib.kernels_cutlass_workspace_size
     ws.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_size_t)]
     ws.restype = ctypes.c_int
     run = lib.kernels_cutlass_run
-    run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+    pointers = 4 if bias else 3         # A, B, [bias,] D
+    run.argtypes = [*[ctypes.c_void_p] * pointers, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                     ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     run.restype = ctypes.c_int
     return LoadedKernel(ws, run)
@@ -151,8 +155,17 @@ def _needs_staging(out: torch.Tensor, n: int, align_c: int) -> bool:
     return out.shape[0] > 1 and (out.stride(0) % align_c != 0 or out.stride(0) < n)
 
 
+def _aligned_bias(bias: torch.Tensor) -> torch.Tensor:
+    """The bias as the kernels read it: unit stride from a 16-byte aligned start (sm80 loads it as the C operand in
+    whole vectors); any other gets a copy, which a fresh allocation aligns."""
+    if bias.data_ptr() % 16 == 0 and (bias.stride(0) == 1 or bias.shape[0] <= 1):
+        return bias
+    return bias.clone(memory_format=torch.contiguous_format)
+
+
 def make_launcher(kernel: LoadedKernel, problem: GemmProblem, cfg: CutlassConfig):
-    """launch(a, b, out) for one problem: kernel-coordinate M/N, operand order and leading dims fixed up front."""
+    """launch(a, b, out=None), or launch(a, b, bias, out=None) for a bias problem, for one problem: kernel-coordinate
+    M/N, operand order and leading dims fixed up front."""
     ops = kernel_operands(problem, cfg.swap)
     m, n, k = ops.m, ops.n, problem.k
     ld = {"a": _leading_dim(problem, "a"), "b": _leading_dim(problem, "b")}
@@ -168,22 +181,30 @@ def make_launcher(kernel: LoadedKernel, problem: GemmProblem, cfg: CutlassConfig
     run = kernel.run
     raw_stream = torch._C._cuda_getCurrentRawStream
 
-    def launch(a, b, out=None):
+    def call(a, b, bias, out):
+        """`bias` None: the entry point takes no bias pointer."""
         if out is not None and _needs_staging(out, problem.n, cfg.align_c):
-            out.copy_(launch(a, b, None))
+            out.copy_(call(a, b, bias, None))
             return out
         device = a.device
         if out is None:
             out = torch.empty(shape, dtype=dtype, device=device)
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
         ptrs = {"a": a.data_ptr(), "b": b.data_ptr()}
+        operands = (ptrs[first], ptrs[second]) if bias is None else (ptrs[first], ptrs[second], bias.data_ptr())
         ldc = out.stride(0) if out.shape[0] > 1 else problem.n
-        status = run(ptrs[first], ptrs[second], out.data_ptr(), m, n, k, lda, ldb, ldc,
+        status = run(*operands, out.data_ptr(), m, n, k, lda, ldb, ldc,
                      ws.data_ptr() if ws is not None else None, swizzle, raw_stream(device.index))
         if status != 0:
             raise CutlassLaunchError(f"cutlass::Status {status} from {cfg.tag()} on {problem.short()}")
         return out
 
+    if problem.bias:
+        def launch(a, b, bias, out=None):
+            return call(a, b, _aligned_bias(bias), out)
+    else:
+        def launch(a, b, out=None):
+            return call(a, b, None, out)
     return launch
 
 
@@ -227,6 +248,7 @@ class _Prepared:
 class CutlassBackend(Backend):
     name = "cutlass"
     isolated = True
+    epilogues = True
 
     def __init__(self, tools: Toolchain | None = None, max_configs: int = CUTLASS_MAX_CONFIGS):
         self._tools = tools
@@ -432,7 +454,7 @@ class CutlassBackend(Backend):
         try:
             kernel = self._libraries.get(paths.binary)
             if kernel is None:
-                kernel = load_library(paths.binary)
+                kernel = load_library(paths.binary, problem.bias)
                 self._libraries[paths.binary] = kernel
             if not compiled:
                 bump_stat("artifact_loads")

@@ -19,6 +19,10 @@ CUTLASS_TYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "int8
                  "fp32": "float"}
 LAYOUT_TAGS = {"row": "cutlass::layout::RowMajor", "col": "cutlass::layout::ColumnMajor"}
 COMMON_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC", "-shared")
+# the epilogue contract's activations as CUTLASS functors (cutlass/epilogue/thread/activation.h), each applied to the
+# fp32 value: GELU_taylor is the tanh approximation, SiLu x * sigmoid(x)
+ACTIVATION_FUNCTORS = {"relu": "cutlass::epilogue::thread::ReLu", "gelu": "cutlass::epilogue::thread::GELU_taylor",
+                       "silu": "cutlass::epilogue::thread::SiLu"}
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,8 @@ class CutlassKernelSpec:
     layout_c: str
     config: CutlassConfig       # sm90: swizzle normalised to 1 (it is a run-time argument there)
     arch: int                   # device compute capability the binary is for
+    bias: bool = False          # out = act(acc + bias), bias one value per output column (per kernel row if swapped)
+    activation: str = ""        # "" or a key of ACTIVATION_FUNCTORS
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -46,11 +52,35 @@ class CutlassKernelSpec:
 def spec_for(problem: GemmProblem, choice: Choice) -> CutlassKernelSpec:
     family = FAMILY[choice.template]
     cfg = CutlassConfig.from_params(choice.params)
+    if cfg.epilogue != problem.epilogue:     # a kernel without the problem's epilogue would be silently wrong
+        raise ValueError(f"{choice.name} fuses epilogue {cfg.epilogue or '(none)'}, the problem's is "
+                         f"{problem.epilogue or '(none)'}")
+    if problem.activation and problem.activation not in ACTIVATION_FUNCTORS:
+        raise ValueError(f"no CUTLASS functor for activation {problem.activation!r}")
     ops = kernel_operands(problem, cfg.swap)
     if family == "sm90":
         cfg = replace(cfg, swizzle=1)
     return CutlassKernelSpec(family, problem.dtype, problem.out_dtype, ops.layout_a, ops.layout_b, ops.layout_c,
-                             cfg, problem.arch)
+                             cfg, problem.arch, problem.bias, problem.activation)
+
+
+def _epilogue_substitutions(spec: CutlassKernelSpec) -> dict:
+    """`bias` (the entry points take a bias pointer after B), `activation_fn` ("" or its functor) and `epilogue` (the
+    formula, for the source's comment). sm90 names its fusion operation (cutlass/epilogue/fusion/operations.hpp):
+    the bias varies along the kernel's N (PerColBias) or, when the kernel computes C^T, along its M (PerRowBias);
+    sm80 adds the bias as the C operand with leading dimension 0 (beta = 1), one vector read for every row (or
+    column) of the output, and applies the activation with LinearCombinationGeneric."""
+    act = spec.activation
+    formula = "A @ B" + (" + bias" if spec.bias else "")
+    subs = {"bias": spec.bias, "activation_fn": ACTIVATION_FUNCTORS[act] if act else "",
+            "epilogue": f"{act}({formula})" if act else formula}
+    if spec.family == "sm90":
+        along = "Row" if spec.config.swap else "Col"
+        subs["fusion_operation"] = ("" if not (spec.bias or act) else
+                                    "LinComb" + (f"Per{along}Bias" if spec.bias else "") + ("EltAct" if act else ""))
+    else:
+        subs["activation_heavy"] = "false" if act in ("", "relu") else "true"    # the functor's kIsHeavy
+    return subs
 
 
 def _substitutions(spec: CutlassKernelSpec) -> dict:
@@ -62,6 +92,7 @@ def _substitutions(spec: CutlassKernelSpec) -> dict:
         "layout_a": LAYOUT_TAGS[spec.layout_a], "layout_b": LAYOUT_TAGS[spec.layout_b],
         "layout_c": LAYOUT_TAGS[spec.layout_c],
         "tile_m": cfg.tile_m, "tile_n": cfg.tile_n, "tile_k": cfg.tile_k, "align": cfg.align, "align_c": cfg.align_c,
+        **_epilogue_substitutions(spec),
     }
     if spec.family == "sm90":
         coop = cfg.schedule == "coop"

@@ -42,6 +42,7 @@ def triton_version() -> str:
 
 class TritonBackend(Backend):
     name = "triton"
+    epilogues = True     # every mm family applies bias + activation in its kernel (templates/triton/_gemm.jinja)
 
     def __init__(self):
         self._pool: WorkerPool | None = None

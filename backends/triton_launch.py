@@ -194,23 +194,31 @@ def needs_staging(out: torch.Tensor) -> bool:
 
 
 def output_launch(shape: tuple[int, int], dtype: torch.dtype, device: torch.device, ldc_multiple: int,
-                  run_into: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], None]):
-    """launch(a, b, out=None) around `run_into(a, b, out, ldc)`: allocates the output, or writes into the caller's
-    `out` directly when the binary's assumptions (row-major, aligned, ldc a multiple of `ldc_multiple`) hold."""
+                  run_into: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, tuple], None], bias: bool = False):
+    """launch(a, b, out=None), or launch(a, b, bias, out=None) when the problem has a bias, around
+    `run_into(a, b, out, ldc, epi)` with `epi` the epilogue's operands, () or (bias,): allocates the output, or
+    writes into the caller's `out` directly when the binary's assumptions (row-major, aligned, ldc a multiple of
+    `ldc_multiple`) hold."""
     m, n = shape
 
-    def launch(a, b, out=None):
+    def launch(a, b, out=None, _epi=()):
         if out is None:
             out = torch.empty(m, n, dtype=dtype, device=device)    # sizes as ints: torch parses them faster than a tuple
-            run_into(a, b, out, n)
+            run_into(a, b, out, n, _epi)
             return out
         if needs_staging(out) or out.stride(0) % ldc_multiple:
-            out.copy_(launch(a, b, None))
+            out.copy_(launch(a, b, None, _epi))
             return out
-        run_into(a, b, out, out.stride(0))
+        run_into(a, b, out, out.stride(0), _epi)
         return out
 
-    return launch
+    if not bias:
+        return launch
+
+    def launch_with_bias(a, b, bias, out=None):
+        return launch(a, b, out, (bias,))
+
+    return launch_with_bias
 
 
 class Operand(enum.IntEnum):
@@ -302,21 +310,30 @@ def attach_native(launch, shape: tuple[int, int], out_dtype: torch.dtype, calls:
     return launch
 
 
+NO_NATIVE_BIAS = ("bias epilogue: the C++ warm-call table launches (a, b, out) only; a bias needs a fourth operand "
+                  "pointer there (kernels/native/csrc/fastpath.cpp)")
+
+
 def kernel_sequence(handles: list, grids: list[tuple[int, int, int]], args, shape: tuple[int, int],
-                    out_dtype: torch.dtype, ldc_multiple: int, buffers: Callable[[], object] = lambda: None):
-    """launch(a, b, out=None) for a choice that launches its kernels in order, with a native launch attached.
-    `args(a, b, out, ldc, bufs)` gives one argument tuple per kernel; `buffers()` the current stream's workspaces
-    (per_stream), handed to `args` as `bufs`. The Python path and the native description both come from `args`, so
-    they cannot disagree."""
+                    out_dtype: torch.dtype, ldc_multiple: int, buffers: Callable[[], object] = lambda: None,
+                    bias: bool = False):
+    """launch(a, b, out=None) (launch(a, b, bias, out=None) when `bias`) for a choice that launches its kernels in
+    order, with a native launch attached where the C++ table can run it. `args(a, b, out, ldc, bufs, epi)` gives one
+    argument tuple per kernel, `epi` being the epilogue's operands (() or (bias,)) for the kernels that take them;
+    `buffers()` the current stream's workspaces (per_stream), handed to `args` as `bufs`. The Python path and the
+    native description both come from `args`, so they cannot disagree."""
     runs = [h.bind(g) for h, g in zip(handles, grids)]
 
-    def run_into(a, b, out, ldc):
-        for run, kernel_args in zip(runs, args(a, b, out, ldc, buffers())):
+    def run_into(a, b, out, ldc, epi):
+        for run, kernel_args in zip(runs, args(a, b, out, ldc, buffers(), epi)):
             run(*kernel_args)
 
     def calls():
-        described = args(Operand.A, Operand.B, Operand.OUT, shape[1], buffers())
+        described = args(Operand.A, Operand.B, Operand.OUT, shape[1], buffers(), ())
         return [KernelCall(h, g, x) for h, g, x in zip(handles, grids, described)]
 
-    launch = output_launch(shape, out_dtype, handles[0].device, ldc_multiple, run_into)
+    launch = output_launch(shape, out_dtype, handles[0].device, ldc_multiple, run_into, bias)
+    if bias:
+        launch.native_why = NO_NATIVE_BIAS
+        return launch
     return attach_native(launch, shape, out_dtype, calls)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import jinja2
 
-from kernels.core.problem import GemmProblem
+from kernels.core.problem import ACTIVATIONS, GemmProblem
 from kernels.space.families import TEMPLATES_ROOT
 
 TEMPLATE_DIR = TEMPLATES_ROOT / "triton"
@@ -68,12 +68,18 @@ def int_arg(problem: GemmProblem, name: str, value: int, dims: str = "") -> Arg:
     return Arg(name, "i32", value % 16 == 0 and not any(d in problem.dynamic for d in dims))
 
 
+def bias_args(problem: GemmProblem) -> list[Arg]:
+    """bias_ptr when the problem has a bias: the (N,) vector in the output dtype, passed right after c_ptr. Its
+    address is not part of the problem, so no alignment is assumed (it is read once per output tile)."""
+    return [ptr("bias_ptr", problem.out_dtype, False)] if problem.bias else []
+
+
 def gemm_args(problem: GemmProblem, out_cols: int | None = None) -> list[Arg]:
-    """a, b, c, M, N, K and the six strides: the argument list every GEMM template starts with. The output is ours
-    (or checked at launch): row-major with row stride `out_cols` (default N)."""
+    """a, b, c, [bias,] M, N, K and the six strides: the argument list every GEMM template starts with. The output
+    is ours (or checked at launch): row-major with row stride `out_cols` (default N)."""
     sa, sb = problem.stride_a, problem.stride_b
     return [ptr("a_ptr", problem.dtype, problem.align_a >= 16), ptr("b_ptr", problem.dtype, problem.align_b >= 16),
-            ptr("c_ptr", problem.out_dtype),
+            ptr("c_ptr", problem.out_dtype), *bias_args(problem),
             int_arg(problem, "M", problem.m, "m"), int_arg(problem, "N", problem.n, "n"),
             int_arg(problem, "K", problem.k, "k"),
             int_arg(problem, "stride_am", sa[0]), int_arg(problem, "stride_ak", sa[1]),
@@ -103,6 +109,14 @@ def dot_vars(problem: GemmProblem) -> dict:
     if problem.dtype == "int8":
         return dict(acc_type="tl.int32", dot_args=", out_dtype=tl.int32")
     return dict(acc_type="tl.float32", dot_args=f', input_precision="{problem.precision}"' if problem.precision else "")
+
+
+def epilogue_vars(problem: GemmProblem) -> dict:
+    """The fused epilogue as render variables (templates/triton/_gemm.jinja's `epilogue` macro): `bias` (add
+    bias[n] to the fp32 accumulator) and `activation` ("" or its name, applied in fp32 before the one cast)."""
+    if problem.activation and problem.activation not in ACTIVATIONS:
+        raise ValueError(f"activation {problem.activation!r} is not one of {ACTIVATIONS}")
+    return dict(bias=problem.bias, activation=problem.activation)
 
 
 def even_k(problem: GemmProblem, block_k: int) -> bool:

@@ -1,5 +1,7 @@
 """Triton template families. Each turns (problem, choice) into kernel specs and, once those are loaded, into a
-launch(a, b, out) function. The backend (backends/triton.py) does the rest: render, compile, load, cache.
+launch(a, b, out) function (launch(a, b, bias, out) for a problem with a bias; the fused epilogue is rendered from
+the problem by backends.triton_render.epilogue_vars). The backend (backends/triton.py) does the rest: render,
+compile, load, cache.
 
 Families are imported on first use so `import backends.triton_worker` (compile workers) stays light.
 """
@@ -29,7 +31,8 @@ class TritonFamily(ABC):
 
     @abstractmethod
     def launcher(self, problem: GemmProblem, choice: Choice, specs: list, handles: list):
-        """launch(a, b, out=None) -> out, using one bound handle per spec (backends.triton_launch)."""
+        """launch(a, b, out=None) -> out, or launch(a, b, bias, out=None) when problem.bias, using one bound handle
+        per spec (backends.triton_launch.kernel_sequence)."""
 
 
 def templates() -> tuple[str, ...]:

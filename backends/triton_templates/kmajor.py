@@ -11,7 +11,17 @@ import torch
 
 from backends.padded import is_aligned
 from backends.triton_launch import kernel_sequence, per_stream
-from backends.triton_render import dot_vars, even_k, gemm_args, int_arg, layout_vars, ldc_multiple, make_spec, ptr
+from backends.triton_render import (
+    dot_vars,
+    epilogue_vars,
+    even_k,
+    gemm_args,
+    int_arg,
+    layout_vars,
+    ldc_multiple,
+    make_spec,
+    ptr,
+)
 from backends.triton_templates import TritonFamily
 from kernels.core.choice import Choice
 from kernels.core.problem import GemmProblem
@@ -59,7 +69,8 @@ class KMajorTritonFamily(TritonFamily):
                               block_n=TRANSPOSE_BLOCK[1], **layout_vars(problem))
         mm = make_spec("mm.py.jinja", choice.name, gemm_args(inner), cfg.num_warps, cfg.num_stages,
                        block_m=cfg.block_m, block_n=cfg.block_n, block_k=cfg.block_k, group_m=cfg.group_m,
-                       even_k=even_k(inner, cfg.block_k), store_n="N", **layout_vars(inner), **dot_vars(inner))
+                       even_k=even_k(inner, cfg.block_k), store_n="N", **layout_vars(inner), **dot_vars(inner),
+                       **epilogue_vars(inner))
         return [transpose, mm]
 
     def launcher(self, problem, choice, specs, handles):
@@ -73,7 +84,7 @@ class KMajorTritonFamily(TritonFamily):
         # every call rewrites the whole N x K region the mm reads, so one buffer per stream is reused
         scratch = per_stream(device, lambda: torch.empty(n * ld, dtype=torch.int8, device=device))
 
-        def args(a, b, out, ldc, bt):
+        def args(a, b, out, ldc, bt, epi):     # int8: never an epilogue
             return (b, bt, k, n, ld, sb0, sb1), (a, bt, out, m, n, k, sa0, sa1, 1, ld, ldc, 1)
 
         return kernel_sequence(handles, grids, args, (m, n), torch.int32, ldc_multiple(specs[1]), scratch)

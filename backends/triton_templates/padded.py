@@ -13,7 +13,19 @@ import torch
 
 from backends.padded import fills_first, hopper_wave_tiles, inner_triton_configs, is_aligned
 from backends.triton_launch import kernel_sequence, per_stream
-from backends.triton_render import Arg, dot_vars, even_k, gemm_args, int_arg, layout_vars, ldc_multiple, make_spec, ptr
+from backends.triton_render import (
+    Arg,
+    bias_args,
+    dot_vars,
+    epilogue_vars,
+    even_k,
+    gemm_args,
+    int_arg,
+    layout_vars,
+    ldc_multiple,
+    make_spec,
+    ptr,
+)
 from backends.triton_templates import TritonFamily
 from backends.triton_templates.tma import persistent_programs, tma_configs, tma_unsupported
 from kernels.core.choice import Choice
@@ -57,11 +69,11 @@ class PaddedTritonFamily(TritonFamily):
     def specs(self, problem, choice):
         cfg = choice.config
         inner = inner_problem(problem)
-        # B is Np wide, the caller's output N wide
+        # B is Np wide, the caller's output (and the bias) N wide
         mm_args = gemm_args(inner, out_cols=problem.n) + [int_arg(problem, "N_OUT", problem.n, "n")]
         mm = make_spec("mm.py.jinja", choice.name, mm_args, cfg.num_warps, cfg.num_stages, block_m=cfg.block_m,
                        block_n=cfg.block_n, block_k=cfg.block_k, group_m=cfg.group_m, even_k=even_k(inner, cfg.block_k),
-                       store_n="N_OUT", **layout_vars(inner), **dot_vars(inner))
+                       store_n="N_OUT", **layout_vars(inner), **dot_vars(inner), **epilogue_vars(problem))
         return [pad_spec(problem), mm]
 
     def launcher(self, problem, choice, specs, handles):
@@ -72,12 +84,12 @@ class PaddedTritonFamily(TritonFamily):
         pad_grid, pad_args, buffers = pad_launch(problem, handles[0].device)
         grids = [pad_grid, (cdiv(m, cfg.block_m) * cdiv(np_, cfg.block_n), 1, 1)]
 
-        def args(a, b, out, ldc, bufs):
+        def args(a, b, out, ldc, bufs, epi):
             ap, bp = bufs
-            return pad_args(a, b, bufs), (ap, bp, out, m, np_, kp, kp, 1, sbp0, sbp1, ldc, 1, n)
+            return pad_args(a, b, bufs), (ap, bp, out, *epi, m, np_, kp, kp, 1, sbp0, sbp1, ldc, 1, n)
 
         return kernel_sequence(handles, grids, args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
-                               ldc_multiple(specs[1]), buffers)
+                               ldc_multiple(specs[1]), buffers, bias=problem.bias)
 
 
 class PaddedTmaFamily(TritonFamily):
@@ -103,14 +115,14 @@ class PaddedTmaFamily(TritonFamily):
         inner = inner_problem(problem)
         lead_a, lead_b = inner.leading_dim("a"), inner.leading_dim("b")
         args = [ptr("a_ptr", problem.dtype), ptr("b_ptr", problem.dtype), ptr("c_ptr", problem.out_dtype),
-                int_arg(problem, "M", inner.m, "m"), int_arg(problem, "N", inner.n, "n"),
+                *bias_args(problem), int_arg(problem, "M", inner.m, "m"), int_arg(problem, "N", inner.n, "n"),
                 int_arg(problem, "K", inner.k, "k"), int_arg(problem, "stride_a", lead_a, "k"),
                 int_arg(problem, "stride_b", lead_b, "kn"), int_arg(problem, "stride_cm", problem.n, "n"),
                 int_arg(problem, "N_OUT", problem.n, "n")]
         mm = make_spec("tma_persistent.py.jinja", choice.name, args, cfg.num_warps, cfg.num_stages,
                        block_m=cfg.block_m, block_n=cfg.block_n, block_k=cfg.block_k, group_m=cfg.group_m,
                        subtile=False, a_layout=inner.layout_a, b_layout=inner.layout_b, flatten=False, ws_arg="",
-                       c_store="pointer", **dot_vars(inner))
+                       c_store="pointer", **dot_vars(inner), **epilogue_vars(problem))
         return [pad_spec(problem), mm]
 
     def launcher(self, problem, choice, specs, handles):
@@ -121,12 +133,12 @@ class PaddedTmaFamily(TritonFamily):
         pad_grid, pad_args, buffers = pad_launch(problem, device)
         grids = [pad_grid, (persistent_programs(inner, choice.config, device), 1, 1)]
 
-        def args(a, b, out, ldc, bufs):
+        def args(a, b, out, ldc, bufs, epi):
             ap, bp = bufs
-            return pad_args(a, b, bufs), (ap, bp, out, m, inner.n, inner.k, lead_a, lead_b, ldc, n)
+            return pad_args(a, b, bufs), (ap, bp, out, *epi, m, inner.n, inner.k, lead_a, lead_b, ldc, n)
 
         return kernel_sequence(handles, grids, args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
-                               ldc_multiple(specs[1]), buffers)
+                               ldc_multiple(specs[1]), buffers, bias=problem.bias)
 
 
 def pad_spec(problem: GemmProblem):

@@ -2,11 +2,15 @@
 then a deterministic reduce launch): templates/triton/split_k.py.jinja and reduce.py.jinja."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from backends.triton_launch import kernel_sequence, per_stream
 from backends.triton_render import (
+    bias_args,
     dot_vars,
+    epilogue_vars,
     even_k,
     gemm_args,
     int_arg,
@@ -29,13 +33,22 @@ def _acc_dtype(problem) -> str:
 
 
 def _partial_spec(problem, name, cfg, split, reduce, even, kps):
+    """The split kernel; with reduce "atomic" it applies the problem's epilogue, so decompose_k hands it the
+    problem without one (its reduce launch applies it)."""
     args = gemm_args(problem)
+    pointers = 3 + len(bias_args(problem))            # a, b, c and the bias
     extra = [ptr("ws_ptr", _acc_dtype(problem))] + ([ptr("lock_ptr", "int32")] if reduce == "atomic" else [])
     # the split's K offset moves the operand pointers: assume 16-divisibility only when it holds
-    args = args[:3] + extra + args[3:] + [int_arg(problem, "k_per_split", kps, "k")]
+    args = args[:pointers] + extra + args[pointers:] + [int_arg(problem, "k_per_split", kps, "k")]
     return make_spec("split_k.py.jinja", name, args, cfg.num_warps, cfg.num_stages, block_m=cfg.block_m,
                      block_n=cfg.block_n, block_k=cfg.block_k, group_m=cfg.group_m, even_k=even,
-                     split=split, reduce=reduce, **layout_vars(problem), **dot_vars(problem))
+                     split=split, reduce=reduce, **layout_vars(problem), **dot_vars(problem),
+                     **epilogue_vars(problem))
+
+
+def without_epilogue(problem):
+    """The plain product: what decompose_k's partial products compute (and so share binaries with it)."""
+    return dataclasses.replace(problem, bias=False, activation="")
 
 
 class SplitKFamily(TritonFamily):
@@ -66,11 +79,11 @@ class SplitKFamily(TritonFamily):
         workspace = per_stream(device, lambda: (torch.zeros(m * n, dtype=acc_dtype, device=device),
                                                 torch.zeros(n_tiles, dtype=torch.int32, device=device)))
 
-        def args(a, b, out, ldc, ws):
-            return ((a, b, out, ws[0], ws[1], m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps),)
+        def args(a, b, out, ldc, ws, epi):
+            return ((a, b, out, *epi, ws[0], ws[1], m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps),)
 
         return kernel_sequence(handles, [(n_tiles, split, 1)], args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
-                               ldc_multiple(specs[0]), workspace)
+                               ldc_multiple(specs[0]), workspace, bias=problem.bias)
 
 
 class DecomposeKFamily(TritonFamily):
@@ -85,13 +98,15 @@ class DecomposeKFamily(TritonFamily):
     def specs(self, problem, choice):
         split = dict(choice.params)["split"]
         cfg = decompose_k_tile(problem, split)
-        reduce_args = [ptr("ws_ptr", _acc_dtype(problem)), ptr("c_ptr", problem.out_dtype),
+        reduce_args = [ptr("ws_ptr", _acc_dtype(problem)), ptr("c_ptr", problem.out_dtype), *bias_args(problem),
                        int_arg(problem, "MN", problem.m * problem.n, "mn"), int_arg(problem, "N", problem.n, "n"),
                        int_arg(problem, "stride_cm", problem.n, "n")]
         reduce = make_spec("reduce.py.jinja", choice.name + "_reduce", reduce_args, 4, 1, block=REDUCE_BLOCK,
-                           split=split, acc_type=dot_vars(problem)["acc_type"])
+                           split=split, acc_type=dot_vars(problem)["acc_type"], **epilogue_vars(problem))
         even = even_k(problem, cfg.block_k) and (problem.k // split) % cfg.block_k == 0
-        return [_partial_spec(problem, choice.name, cfg, split, "partials", even, problem.k // split), reduce]
+        partials = _partial_spec(without_epilogue(problem), choice.name, cfg, split, "partials", even,
+                                 problem.k // split)
+        return [partials, reduce]
 
     def launcher(self, problem, choice, specs, handles):
         split = dict(choice.params)["split"]
@@ -105,11 +120,11 @@ class DecomposeKFamily(TritonFamily):
         acc_dtype = DTYPES_BY_NAME[_acc_dtype(problem)]
         workspace = per_stream(device, lambda: torch.empty(split * m * n, dtype=acc_dtype, device=device))
 
-        def args(a, b, out, ldc, ws):
-            return (a, b, out, ws, m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps), (ws, out, m * n, n, ldc)
+        def args(a, b, out, ldc, ws, epi):
+            return (a, b, out, ws, m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps), (ws, out, *epi, m * n, n, ldc)
 
         return kernel_sequence(handles, grids, args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
-                               ldc_multiple(specs[0]), workspace)
+                               ldc_multiple(specs[0]), workspace, bias=problem.bias)
 
 
 SPLIT_K = SplitKFamily()

@@ -8,7 +8,15 @@ import functools
 import torch
 
 from backends.triton_launch import kernel_sequence
-from backends.triton_render import dot_vars, int_arg, ldc_multiple, make_spec, ptr
+from backends.triton_render import (
+    bias_args,
+    dot_vars,
+    epilogue_vars,
+    int_arg,
+    ldc_multiple,
+    make_spec,
+    ptr,
+)
 from backends.triton_templates import TritonFamily
 from kernels.core.choice import Choice
 from kernels.core.problem import DTYPE_BYTES, DTYPES_BY_NAME, GemmProblem
@@ -59,14 +67,15 @@ class TmaFamily(TritonFamily):
         cfg = choice.config
         lead_a, lead_b = problem.leading_dim("a"), problem.leading_dim("b")
         args = [ptr("a_ptr", problem.dtype), ptr("b_ptr", problem.dtype), ptr("c_ptr", problem.out_dtype),
-                int_arg(problem, "M", problem.m, "m"), int_arg(problem, "N", problem.n, "n"),
+                *bias_args(problem), int_arg(problem, "M", problem.m, "m"), int_arg(problem, "N", problem.n, "n"),
                 int_arg(problem, "K", problem.k, "k"), int_arg(problem, "stride_a", lead_a),
                 int_arg(problem, "stride_b", lead_b), int_arg(problem, "stride_cm", problem.n, "n")]
         dv = dot_vars(problem)
         return [make_spec("tma_persistent.py.jinja", choice.name, args, cfg.num_warps, cfg.num_stages,
                           block_m=cfg.block_m, block_n=cfg.block_n, block_k=cfg.block_k, group_m=cfg.group_m,
                           subtile=bool(dict(choice.params).get("sub")), a_layout=problem.layout_a,
-                          b_layout=problem.layout_b, flatten=False, ws_arg="", c_store="tma", **dv)]
+                          b_layout=problem.layout_b, flatten=False, ws_arg="", c_store="tma", **dv,
+                          **epilogue_vars(problem))]
 
     def launcher(self, problem, choice, specs, handles):
         cfg = choice.config
@@ -75,11 +84,11 @@ class TmaFamily(TritonFamily):
         device = handles[0].device
         programs = persistent_programs(problem, cfg, device)
 
-        def args(a, b, out, ldc, bufs):
-            return ((a, b, out, m, n, k, lead_a, lead_b, ldc),)
+        def args(a, b, out, ldc, bufs, epi):
+            return ((a, b, out, *epi, m, n, k, lead_a, lead_b, ldc),)
 
         return kernel_sequence(handles, [(programs, 1, 1)], args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
-                               ldc_multiple(specs[0], 16, problem.out_bytes))
+                               ldc_multiple(specs[0], 16, problem.out_bytes), bias=problem.bias)
 
 
 def tma_configs(problem: GemmProblem, template: str, space: str) -> list[tuple]:

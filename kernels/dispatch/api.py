@@ -466,17 +466,24 @@ def _device_ctx(t):
 
 
 # -- introspection ---------------------------------------------------------------------------------------------
-def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None) -> Selection:
+def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None, *, bias: torch.Tensor | None = None,
+            activation: str | None = None) -> Selection:
     """The Selection for this problem (tuning it first if needed); `.source` says where it came from this time.
-    For a dynamic problem: the serving hint winner's Selection, its first note saying which hint and why."""
-    validate(op, a, b)
-    dyn = _dynamic.resolve(dynamic)
-    problem = GemmProblem.from_tensors(op, a, b)
+    For a dynamic problem: the serving hint winner's Selection, its first note saying which hint and why.
+    op="linear": `a` is x and `b` the weight as kernels.linear takes them, with its bias and activation."""
+    if op == "linear":
+        validate_linear(a, b, bias, activation)
+        a, b = (a if a.dim() == 2 else a.reshape(-1, a.shape[-1])), b.t()
+        problem = GemmProblem.from_tensors("mm", a, b, bias=bias is not None, activation=activation or "")
+    else:
+        validate(op, a, b)
+        problem = GemmProblem.from_tensors(op, a, b)
+    dyn = _dynamic.resolve(dynamic) if op != "linear" else None
     if 0 in (problem.m, problem.n, problem.k) or _cpu_fallback(a):
-        name = "aten_mm" if op == "mm" else "aten_int_mm"
+        name = "aten_int_mm" if op == "int_mm" else "aten_addmm" if problem.epilogue else "aten_mm"
         why = ("zero-size dimension: the result is empty or zeros, nothing to tune" if 0 in (problem.m, problem.n,
-               problem.k) else f"CPU tensors: computed with torch.{'mm' if op == 'mm' else '_int_mm'} "
-               f"(set TRITON_INTERPRET=1 to run the Triton templates through the interpreter)")
+               problem.k) else f"CPU tensors: computed with torch (set TRITON_INTERPRET=1 to run the Triton "
+               f"templates through the interpreter)")
         return Selection(problem=problem, winner=name, choices={name: Choice("aten", name, problem.dtype)},
                          timings={}, source="cpu-fallback" if _cpu_fallback(a) else "trivial", notes=[why])
     if dyn is not None:

@@ -6,6 +6,10 @@ directly (16-bit kernels take either layout for A and B; output is row-major). `
 instead: the kernel's A is B^T, its B is A^T and its output is column-major, which is the same memory as our
 row-major C. That is exact (a relabelling, no data moves) and lets a small-M problem use the kernel's large M tile.
 The swap never changes which operand is K-contiguous, so it cannot rescue int8 layouts other than A row x B col.
+
+Epilogues (problem.bias / problem.activation): a problem with one gets the same configs, each carrying the epilogue
+(`CutlassConfig.epilogue`, the tag's last part): it is a different binary and a different kernel name. The bias is one
+value per output column, so per kernel column, or per kernel row when the kernel computes C^T (swap).
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from kernels.core.problem import GemmProblem
+from kernels.core.problem import ACTIVATIONS, GemmProblem
 from kernels.space.families import families_of
 from kernels.space.heuristics import shared_memory_limit
 
@@ -25,7 +29,11 @@ CUTLASS_DTYPES = {"mm": ("fp16", "bf16"), "int_mm": ("int8",)}
 INT32_MAX = 2**31 - 1
 SM90_EPILOGUE_SMEM = 32_768          # upper bound of the TMA epilogue's shared storage; the rest feeds the mainloop
 ASSUMED_SMS = 132                    # H100/H200 SXM; only used to rank, never to decide correctness
-_TAG_RE = re.compile(r"^(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(coop|pingpong|s\d+w\d+x\d+)(_sk)?(_swap)?_a(\d+)c(\d+)_sw(\d+)$")
+# every GemmProblem.epilogue but the plain one: "bias", "relu", "bias+relu", ...
+EPILOGUES = tuple(e for bias in ("", "bias") for act in ("", *ACTIVATIONS)
+                  if (e := "+".join(part for part in (bias, act) if part)))
+_TAG_RE = re.compile(r"^(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(coop|pingpong|s\d+w\d+x\d+)(_sk)?(_swap)?_a(\d+)c(\d+)_sw(\d+)"
+                     r"(?:_(" + "|".join(re.escape(e) for e in EPILOGUES) + r"))?$")
 
 
 @dataclass(frozen=True)
@@ -44,25 +52,26 @@ class CutlassConfig:
     align_c: int = 8             # elements per access of the output
     swap: bool = False           # compute C^T = B^T A^T (see module doc)
     swizzle: int = 1             # sm90: runtime max swizzle of the tile scheduler; sm80: threadblock swizzle
+    epilogue: str = ""           # the problem's fused epilogue (GemmProblem.epilogue): "" or one of EPILOGUES
 
     def tag(self) -> str:
         sched = self.schedule or f"s{self.stages}w{self.warps_m}x{self.warps_n}"
         return (f"{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}_{sched}"
                 f"{'_sk' if self.stream_k else ''}{'_swap' if self.swap else ''}_a{self.align}c{self.align_c}"
-                f"_sw{self.swizzle}")
+                f"_sw{self.swizzle}{'_' + self.epilogue if self.epilogue else ''}")
 
     @classmethod
     def from_tag(cls, tag: str) -> "CutlassConfig":
         m = _TAG_RE.match(tag)
         if m is None:
             raise ValueError(f"not a CUTLASS config tag: {tag!r}")
-        tm, tn, tk, cm, cn, sched, sk, swap, al, alc, sw = m.groups()
+        tm, tn, tk, cm, cn, sched, sk, swap, al, alc, sw, epilogue = m.groups()
         stages = warps_m = warps_n = 0
         if sched.startswith("s"):
             stages, warps_m, warps_n = (int(x) for x in re.findall(r"\d+", sched))
             sched = ""
         return cls(int(tm), int(tn), int(tk), int(cm), int(cn), sched, bool(sk), stages, warps_m, warps_n,
-                   int(al), int(alc), bool(swap), int(sw))
+                   int(al), int(alc), bool(swap), int(sw), epilogue or "")
 
     def params(self) -> tuple[tuple[str, str], ...]:
         """What goes into Choice.params: the name then reads `<template>_<dtype>_<tag>`."""
@@ -188,8 +197,15 @@ def supports_cutlass(problem: GemmProblem, template: str, cfg: CutlassConfig | N
                        f"A {problem.layout_a} x B {problem.layout_b}; swapping operands keeps K's layout, so no")
     if max(problem.m, problem.n, problem.k) > INT32_MAX:
         return False, "a dimension exceeds 32-bit int"
+    if problem.activation not in ("", *ACTIVATIONS):
+        return False, f"unknown activation {problem.activation!r}"
+    if problem.epilogue and problem.op != "mm":
+        return False, f"{template} fuses no epilogue ({problem.epilogue}) into {problem.op}"
     if cfg is None:
         return True, ""
+    if cfg.epilogue != problem.epilogue:
+        return False, (f"config built for epilogue {cfg.epilogue or '(none)'}, the problem's is "
+                       f"{problem.epilogue or '(none)'}")
     elem, out = problem.elem_bytes, problem.out_bytes
     if family == "sm90":
         if cfg.align * elem != 16 or cfg.align_c * out != 16:
@@ -223,7 +239,8 @@ def supports_cutlass(problem: GemmProblem, template: str, cfg: CutlassConfig | N
 
 # -- fitting and ranking --------------------------------------------------------------------------------------------
 def fit_alignment(problem: GemmProblem, template: str, cfg: CutlassConfig) -> CutlassConfig:
-    """The config with the widest accesses this problem allows (sm90: only 16 bytes)."""
+    """The config fitted to this problem: the widest accesses it allows (sm90: only 16 bytes), and its epilogue."""
+    cfg = replace(cfg, epilogue=problem.epilogue)
     elem, out = problem.elem_bytes, problem.out_bytes
     if FAMILY[template] == "sm90":
         return replace(cfg, align=16 // elem, align_c=16 // out)

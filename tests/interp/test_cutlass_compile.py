@@ -1,5 +1,6 @@
-"""Compile-only with nvcc: one sm80 and one sm90 config through the backend's ninja path (no GPU needed).
-The sm90 file takes ~30 s and ~3 GB on 2 cores: keep this set small."""
+"""Compile-only with nvcc: one sm80 and one sm90 config through the backend's ninja path (no GPU needed), and per
+arch two fused epilogues (bias+gelu, silu without bias).
+An sm90 file takes ~30-40 s and ~3 GB on 2 cores, an sm80 one ~6 s: keep this set small."""
 import ctypes
 import glob
 import os
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.cutlass import ArtifactPaths, CutlassBackend, run_ninja
+from backends.cutlass import ArtifactPaths, CutlassBackend, load_library, run_ninja
 from backends.cutlass_render import BuildJob, render, spec_for
 from kernels.core.choice import Choice
 from kernels.core.config import config
@@ -71,6 +72,37 @@ def test_compile_sm90_bf16_holds_hgmma(tmp_path):
         pytest.skip("no cuobjdump to inspect the SASS")
     sass = subprocess.run([tool, "--dump-sass", str(paths.binary)], capture_output=True, text=True).stdout
     assert "HGMMA" in sass and ".BF16" in sass
+
+
+EPILOGUE_BUILDS = [
+    # sm90: the bias per kernel column (LinCombPerColBiasEltAct); silu alone swapped (LinCombEltAct, column-major D)
+    ("cutlass3x_sm90_mm", 90, True, "gelu", CutlassConfig(128, 128, 64, 1, 1, "coop", align=8, align_c=8)),
+    ("cutlass3x_sm90_mm", 90, False, "silu",
+     CutlassConfig(64, 128, 64, 1, 1, "pingpong", swap=True, align=8, align_c=8)),
+    # sm80: the bias as C with leading dimension 0 (row-major D); silu alone swapped (column-major D)
+    ("cutlass2x_sm80_mm", 80, True, "gelu",
+     CutlassConfig(128, 128, 64, schedule="", stages=4, warps_m=2, warps_n=2, align=8, align_c=8)),
+    ("cutlass2x_sm80_mm", 80, False, "silu",
+     CutlassConfig(64, 64, 64, schedule="", stages=5, warps_m=2, warps_n=2, swap=True, align=8, align_c=8)),
+]
+# what each activation leaves in the SASS, which a plain product has none of: GELU_taylor's tanh.approx, SiLu's exp
+ACTIVATION_SASS = {"gelu": "MUFU.TANH", "silu": "MUFU.EX2"}
+
+
+@pytest.mark.parametrize("template,arch,bias,act,cfg", EPILOGUE_BUILDS,
+                         ids=[f"sm{e[1]}-{'bias+' if e[2] else ''}{e[3]}" for e in EPILOGUE_BUILDS])
+def test_compile_fused_epilogue(tmp_path, template, arch, bias, act, cfg):
+    p = replace(problem(64 if cfg.swap else 1024, 1024, 1024, dtype="fp16" if arch == 80 else "bf16", la="row",
+                        lb="col", arch=arch), bias=bias, activation=act)
+    paths = build_one(tmp_path, p, template, replace(cfg, epilogue=p.epilogue))
+    kernel = load_library(paths.binary, bias)          # the run entry point takes the bias pointer after B
+    size = ctypes.c_size_t(1)
+    assert kernel.workspace_size(p.m, p.n, p.k, 1, ctypes.byref(size)) == 0
+    tool = cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump to inspect the SASS")
+    sass = subprocess.run([tool, "--dump-sass", str(paths.binary)], capture_output=True, text=True).stdout
+    assert ACTIVATION_SASS[act] in sass and ("HGMMA" if arch == 90 else "HMMA") in sass
 
 
 def test_failed_compile_keeps_source_and_log(tmp_path, monkeypatch):

@@ -55,3 +55,13 @@ def test_1d_input_gives_1d_output():
     out = kernels.linear(x, w)
     assert out.shape == (8,)
     torch.testing.assert_close(out.double(), expected(x, w, None, None), rtol=1e-4, atol=1e-4)
+
+
+def test_triton_candidates_run_the_epilogue():
+    """The tune times Triton tiles beside aten_addmm on an epilogue problem, and they pass verification."""
+    x, w, b = torch.randn(16, 32), torch.randn(16, 32), torch.randn(16)
+    kernels.linear(x, w, b, activation="gelu")
+    sel = kernels.explain(x, w, op="linear", bias=b, activation="gelu")
+    assert sel.problem.epilogue == "bias+gelu"
+    timed = {n for n, v in sel.timings.items() if isinstance(v, float)}
+    assert "aten_addmm" in timed and any(n.startswith("triton") for n in timed), sel.timings

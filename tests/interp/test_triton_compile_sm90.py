@@ -1,6 +1,7 @@
 """Compile every Triton template for sm90 without a GPU, through the real worker pool, and read the SASS.
 
 The workers never see TRITON_INTERPRET, so this runs from the interpreter-mode test process too."""
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -88,6 +89,51 @@ def test_templates_compile_for_sm90_with_wgmma():
             if r["kernel"].startswith(("triton_kmajor_int8_mm", "triton_padded_int8_mm", "triton_padded_tma_int8_mm")):
                 # their B copies are K-major so that no tile is transposed in registers (byte permutes)
                 assert "PRMT" not in sass, r["kernel"]
+
+
+def sass_of(backend, result) -> str:
+    cubin = next((backend.triton_cache_dir / result["cache_group"]).glob("*.cubin"))
+    return subprocess.run([cuobjdump(), "--dump-sass", str(cubin)], capture_output=True, text=True).stdout
+
+
+def test_every_family_compiles_with_a_fused_epilogue_for_sm90():
+    """bf16 bias + activation in every family that serves mm; the epilogue kernel (the last of a choice) holds the
+    activation's exp (MUFU.EX2) or max, the others none of it."""
+    backend = TritonBackend()
+    cfg = GemmConfig(128, 128, 64, 3, 4)
+
+    def epi(p, activation):
+        return dataclasses.replace(p, bias=True, activation=activation)
+
+    odd = problem(m=2047, n=2047, k=2047, dtype="bf16")
+    col_b = problem(m=512, n=1024, k=4096, dtype="bf16", stride_b=(1, 4096))           # nn.Linear's weight.t()
+    cases = [(epi(col_b, "gelu"), Choice("triton", "triton_mm", "bf16", cfg)),
+             (epi(col_b, "silu"), Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8),
+                                         (("sub", 1),))),
+             (epi(problem(dtype="bf16"), "relu"), Choice("triton", "triton_tma_mm", "bf16", cfg)),
+             (epi(problem(m=64, n=64, k=8192, dtype="bf16"), "silu"),
+              Choice("triton", "split_k", "bf16", GemmConfig(64, 64, 64, 4, 4), (("split", 16),))),
+             (epi(problem(m=64, n=64, k=8192, dtype="bf16"), "gelu"),
+              Choice("triton", "decompose_k", "bf16", None, (("split", 8),))),
+             (epi(odd, "silu"), Choice("triton", "triton_padded_mm", "bf16", cfg)),
+             (epi(odd, "gelu"), Choice("triton", "triton_padded_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8)))]
+    try:
+        results = compile_jobs(backend, cases)
+    finally:
+        backend.close()
+    assert all(r["ok"] for r in results), [r.get("error") for r in results]
+    if not cuobjdump():
+        return
+    kernels = iter(results)
+    for p, choice in cases:
+        specs = family(choice.template).specs(p, choice)
+        for i, spec in enumerate(specs):
+            sass, last = sass_of(backend, next(kernels)), i == len(specs) - 1
+            assert ("MUFU.EX2" in sass) == (last and p.activation != "relu"), spec.kernel_name
+            if last and p.activation == "relu":
+                assert "FMNMX" in sass, spec.kernel_name
+            if not spec.kernel_name.endswith(("_reduce", "_pad")):
+                assert "HGMMA" in sass, spec.kernel_name
 
 
 def test_compile_failure_is_reported_not_raised(tmp_path):

@@ -1,13 +1,17 @@
-"""Pure parts of the CUTLASS build: rendering each family, flags, artifact keys, the ninja file, artifact markers,
-and the isolated child's protocol parsing."""
+"""Pure parts of the CUTLASS build: rendering each family and each fused epilogue, flags, artifact keys, the ninja
+file, artifact markers, the launch's arguments, and the isolated child's protocol parsing."""
 import re
+from dataclasses import replace
 from pathlib import Path
 
-from backends.cutlass import ArtifactPaths, artifact_valid, publish_marker
+import pytest
+import torch
+
+from backends.cutlass import ArtifactPaths, CutlassBackend, artifact_valid, make_launcher, publish_marker
 from backends.isolated_child import TAG, _parse
 from backends.cutlass_render import BuildJob, build_key, ninja_text, render, spec_for
 from kernels.core.choice import Choice
-from kernels.space.heuristics_cutlass import CutlassConfig
+from kernels.space.heuristics_cutlass import CutlassConfig, ranked_configs, supports_cutlass
 from tests.helpers import problem
 
 
@@ -133,3 +137,145 @@ def test_isolated_child_that_cannot_start_fails_every_choice(monkeypatch):
     assert set(res) == {c.name for c in cs}
     assert all(isinstance(v, str) and v.startswith("not measured: isolated child exited with status") for v in
                res.values())
+
+
+# -- fused epilogues: out = act(a @ b + bias) -----------------------------------------------------------------------
+EPILOGUE_CASES = [(bias, act) for bias in (False, True) for act in ("", "relu", "gelu", "silu") if bias or act]
+FUNCTORS = {"relu": "cutlass::epilogue::thread::ReLu", "gelu": "cutlass::epilogue::thread::GELU_taylor",
+            "silu": "cutlass::epilogue::thread::SiLu"}
+
+
+def epilogue_problem(bias, act, **kw):
+    return replace(problem(**kw), bias=bias, activation=act)
+
+
+def epilogue_source(template, cfg, bias, act, swap=False, **kw):
+    p = epilogue_problem(bias, act, **kw)
+    return render(spec_for(p, choice(template, replace(cfg, swap=swap, epilogue=p.epilogue))))
+
+
+def run_signature(src):
+    [signature] = re.findall(r"int kernels_cutlass_run\([^)]*\)", src)
+    return signature
+
+
+@pytest.mark.parametrize("bias,act", EPILOGUE_CASES)
+@pytest.mark.parametrize("swap", [False, True])
+def test_sm90_epilogue_fusion_operation(bias, act, swap):
+    src = epilogue_source("cutlass3x_sm90_mm", SM90_CFG, bias, act, swap, la="row", lb="col")
+    # the bias is one value per output column: per kernel column, or per kernel row when the kernel computes C^T
+    name = "LinComb" + ((f"Per{'Row' if swap else 'Col'}Bias") if bias else "") + ("EltAct" if act else "")
+    args = ([FUNCTORS[act]] if act else []) + ["ElementD", "ElementCompute"] + (["ElementBias"] if bias else []) + ["void"]
+    assert f"using FusionOperation = cutlass::epilogue::fusion::{name}<\n    {', '.join(args)}>;" in src
+    assert "cutlass::epilogue::TmaWarpSpecializedCooperative, FusionOperation>::CollectiveOp;" in src
+    formula = "A @ B + bias" if bias else "A @ B"
+    assert f"// D = {f'{act}({formula})' if act else formula} with M, N, K" in src
+    assert ("args.epilogue.thread.bias_ptr = static_cast<ElementBias const*>(bias);" in src) == bias
+    assert run_signature(src).startswith("int kernels_cutlass_run(const void* A, const void* B, " +
+                          ("const void* bias, void* D," if bias else "void* D,"))
+    assert ("make_arguments(A, B, bias, D," in src) == bias
+    assert "{{" not in src and "{%" not in src
+
+
+@pytest.mark.parametrize("bias,act", EPILOGUE_CASES)
+def test_sm80_epilogue_output_op_and_bias_operand(bias, act):
+    src = epilogue_source("cutlass2x_sm80_mm", SM80_CFG, bias, act, la="row", lb="col", arch=80)
+    if act:
+        heavy = "false" if act == "relu" else "true"
+        assert (f"LinearCombinationGeneric<{FUNCTORS[act]}, ElementD, 8, ElementAccumulator,\n        ElementCompute, "
+                f"cutlass::epilogue::thread::ScaleType::Default, cutlass::FloatRoundStyle::round_to_nearest,\n"
+                f"        {heavy}>," in src)
+    else:
+        assert "cutlass::epilogue::thread::LinearCombination<ElementD, 8, ElementAccumulator, ElementCompute>," in src
+    # the bias is C with leading dimension 0 and beta = 1; without one C is not read (beta 0)
+    assert ("LayoutD(0)},    // C: the bias, broadcast" in src) == bias
+    assert ("{ElementCompute(1), ElementCompute(1)}" in src) == bias
+    assert ("{ElementCompute(1), ElementCompute(0)}" in src) == (not bias)
+    assert ("const void* bias, void* D," in run_signature(src)) == bias
+    assert ("make_arguments(nullptr, nullptr, nullptr, nullptr," in src) == bias
+
+
+def test_plain_sources_carry_no_epilogue():
+    """The plain product's source is what it was before epilogues existed: its binaries keep their build keys."""
+    for template, cfg, arch in (("cutlass3x_sm90_mm", SM90_CFG, 90), ("cutlass2x_sm80_mm", SM80_CFG, 80)):
+        src = render(spec_for(problem(arch=arch), choice(template, cfg)))
+        assert "bias" not in src and "Fusion" not in src and "Generic" not in src
+        assert "// D = A @ B with M, N, K" in src
+        assert "const void* A, const void* B, void* D," in run_signature(src)
+
+
+def test_every_epilogue_is_its_own_binary_and_name():
+    for template, cfg in (("cutlass3x_sm90_mm", SM90_CFG), ("cutlass2x_sm80_mm", SM80_CFG)):
+        sources, names = set(), set()
+        for bias, act in [(False, ""), *EPILOGUE_CASES]:
+            p = epilogue_problem(bias, act)
+            c = choice(template, replace(cfg, epilogue=p.epilogue))
+            spec = spec_for(p, c)
+            sources.add(build_key(render(spec), spec, "13.0.88", "4.2.0"))
+            names.add(c.name)
+            assert c.name.endswith(f"_{p.epilogue}" if p.epilogue else "_sw1" if "sm80" in template else "_sw8")
+            assert CutlassConfig.from_params(c.params) == replace(cfg, epilogue=p.epilogue)
+        assert len(sources) == len(names) == 1 + len(EPILOGUE_CASES)
+
+
+def test_a_kernel_without_the_problems_epilogue_does_not_render():
+    with pytest.raises(ValueError, match=r"fuses epilogue \(none\), the problem's is bias\+gelu"):
+        spec_for(epilogue_problem(True, "gelu"), choice("cutlass3x_sm90_mm", SM90_CFG))
+    with pytest.raises(ValueError, match=r"fuses epilogue relu, the problem's is \(none\)"):
+        spec_for(problem(), choice("cutlass3x_sm90_mm", replace(SM90_CFG, epilogue="relu")))
+
+
+def test_epilogue_problems_get_the_same_configs_carrying_the_epilogue():
+    p = epilogue_problem(True, "silu", m=64, n=4096, k=4096, la="row", lb="col")
+    for template in ("cutlass3x_sm90_mm", "cutlass2x_sm80_mm"):
+        plain, _ = ranked_configs(replace(p, bias=False, activation=""), template)
+        fused, _ = ranked_configs(p, template)
+        assert fused == [replace(c, epilogue="bias+silu") for c in plain] and any(c.swap for c in fused)
+        assert supports_cutlass(p, template, fused[0]) == (True, "")
+        ok, why = supports_cutlass(p, template, plain[0])
+        assert not ok and "epilogue (none)" in why and "bias+silu" in why
+    chosen, _ = CutlassBackend(max_configs=4).choices(p)
+    assert chosen and all(c.name.endswith("_bias+silu") for c in chosen)
+
+
+def test_int8_leaves_epilogue_problems_out_naming_the_epilogue():
+    p = epilogue_problem(True, "relu", dtype="int8", la="row", lb="col")
+    chosen, skipped = CutlassBackend().choices(p)
+    assert chosen == [] and set(skipped) == {"cutlass3x_sm90_int8_mm", "cutlass2x_sm80_int8_mm"}
+    assert all("epilogue (bias+relu)" in why for why in skipped.values())
+
+
+class _FakeKernel:
+    """A LoadedKernel whose entry points record their arguments instead of launching."""
+
+    def __init__(self):
+        self.calls = []
+
+    def workspace_size(self, m, n, k, swizzle, size):
+        return 0
+
+    def run(self, *args):
+        self.calls.append(args)
+        return 0
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_bias_launch_passes_the_bias_after_the_operands(monkeypatch, swap):
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
+    p = replace(problem(m=16, n=64, k=32, la="row", lb="col", arch=90), bias=True, activation="gelu")
+    kernel = _FakeKernel()
+    launch = make_launcher(kernel, p, replace(SM90_CFG, swap=swap, epilogue="bias+gelu"))
+    a, b = torch.ones(16, 32), torch.ones(64, 32).t()
+    storage = torch.zeros(80)                   # a bias whose start is not 16-byte aligned gets an aligned copy
+    aligned, offset = storage[:64], storage[1:65]
+    for bias in (aligned, offset):
+        out = launch(a, b, bias, None)
+        args = kernel.calls[-1]
+        assert args[:2] == ((b.data_ptr(), a.data_ptr()) if swap else (a.data_ptr(), b.data_ptr()))
+        assert args[3] == out.data_ptr() and args[4:6] == ((64, 16) if swap else (16, 64))
+        assert (args[2] == bias.data_ptr()) == (bias is aligned) and args[2] % 16 == 0
+    out = torch.empty(16, 64)
+    assert launch(a, b, aligned, out) is out and kernel.calls[-1][3] == out.data_ptr()
+    plain = make_launcher(kernel, replace(p, bias=False, activation=""), replace(SM90_CFG, swap=swap))
+    plain(a, b)
+    assert len(kernel.calls[-1]) == len(args) - 1       # no bias pointer in the plain entry point
