@@ -178,14 +178,19 @@ class KernelsMode(TorchFunctionMode):
             count_passthrough(result)
         return func(*args, **kwargs)
 
+    def __init__(self):
+        super().__init__()
+        self._pushed: list[bool] = []      # per `with` of this instance: whether it pushed the mode
+
     def __enter__(self):
-        self._outer = getattr(_active, "depth", 0) == 0
-        _active.depth = getattr(_active, "depth", 0) + 1
-        return super().__enter__() if self._outer else self
+        depth = getattr(_active, "depth", 0)
+        _active.depth = depth + 1
+        self._pushed.append(depth == 0)
+        return super().__enter__() if depth == 0 else self
 
     def __exit__(self, *exc):
         _active.depth -= 1
-        return super().__exit__(*exc) if self._outer else None
+        return super().__exit__(*exc) if self._pushed.pop() else None
 
 
 def enabled() -> KernelsMode:

@@ -119,16 +119,17 @@ def test_backward_products_run_on_triton_kernels():
     """Triton alone (no aten candidate): every product of the forward and the backward is a Triton kernel's."""
     kernels.config.backends = ("triton",)
     a, b = leaves((20, 32), (32, 12), dtype=torch.float16)
-    x, w = leaves((3, 4, 32), (12, 32), dtype=torch.float16, seed=1)
+    x, w, bias = leaves((3, 4, 32), (12, 32), (12,), dtype=torch.float16, seed=1)
     before = kernels.stats()
-    loss = lambda a, b, x, w, mm=kernels.mm, lin=kernels.linear: (   # noqa: E731
-        mm(a, b).double().square().sum() + lin(x, w, None, activation="relu").double().sum())
-    got = grads_of(lambda: loss(a, b, x, w), [a, b, x, w])
+    loss = lambda a, b, x, w, bias, mm=kernels.mm, lin=kernels.linear: (   # noqa: E731
+        mm(a, b).double().square().sum() + lin(x, w, bias, activation="relu").double().square().sum())
+    got = grads_of(lambda: loss(a, b, x, w, bias), [a, b, x, w, bias])
     after = kernels.stats()
+    # mm, its dA and dB; linear (bias epilogue, relu by torch), its dX and dW (the bias grad is a reduction)
     assert after["tunes"] - before["tunes"] == 6 and after["benchmarks"] > before["benchmarks"]
-    want = reference_grads(lambda a, b, x, w: loss(a, b, x, w, mm=torch.mm,
-                                                   lin=lambda x, w, b, activation: torch.relu(F.linear(x, w))),
-                           [a, b, x, w])
+    want = reference_grads(lambda a, b, x, w, bias: loss(a, b, x, w, bias, mm=torch.mm, lin=lambda x, w, bias,
+                                                          activation: torch.relu(F.linear(x, w, bias))),
+                           [a, b, x, w, bias])
     assert_grads_close(got, want, torch.float16)
 
 
