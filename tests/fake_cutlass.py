@@ -83,6 +83,7 @@ class CpuServedCutlass(CutlassBackend):
     and binaries are those of the problem's sm90 twin, and a built binary 'loads' as a runner that computes with
     torch.mm on the CPU (a fake binary cannot be dlopened)."""
     isolated = False
+    epilogues = False        # its runner is a plain torch.mm: epilogue problems are left to the other backends
 
     def available(self, problem):
         return (True, "") if problem.device == "cpu" or problem.arch >= 80 else (False, "not sm80+")

@@ -195,3 +195,33 @@ def test_kernels_mm_with_cutlass_backend(backend):
     assert timed, sel.failures()
     a8, b8 = _operands(1024, 4096, 4096, "row", "col", torch.int8)
     assert torch.equal(kernels.int_mm(a8, b8), torch._int_mm(a8, b8))
+
+
+# (m, n, k, dtype, bias, activation): small M gets the swapped kernels (the bias one value per kernel ROW), M=200 and
+# N=4104 the direct ones with ragged tiles (one value per kernel column); a misaligned bias vector on one of each
+EPILOGUE_CASES = [(16, 4096, 4096, torch.bfloat16, True, "gelu"), (200, 4104, 1024, torch.bfloat16, True, "silu"),
+                  (64, 4096, 4096, torch.float16, False, "relu"), (200, 4104, 1024, torch.float16, True, "")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,dtype,has_bias,act", EPILOGUE_CASES)
+def test_cutlass_epilogues_match_the_reference(backend, m, n, k, dtype, has_bias, act):
+    """Two CUTLASS choices per case (an sm90 and, where offered, an sm80 one), each against float64, with an
+    aligned bias and a misaligned one (storage offset of one element)."""
+    from kernels.measure.verify import reference     # noqa: PLC0415 - test-local
+    a, b = _operands(m, n, k, "row", "col", dtype)
+    problem = GemmProblem.from_tensors("mm", a, b, bias=has_bias, activation=act)
+    chosen, skipped = backend.choices(problem)
+    picks = [c for c in chosen if "sm90" in c.name][:1] + [c for c in chosen if "sm80" in c.name][:1]
+    assert picks, skipped
+    outcomes = backend.build(problem, picks)
+    failed = {o.choice.name: o.error for o in outcomes if o.runner is None}
+    assert not failed, failed
+    storage = torch.randn(n + 1, device="cuda").to(dtype)
+    for bias in ((storage[:n].clone(), storage[1:]) if has_bias else (None,)):
+        ops = (a, b) if bias is None else (a, b, bias)
+        ref = reference(problem, *ops)
+        for o in outcomes:
+            out = o.runner.launch(*ops, None)
+            torch.cuda.synchronize()
+            assert _rel_err(out, ref) < 1e-2, (o.choice.name, bias is not None and bias.data_ptr() % 16)
