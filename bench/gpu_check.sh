@@ -26,6 +26,12 @@
 #   bash bench/gpu_check.sh isolated   the persistent isolated child: warmup of the bf16 set, each issue-27 problem's
 #                                      first call with the kernels built (one child for the process), then the GPU
 #                                      fault test (a faulting CUTLASS kernel in the child leaves the caller working)
+#   bash bench/gpu_check.sh model      issue 28: python -m bench.model on llama-7B's layer (hidden 4096, intermediate
+#                                      11008, bf16), an empty cache, one process per part (MODEL_PARTS, default
+#                                      "small large train"): forward at M=1,16 (eager, patch, compile) and at
+#                                      M=128,2048,8192 (+ max-autotune-no-cudagraphs), forward+backward at M=4096 (eager,
+#                                      compile, max-autotune, patch, patch+compile); part "cudagraphs": forward at M=1,16
+#                                      with the CUDA-graph pair. JSON lines: $OUT/model_<part>.jsonl. ~8 min on the H100
 # (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)
 set -u
 OUT=${OUT:-results/gpu_check}
@@ -33,6 +39,30 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 gpu_tests() { local t=$1; shift; timeout "$t" python3 -m pytest -q -m gpu --tb=short -p no:cacheprovider "$@" 2>&1 | tail -25; }
 case "${1:-native}" in
+model)
+  # MODEL_KEEP_CACHE=1 keeps the kernels cache of a warm machine (the cost of a new problem with binaries built);
+  # MODEL_SECONDS: each timing loop (default 1). Each part gets its --time-limit (start no new variant after it),
+  # trimmed so that the whole mode ends by ~570 s.
+  export KERNELS_CACHE_DIR=/tmp/kernels_model
+  [ "${MODEL_KEEP_CACHE:-0}" = 1 ] || rm -rf "$KERNELS_CACHE_DIR"
+  python3 -m kernels fastpath build > /dev/null 2>&1
+  common="--hidden 4096 --intermediate 11008 --layers 1 --dtype bf16 --seconds ${MODEL_SECONDS:-1} --rounds 2 --quiet"
+  for part in ${MODEL_PARTS:-small large train}; do
+    case $part in
+      small) limit=70; args="--mode fwd --tokens 1,16 --variants eager,patch,compile" ;;
+      large) limit=190; args="--mode fwd --tokens 128,2048,8192 --variants eager,patch,max-autotune,compile" ;;
+      train) limit=150; args="--mode fwdbwd --tokens 4096 --variants eager,compile,max-autotune,patch,patch+compile" ;;
+      cudagraphs) limit=150; args="--mode fwd --tokens 1,16 --variants eager,patch --cudagraphs" ;;
+      *) echo "model: unknown part $part (small, large, train, cudagraphs)"; continue ;;
+    esac
+    left=$((570 - SECONDS)); [ "$left" -gt 60 ] || { echo "model $part: no time left"; continue; }
+    [ "$limit" -lt $((left - 60)) ] || limit=$((left - 60))
+    # shellcheck disable=SC2086 - $common and $args are lists of flags
+    timeout "$left" python3 -m bench.model $common $args --time-limit "$limit" --json "$OUT/model_$part.jsonl" \
+      > "$OUT/model_$part.txt" 2>&1
+    echo "model $part: rc $? at $SECONDS s"; grep -v "^\[" "$OUT/model_$part.txt" | tail -28
+  done
+  ;;
 issue27)
   export KERNELS_CACHE_DIR=/tmp/kernels_issue27; rm -rf "$KERNELS_CACHE_DIR"
   python3 -m kernels fastpath build > /dev/null 2>&1
