@@ -6,6 +6,10 @@
     y = kernels.linear(x, weight, bias, activation="gelu")     # nn.Linear's layout, epilogue fused
     kernels.explain(a, b).winner
     c = kernels.mm(x, w, dynamic="m")   # M varies: one winner per size hint, each new M served by one of them
+    kernels.patch(model)            # every nn.Linear through kernels.linear (kernels.unpatch(model) undoes it)
+    with kernels.enabled(): ...     # torch.mm / matmul / F.linear / addmm inside go through kernels
+
+mm and linear are differentiable and torch.compile traces them as custom ops (kernels::mm, kernels::linear).
 
 The package root is lazy (PEP 562): `import kernels.core.problem` (a backend, a compile worker, a tool) does not
 load the dispatch and tuning chain; `kernels.mm` does, on first access.
@@ -16,9 +20,10 @@ import importlib
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "mm": "kernels.dispatch.api", "int_mm": "kernels.dispatch.api", "linear": "kernels.dispatch.api", "explain": "kernels.dispatch.api",
-    "stats": "kernels.dispatch.api", "clear_memory_cache": "kernels.dispatch.api",
+    "mm": "kernels.dispatch.api", "int_mm": "kernels.dispatch.api", "linear": "kernels.dispatch.api",
+    "explain": "kernels.dispatch.api", "stats": "kernels.dispatch.api", "clear_memory_cache": "kernels.dispatch.api",
     "fastpath_status": "kernels.dispatch.api", "load_fastpath": "kernels.dispatch.api",
+    "patch": "kernels.dispatch.patch", "unpatch": "kernels.dispatch.patch", "enabled": "kernels.dispatch.mode",
     "Dynamic": "kernels.dispatch.dynamic", "config": "kernels.core.config", "__version__": "kernels.core.version",
 }
 

@@ -1,4 +1,8 @@
-"""Process-wide counters: what tuning and dispatch did since the process started."""
+"""Process-wide counters: what tuning and dispatch did since the process started.
+
+Pass-throughs (calls `kernels.enabled()` or a patched nn.Linear handed to torch unchanged because the library does
+not serve them) are counted in total (`passthroughs`) and per reason: the snapshot carries one
+`"passthrough:<reason>"` entry per reason seen (e.g. "passthrough:dtype=float64"), so `kernels.stats()` shows both."""
 from __future__ import annotations
 
 import threading
@@ -16,9 +20,13 @@ class Stats:
     cpu_fallbacks: int = 0       # problems computed with torch on CPU tensors (no interpreter)
     bucket_benchmarks: int = 0   # dynamic shapes: buckets whose hint winners were benchmarked at runtime
     bucket_disk_hits: int = 0    # dynamic shapes: bucket decisions read from the persistent store
+    passthroughs: int = 0        # calls routed to kernels but handed to torch unchanged (reasons: passthrough:*)
 
+
+PASSTHROUGH_PREFIX = "passthrough:"
 
 _stats = Stats()
+_reasons: dict[str, int] = {}      # pass-through reason -> calls
 _lock = threading.Lock()
 
 
@@ -27,12 +35,22 @@ def bump(field: str, by: int = 1) -> None:
         setattr(_stats, field, getattr(_stats, field) + by)
 
 
+def passthrough(reason: str) -> None:
+    """One call handed to torch unchanged, and why (a short stable slug: "dtype=float64", "layout=sparse_coo")."""
+    with _lock:
+        _stats.passthroughs += 1
+        _reasons[reason] = _reasons.get(reason, 0) + 1
+
+
 def snapshot() -> dict[str, int]:
     with _lock:
-        return asdict(_stats)
+        snap = asdict(_stats)
+        snap.update((PASSTHROUGH_PREFIX + reason, n) for reason, n in sorted(_reasons.items()))
+        return snap
 
 
 def reset() -> None:
     global _stats
     with _lock:
         _stats = Stats()
+        _reasons.clear()

@@ -15,6 +15,7 @@ from kernels.core.errors import InputTypeError, InputValueError
 from kernels.core.problem import ACTIVATIONS, GemmProblem
 from kernels.core.selection import Selection
 from kernels.dispatch import dynamic as _dynamic
+from kernels.dispatch import ops as _ops
 from kernels.dispatch import selected
 from kernels.native import fastpath as _fastpath
 from backends.aten import epilogue_launch
@@ -38,6 +39,7 @@ _FAST_ADDMM_KIND = 4    # linear's aten_addmm, computed by the table itself (at:
 _FP32 = torch.float32
 _matmul_precision = torch.get_float32_matmul_precision
 _grad_enabled = torch.is_grad_enabled
+_compiling = torch.compiler.is_compiling      # Dynamo folds it to True while tracing: the branch is in the graph
 
 
 def _fast_key(op: str, a, b) -> tuple:
@@ -51,7 +53,10 @@ def _fast_key(op: str, a, b) -> tuple:
 def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dynamic=None) -> torch.Tensor:
     """a @ b for 2-D fp16 / bf16 / fp32 tensors, with the fastest verified kernel for this problem.
     `dynamic`: dims whose size varies between calls ('m', 'm,k', kernels.Dynamic(...); None = KERNELS_DYNAMIC):
-    one winner per size hint, each new shape served by one of them (see kernels.dispatch.dynamic)."""
+    one winner per size hint, each new shape served by one of them (see kernels.dispatch.dynamic).
+    Differentiable, and traced by torch.compile as the custom op kernels::mm (kernels.dispatch.ops)."""
+    if _compiling():
+        return _traced("mm", a, b, out)
     if _fast_call is not None and out is None and dynamic is None:
         result = _fast_call(0, a, b)
         if result is not None:
@@ -73,6 +78,8 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dyn
 def int_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dynamic=None) -> torch.Tensor:
     """a @ b for 2-D int8 tensors, exact, with an int32 result. `dynamic` as for mm."""
     # mirrors mm() line for line on purpose: a shared helper would add a Python call to every warm call
+    if _compiling():
+        return _traced("int_mm", a, b, out)
     if _fast_call is not None and out is None and dynamic is None:
         result = _fast_call(1, a, b)
         if result is not None:
@@ -96,7 +103,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """activation(x @ weight.T + bias), as torch.nn.functional.linear (then the activation): x (..., K), weight
     (N, K) as nn.Linear stores it, bias (N,) or None, activation None / "relu" / "gelu" (tanh approximation) /
     "silu". fp16 / bf16 / fp32. The bias and activation are fused into the tuned kernel's epilogue; x of 3-D and
-    more is flattened to 2-D without a copy when its strides allow."""
+    more is flattened to 2-D without a copy when its strides allow.
+    Differentiable, and traced by torch.compile as the custom op kernels::linear (kernels.dispatch.ops); under
+    autograd the activation is not fused (torch applies it, so autograd differentiates it): fusion is for
+    inference."""
+    if _compiling():
+        return _traced_linear(x, weight, bias, activation)
     if _fast_call is not None:
         result = _fast_linear(x, weight, bias, activation)
         if result is not None:
@@ -105,7 +117,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         wt = weight.t()
         entry = _dispatch.get((_fast_key("mm", x2, wt), activation, None if bias is None else
-                               (bias.dtype, bias.shape, bias.stride(), bias.device)))
+                               (bias.dtype, bias.shape, bias.stride(), bias.device,
+                                bias.requires_grad and _grad_enabled())))
     except (AttributeError, TypeError, IndexError, RuntimeError):
         entry = None
     if entry is not None:
@@ -115,8 +128,28 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return _linear_cold(x, weight, bias, activation)
 
 
-def _linear_cold(x, weight, bias, activation):
+def _plain_linear(x, weight, bias, activation):
+    """linear's warm table or cold path, never the custom ops: what kernels::linear runs (linear() without the
+    routing lines, kept inline there so its warm calls pay no extra Python call)."""
+    try:
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        wt = weight.t()
+        entry = _dispatch.get((_fast_key("mm", x2, wt), activation, None if bias is None else
+                               (bias.dtype, bias.shape, bias.stride(), bias.device,
+                                bias.requires_grad and _grad_enabled())))
+    except (AttributeError, TypeError, IndexError, RuntimeError):
+        entry = None
+    if entry is not None:
+        _memory_hits[0] += 1
+        out = entry[0](x2, wt) if bias is None else entry[0](x2, wt, bias)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[1])
+    return _linear_cold(x, weight, bias, activation, route=False)
+
+
+def _linear_cold(x, weight, bias, activation, route: bool = True):
     validate_linear(x, weight, bias, activation)
+    if route and _needs_grad(x, weight, bias):
+        return _routed_linear(x, weight, bias, activation)
     if _fast_call is None:
         _fast.try_load(_fast_loaded)
     act = activation or ""
@@ -125,8 +158,6 @@ def _linear_cold(x, weight, bias, activation):
     shape = (*x.shape[:-1], weight.shape[0])
     if 0 in (x2.shape[0], x2.shape[1], wt.shape[1]):
         return _trivial_linear(x2, wt, bias, act).view(shape)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
-        return _activate(F.linear(x, weight, bias), act)          # keeps autograd working
     problem = GemmProblem.from_tensors("mm", x2, wt, bias=bias is not None, activation=act)
     operands = (x2, wt) if bias is None else (x2, wt, bias)
     if x.device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
@@ -147,7 +178,7 @@ def _linear_cold(x, weight, bias, activation):
         direct = lambda a, b, c: contiguous(a, b, c.contiguous())    # noqa: E731
         operands = (x2, wt, bias.contiguous())
     key = (_fast_key("mm", x2, wt), activation, None if bias is None else
-           (bias.dtype, bias.shape, bias.stride(), bias.device))
+           (bias.dtype, bias.shape, bias.stride(), bias.device, bias.requires_grad and _grad_enabled()))
     kind = _FAST_ADDMM_KIND if aten and problem.epilogue else _FAST_ATEN_KIND.get(direct, _FAST_PYTHON_KIND)
     with _lock:
         _dispatch[key] = entry = (direct, launch, kind)
@@ -325,15 +356,16 @@ def _cpu_fallback(a) -> bool:
     return a.device.type == "cpu" and not interpret_mode()
 
 
-def _cold(op: str, a, b, out, dynamic=None):
+def _cold(op: str, a, b, out, dynamic=None, route: bool = True):
     validate(op, a, b, out)
+    if route and op == "mm" and _needs_grad(a, b):
+        # torch.mm decides about out= under autograd (it refuses it, as for any out= op)
+        return _custom.mm(a, b) if out is None else torch.mm(a, b, out=out)
     if _fast_call is None:
         _fast.try_load(_fast_loaded)
     dyn = _dynamic.resolve(dynamic)
     if 0 in (a.shape[0], a.shape[1], b.shape[1]):
         return _trivial(op, a, b, out)
-    if op == "mm" and torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        return torch.mm(a, b) if out is None else torch.mm(a, b, out=out)   # keeps autograd working
     key = _fast_key(op, a, b) if dynamic is None else (_fast_key(op, a, b), dynamic)
     if a.device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
         return _under_capture(op, a, b, out)
@@ -352,6 +384,54 @@ def _cold(op: str, a, b, out, dynamic=None):
             _shrink(config.max_problems)
     with _device_ctx(a):
         return launch(a, b, out)
+
+
+# -- routed calls: autograd and torch.compile go through the custom ops ------------------------------------------
+def _needs_grad(*tensors) -> bool:
+    return _grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _traced(op: str, a, b, out):
+    """mm / int_mm while torch.compile traces: validated here (the trace specializes on what validation reads),
+    then one custom op in the graph; `out` gets a copy of the result."""
+    validate(op, a, b, out)
+    result = _custom.mm(a, b) if op == "mm" else _custom.int_mm(a, b)
+    return result if out is None else out.copy_(result)
+
+
+def _traced_linear(x, weight, bias, activation):
+    validate_linear(x, weight, bias, activation)
+    return _routed_linear(x, weight, bias, activation)
+
+
+def _routed_linear(x, weight, bias, activation):
+    """kernels::linear; when autograd needs the result and there is an activation, the op runs without it and the
+    activation is torch's (autograd saves what it needs and differentiates it): fusion is for inference."""
+    if activation and _needs_grad(x, weight, bias):
+        return _activate(_custom.linear(x, weight, bias, None), activation)
+    return _custom.linear(x, weight, bias, activation)
+
+
+def _plain(op: str):
+    """The warm table or the cold path for op, never the custom ops: what kernels::mm / kernels::int_mm run."""
+    fast_op = _FAST_OP[op]
+
+    def product(a, b):
+        if _fast_call is not None:
+            result = _fast_call(fast_op, a, b)
+            if result is not None:
+                return result
+        entry = _dispatch.get(_fast_key(op, a, b))
+        if entry is not None:
+            _memory_hits[0] += 1
+            return entry[0](a, b)
+        return _cold(op, a, b, None, route=False)
+
+    return product
+
+
+# the routed calls' ops, around the plain products above (registered with torch.library on first use)
+_custom = _ops.CustomOps(_ops.Plain(mm=_plain("mm"), int_mm=_plain("int_mm"), linear=_plain_linear))
 
 
 def _under_capture(op: str, a, b, out):

@@ -76,7 +76,9 @@ def test_declined_calls_take_the_python_path(fast):
         nonlocal result
         result = kernels.mm(g, b16)
 
-    assert served(grad_call) == 0 and result.grad_fn is not None
+    # declined (autograd needs it), the call goes to the custom op kernels::mm, whose product below autograd (no
+    # grad there) is the table's: one call served, and the result has the op's grad_fn
+    assert served(grad_call) == 1 and "kernels_mm" in type(result.grad_fn).__name__
 
     class Sub(torch.Tensor):
         pass

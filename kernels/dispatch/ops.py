@@ -1,0 +1,154 @@
+"""torch.library custom ops around kernels' plain products: `kernels::mm`, `kernels::int_mm`, `kernels::linear`.
+
+Why: autograd and torch.compile see each product as one operator, with a fake implementation (the result's shape,
+dtype and device) and, for mm and linear, a backward whose products (dX = dY·W, dW = dYᵀ·X) are kernels' own
+products again, each tuned as its own problem.
+
+Who calls them: kernels.dispatch.api routes `kernels.mm` / `kernels.linear` here when autograd needs the product
+(an input requires grad and grad mode is on) or when torch.compile traces the call; a warm call that needs neither
+never comes here. The ops' implementations run the plain products api hands over (`Plain`), which never come back
+here (no recursion, whatever torch.compiler.is_compiling() says while they run).
+
+When they are registered: on first use, not when `kernels` (or this module) is imported: `CustomOps.ready()`
+registers them once per process. The first use may be a call torch.compile is tracing, so `ready` is marked the
+way torch.compiler.assume_constant_result marks a function: Dynamo then calls it for real at trace time (it returns
+the constant True) instead of tracing the registration, and the op is there when the trace reaches it.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from kernels.core.problem import ACTIVATIONS
+
+NAMESPACE = "kernels"
+SCHEMAS = {
+    "mm": "(Tensor a, Tensor b) -> Tensor",
+    "int_mm": "(Tensor a, Tensor b) -> Tensor",
+    "linear": "(Tensor x, Tensor weight, Tensor? bias, str? activation) -> Tensor",
+}
+
+# the derivative of each epilogue activation given the upstream grad and its input z: the aten kernels torch's own
+# autograd uses (the same formulas, traceable, so the backward works under torch.compile too)
+_ACTIVATION_BACKWARD = {
+    "relu": lambda g, z: torch.ops.aten.threshold_backward(g, z, 0),
+    "gelu": lambda g, z: torch.ops.aten.gelu_backward(g, z, approximate="tanh"),
+    "silu": lambda g, z: torch.ops.aten.silu_backward(g, z),
+}
+assert set(_ACTIVATION_BACKWARD) == set(ACTIVATIONS), "an epilogue activation without a backward"
+
+
+@dataclass(frozen=True)
+class Plain:
+    """The products the ops run: kernels.dispatch.api's warm table / cold path, never routed back to the ops."""
+    mm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    int_mm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, str | None], torch.Tensor]
+
+
+_registered: list[Plain] = []      # the products the ops were registered around: one registration per process
+_lock = threading.Lock()
+
+
+class CustomOps:
+    """The routed calls of kernels.dispatch.api: each makes sure the ops exist, then calls one (eager or traced)."""
+
+    def __init__(self, plain: Plain):
+        self.plain = plain
+        self.ready = _registrar(plain)
+
+    def mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        self.ready()
+        return torch.ops.kernels.mm(a, b)
+
+    def int_mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        self.ready()
+        return torch.ops.kernels.int_mm(a, b)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               activation: str | None) -> torch.Tensor:
+        """With an activation and autograd on, the caller should not come here fused: it calls this with
+        activation=None and applies the activation with torch ops, so autograd differentiates the activation from
+        its own saved input. Fusion is for inference. (Called fused under autograd anyway, the backward recomputes
+        the pre-activation product: correct, one product more.)"""
+        self.ready()
+        return torch.ops.kernels.linear(x, weight, bias, activation)
+
+
+def _registrar(plain: Plain) -> Callable[[], bool]:
+    def ready() -> bool:
+        if not _registered:
+            with _lock:
+                if not _registered:
+                    _define(plain)
+                    _registered.append(plain)
+        return True
+
+    # what torch.compiler.assume_constant_result(ready) sets; calling that here would import torch._dynamo (~1 s)
+    # into every process that uses kernels, compiled or not
+    ready._dynamo_marked_constant = True
+    return ready
+
+
+def _define(plain: Plain) -> None:
+    """Register the three ops with torch.library: implementation, fake implementation, autograd."""
+    mm = torch.library.custom_op(f"{NAMESPACE}::mm", mutates_args=(), schema=SCHEMAS["mm"])(
+        lambda a, b: plain.mm(a, b))
+    mm.register_fake(lambda a, b: a.new_empty((a.shape[0], b.shape[1])))
+    mm.register_autograd(_mm_backward, setup_context=_save_inputs)
+
+    int_mm = torch.library.custom_op(f"{NAMESPACE}::int_mm", mutates_args=(), schema=SCHEMAS["int_mm"])(
+        lambda a, b: plain.int_mm(a, b))
+    int_mm.register_fake(lambda a, b: a.new_empty((a.shape[0], b.shape[1]), dtype=torch.int32))
+
+    linear = torch.library.custom_op(f"{NAMESPACE}::linear", mutates_args=(), schema=SCHEMAS["linear"])(
+        lambda x, weight, bias, activation: plain.linear(x, weight, bias, activation))
+    linear.register_fake(lambda x, weight, bias, activation: x.new_empty((*x.shape[:-1], weight.shape[0])))
+    linear.register_autograd(_linear_backward, setup_context=_save_linear)
+
+
+def _save_inputs(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _save_linear(ctx, inputs, output) -> None:
+    x, weight, bias, activation = inputs
+    ctx.save_for_backward(x, weight, bias)
+    ctx.activation = activation
+
+
+def _dense(grad: torch.Tensor) -> torch.Tensor:
+    # a broadcast grad (stride 0: the backward of sum() or mean()) is materialized: a product over a broadcast is
+    # not a layout worth a tune of its own
+    return grad.contiguous() if 0 in grad.stride() else grad
+
+
+def _mm_backward(ctx, grad):
+    """dA = dY·Bᵀ, dB = Aᵀ·dY through kernels::mm (so through kernels' tuned products, and traceable)."""
+    a, b = ctx.saved_tensors
+    grad = _dense(grad)
+    grad_a = torch.ops.kernels.mm(grad, b.t()) if ctx.needs_input_grad[0] else None
+    grad_b = torch.ops.kernels.mm(a.t(), grad) if ctx.needs_input_grad[1] else None
+    return grad_a, grad_b
+
+
+def _linear_backward(ctx, grad):
+    """y = act(x·Wᵀ + b): dZ = act'(z)·dY (z recomputed only when the op ran fused), dX = dZ·W, dW = dZᵀ·X,
+    db = dZ summed over rows (in fp32, then cast to the bias dtype)."""
+    x, weight, bias = ctx.saved_tensors
+    grad = _dense(grad)
+    if ctx.activation:
+        z = torch.ops.kernels.linear(x, weight, bias, None)
+        grad = _ACTIVATION_BACKWARD[ctx.activation](grad, z)
+    grad2 = grad.reshape(-1, grad.shape[-1])
+    grad_x = grad_w = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        grad_x = torch.ops.kernels.mm(grad2, weight).reshape(x.shape)
+    if ctx.needs_input_grad[1]:
+        grad_w = torch.ops.kernels.mm(grad2.t(), x.reshape(-1, x.shape[-1]))
+    if bias is not None and ctx.needs_input_grad[2]:
+        grad_bias = grad2.sum(0, dtype=torch.float32).to(bias.dtype)
+    return grad_x, grad_w, grad_bias, None

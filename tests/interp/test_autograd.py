@@ -1,0 +1,157 @@
+"""kernels.mm and kernels.linear under autograd, on CPU through the tuner (TRITON_INTERPRET=1): gradients match
+torch's, and the backward products (dX = dY·W, dW = dYᵀ·X) are kernels products, each tuned as its own problem."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from kernels.core.config import interpret_mode
+
+pytestmark = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
+
+ACT = {None: lambda z: z, "relu": torch.relu, "gelu": lambda z: F.gelu(z, approximate="tanh"), "silu": F.silu}
+TOL = {torch.float32: 1e-4, torch.float16: 2e-2}
+
+
+@pytest.fixture(autouse=True)
+def small_space(monkeypatch):
+    monkeypatch.setenv("KERNELS_BACKENDS", "aten,triton")
+    kernels.config.reset()
+    kernels.config.benchmark_space = 1          # the performance model's top pick per backend: a fast tune
+
+
+def leaves(*shapes, dtype, seed=0):
+    torch.manual_seed(seed)
+    return [torch.randn(*s, dtype=torch.float32).to(dtype).requires_grad_() for s in shapes]
+
+
+def grads_of(loss_fn, tensors):
+    for t in tensors:
+        t.grad = None
+    loss_fn().backward()
+    return [t.grad for t in tensors]
+
+
+def reference_grads(loss_fn, tensors):
+    """The same loss on float64 copies: what the kernels gradients are held to."""
+    doubles = [t.detach().double().requires_grad_() for t in tensors]
+    return grads_of(lambda: loss_fn(*doubles), doubles)
+
+
+def assert_grads_close(got, want, dtype):
+    for g, w in zip(got, want):
+        assert g is not None and g.dtype == dtype
+        torch.testing.assert_close(g.double(), w, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_mm_grads_match_torch_and_each_backward_product_is_tuned(dtype):
+    a, b = leaves((17, 24), (24, 9), dtype=dtype)
+    upstream = torch.randn(17, 9, dtype=torch.float64)       # a non-uniform dY, so dA and dB are real products
+    before = kernels.stats()["tunes"]
+    got = grads_of(lambda: (kernels.mm(a, b).double() * upstream).sum(), [a, b])
+    # the forward, dA = dY·Bᵀ (17x24, k=9) and dB = Aᵀ·dY (24x9, k=17): three problems, three tunes
+    assert kernels.stats()["tunes"] - before == 3
+    assert_grads_close(got, reference_grads(lambda x, y: ((x @ y) * upstream).sum(), [a, b]), dtype)
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "silu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_linear_grads_match_torch(activation, dtype):
+    x, w, b = leaves((2, 5, 16), (12, 16), (12,), dtype=dtype)
+    upstream = torch.randn(2, 5, 12, dtype=torch.float64)
+
+    def loss(x, w, b, lin=kernels.linear):
+        return (lin(x, w, b, activation=activation).double() * upstream).sum()
+
+    got = grads_of(lambda: loss(x, w, b), [x, w, b])
+    want = reference_grads(lambda x, w, b: (ACT[activation](F.linear(x, w, b)) * upstream).sum(), [x, w, b])
+    assert_grads_close(got, want, dtype)
+
+
+def test_grad_fn_is_the_custom_op_and_no_grad_stays_plain():
+    x, w = leaves((8, 16), (4, 16), dtype=torch.float32)
+    assert "kernels_linear" in type(kernels.linear(x, w).grad_fn).__name__
+    assert "kernels_mm" in type(kernels.mm(x, w.t()).grad_fn).__name__
+    with torch.no_grad():
+        assert kernels.linear(x, w).grad_fn is None and kernels.mm(x, w.t()).grad_fn is None
+    # under autograd the activation is torch's (not fused): autograd differentiates it from its own saved input
+    assert "Gelu" in type(kernels.linear(x, w, activation="gelu").grad_fn).__name__
+
+
+def test_bias_only_training_gets_a_bias_grad():
+    """Only the bias requires grad (BitFit-style fine-tuning): the call still goes through autograd, warm or cold."""
+    torch.manual_seed(0)
+    x, w = torch.randn(6, 8), torch.randn(5, 8)
+    b = torch.zeros(5, requires_grad=True)
+    with torch.no_grad():
+        kernels.linear(x, w, b)                 # the plain problem warm first: the grad call must not take it
+    kernels.linear(x, w, b).sum().backward()
+    torch.testing.assert_close(b.grad, torch.full((5,), 6.0))
+
+
+def test_bias_grad_is_a_row_sum_accumulated_in_fp32():
+    torch.manual_seed(0)
+    x = torch.randn(512, 8).half()
+    w = torch.randn(4, 8).half()
+    b = torch.zeros(4, dtype=torch.float16, requires_grad=True)
+    upstream = (torch.rand(512, 4) + 1).half()               # 512 positive halves: an fp16 running sum would drift
+    kernels.linear(x, w, b).backward(upstream)
+    want = upstream.double().sum(0)
+    torch.testing.assert_close(b.grad.double(), want.half().double(), rtol=0, atol=0)
+
+
+def test_small_mlp_loss_grads_match_torch():
+    torch.manual_seed(0)
+    params = leaves((32, 16), (32,), (8, 32), (8,), dtype=torch.float32, seed=1)
+    x, target = torch.randn(2, 6, 16), torch.randn(2, 6, 8)
+
+    def mlp(lin, x, w1, b1, w2, b2):
+        return F.mse_loss(lin(lin(x, w1, b1, activation="silu"), w2, b2), target)
+
+    got = grads_of(lambda: mlp(kernels.linear, x, *params), params)
+    want = reference_grads(lambda *p: mlp(lambda x, w, b, activation=None: ACT[activation](F.linear(x, w, b)),
+                                          x.double(), *p), params)
+    assert_grads_close(got, want, torch.float32)
+
+
+def test_backward_products_run_on_triton_kernels():
+    """Triton alone (no aten candidate): every product of the forward and the backward is a Triton kernel's."""
+    kernels.config.backends = ("triton",)
+    a, b = leaves((20, 32), (32, 12), dtype=torch.float16)
+    x, w, bias = leaves((3, 4, 32), (12, 32), (12,), dtype=torch.float16, seed=1)
+    before = kernels.stats()
+    loss = lambda a, b, x, w, bias, mm=kernels.mm, lin=kernels.linear: (   # noqa: E731
+        mm(a, b).double().square().sum() + lin(x, w, bias, activation="relu").double().square().sum())
+    got = grads_of(lambda: loss(a, b, x, w, bias), [a, b, x, w, bias])
+    after = kernels.stats()
+    # mm, its dA and dB; linear (bias epilogue, relu by torch), its dX and dW (the bias grad is a reduction)
+    assert after["tunes"] - before["tunes"] == 6 and after["benchmarks"] > before["benchmarks"]
+    want = reference_grads(lambda a, b, x, w, bias: loss(a, b, x, w, bias, mm=torch.mm, lin=lambda x, w, bias,
+                                                          activation: torch.relu(F.linear(x, w, bias))),
+                           [a, b, x, w, bias])
+    assert_grads_close(got, want, torch.float16)
+
+
+def test_the_op_called_fused_still_differentiates():
+    """torch.ops.kernels.linear with an activation, called directly under autograd: its backward recomputes the
+    pre-activation product (kernels.linear itself never calls it so)."""
+    x, w, b = leaves((6, 16), (8, 16), (8,), dtype=torch.float32)
+    kernels.linear(x, w, b)                       # registers the ops (the first routed call does)
+    got = grads_of(lambda: torch.ops.kernels.linear(x, w, b, "gelu").square().sum(), [x, w, b])
+    want = reference_grads(lambda x, w, b: ACT["gelu"](F.linear(x, w, b)).square().sum(), [x, w, b])
+    assert_grads_close(got, want, torch.float32)
+
+
+def test_zero_size_inner_dim_keeps_the_graph():
+    a, b = leaves((4, 0), (0, 3), dtype=torch.float32)
+    out = kernels.mm(a, b)
+    assert torch.equal(out, torch.zeros(4, 3)) and out.grad_fn is not None
+    out.sum().backward()
+    assert a.grad.shape == (4, 0) and b.grad.shape == (0, 3)
+
+
+def test_out_argument_under_autograd_is_refused_as_torch_refuses_it():
+    a, b = leaves((4, 8), (8, 3), dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="out="):
+        kernels.mm(a, b, out=torch.empty(4, 3))
