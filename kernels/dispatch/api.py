@@ -170,7 +170,7 @@ def _linear_cold(x, weight, bias, activation, route: bool = True):
         _stats.bump("cpu_fallbacks")
     else:
         with _device_ctx(x):
-            launch = selected.launcher_for(problem)
+            launch = _resolve(problem)
         aten = _aten_winner(problem)
     direct = _direct(launch, len(operands))
     if bias is not None and bias.stride(0) != 1:        # kernels read the bias as a contiguous vector
@@ -188,6 +188,14 @@ def _linear_cold(x, weight, bias, activation, route: bool = True):
             _shrink(config.max_problems)
     with _device_ctx(x):
         return direct(*operands).view(shape)
+
+
+def _resolve(problem: GemmProblem, dyn=None):
+    """The problem's launcher (tuning or loading it), with torch-function modes and subclasses off meanwhile: the
+    torch calls a tune makes (timing aten, the float64 reference) are its own, and neither a user's mode nor
+    kernels.enabled() may see or reroute them (a rerouted torch.mm inside a tune would start a nested tune)."""
+    with torch._C.DisableTorchFunction():
+        return selected.launcher_for(problem) if dyn is None else _dynamic.launcher_for(problem, dyn)
 
 
 def _aten_winner(problem: GemmProblem) -> bool:
@@ -375,7 +383,7 @@ def _cold(op: str, a, b, out, dynamic=None, route: bool = True):
     else:
         problem = GemmProblem.from_tensors(op, a, b)
         with _device_ctx(a):
-            launch = selected.launcher_for(problem) if dyn is None else _dynamic.launcher_for(problem, dyn)
+            launch = _resolve(problem, dyn)
     with _lock:
         _dispatch[key] = entry = (_two_arg(launch), launch)
         if dynamic is None and _fast.module is not None:
@@ -510,7 +518,7 @@ def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None, *, b
     if sel is not None:
         return dataclasses.replace(sel, source="memory")
     with _device_ctx(a):
-        selected.launcher_for(problem)
+        _resolve(problem)
     return selected.selection(problem)
 
 

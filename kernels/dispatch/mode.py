@@ -25,16 +25,13 @@ from torch.overrides import TorchFunctionMode
 
 from kernels.core import counters
 from kernels.core.errors import InputTypeError, InputValueError
-from kernels.dispatch import api, selected
+from kernels.dispatch import api
 
 _DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32))
 _PLAIN_TYPES = frozenset((torch.Tensor, torch.nn.Parameter))
 _STRIDED = torch.strided
 INPUT_ERRORS = (InputTypeError, InputValueError)
 _compiling = torch.compiler.is_compiling
-# True while this thread resolves a problem (a tune, a stored winner's verification): the torch calls kernels makes
-# then (timing aten candidates, the float64 reference) are its own and go to torch, not back into kernels
-_resolving = selected.lock._is_owned
 
 
 def _name(value) -> str:
@@ -168,7 +165,7 @@ class KernelsMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         route = _ROUTES.get(func)
-        if route is not None and not _resolving():
+        if route is not None:
             try:
                 result = route(args, kwargs)
             except INPUT_ERRORS:          # what the predicates above let through and kernels' validation did not
