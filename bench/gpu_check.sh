@@ -32,6 +32,9 @@
 #                                      M=128,2048,8192 (+ max-autotune-no-cudagraphs), forward+backward at M=4096 (eager,
 #                                      compile, max-autotune, patch, patch+compile); part "cudagraphs": forward at M=1,16
 #                                      with the CUDA-graph pair. JSON lines: $OUT/model_<part>.jsonl. ~8 min on the H100
+#   bash bench/gpu_check.sh issue28    issue 28's GPU tests (every Triton family's epilogue, the tuned linear, patch
+#                                      forward/backward, torch.compile, enabled(), CUDA graphs; CUTLASS epilogues),
+#                                      then the warm host cost of linear / patched nn.Linear against F.linear
 # (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)
 set -u
 OUT=${OUT:-results/gpu_check}
@@ -77,6 +80,14 @@ issue27)
   rm -rf "$KERNELS_CACHE_DIR/selections"
   KERNELS_CUTLASS_BUILD=off timeout 80 python3 -m experiments.new_problem_cost > "$OUT/new_problem_cost.jsonl" 2>&1
   cut -c1-160 "$OUT/new_problem_cost.jsonl"
+  ;;
+issue28)
+  export KERNELS_CACHE_DIR=/tmp/kernels_issue28; rm -rf "$KERNELS_CACHE_DIR"
+  python3 -m kernels fastpath build > /dev/null 2>&1
+  timeout 100 python3 -m experiments.linear_host_cost --json "$OUT/linear_host_cost.json" 2>&1 | tee "$OUT/linear_host_cost.txt"
+  timeout 100 python3 -m experiments.linear_host_cost --m 16 --backends aten,triton 2>&1 | tee "$OUT/linear_host_cost_m16.txt"
+  gpu_tests 200 tests/gpu/test_linear.py tests/gpu/test_model_integration.py | tee "$OUT/pytest_linear.txt"
+  gpu_tests 250 tests/gpu/test_cutlass.py -k epilogue | tee "$OUT/pytest_cutlass_epilogue.txt"
   ;;
 isolated)
   export KERNELS_CACHE_DIR=/tmp/kernels_isolated; rm -rf "$KERNELS_CACHE_DIR"

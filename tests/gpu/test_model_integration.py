@@ -1,0 +1,85 @@
+"""GPU: a model through kernels — kernels.patch forward and backward against torch (bf16/fp16), torch.compile
+(fullgraph) over a patched module, kernels.enabled() routing torch.mm/matmul/addmm, and a CUDA-graph capture of a
+patched model's warm forward."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+
+
+def _mlp(dtype, bias=True):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(256, 512, bias=bias), torch.nn.SiLU(), torch.nn.Linear(512, 128),
+                               ).to("cuda", dtype)
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_patched_mlp_forward_and_grads_match_torch(dtype):
+    ref = _mlp(dtype)
+    ours = kernels.patch(copy.deepcopy(ref))
+    x = torch.randn(3, 64, 256, device="cuda", dtype=dtype)
+    before = kernels.stats()["tunes"]
+    for model in (ref, ours):
+        model.zero_grad(set_to_none=True)
+        model(x).float().square().mean().backward()
+    assert kernels.stats()["tunes"] > before             # forward and backward products were tuned
+    with torch.no_grad():
+        assert _rel(ours(x), ref(x)) < 2e-2
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+        assert _rel(p.grad, q.grad) < 3e-2, name
+    kernels.unpatch(ours)
+
+
+@pytest.mark.gpu
+def test_compiled_patched_module_has_no_graph_break():
+    model = kernels.patch(_mlp(torch.bfloat16))
+    x = torch.randn(32, 256, device="cuda", dtype=torch.bfloat16)
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        out = compiled(x)
+        assert _rel(out, kernels.unpatch(copy.deepcopy(model))(x)) < 2e-2
+
+
+@pytest.mark.gpu
+def test_enabled_routes_torch_functions_on_cuda():
+    a = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(128, 96, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(96, device="cuda", dtype=torch.bfloat16)
+    before = kernels.stats()
+    with kernels.enabled():
+        outs = [torch.mm(a, b), a @ b, torch.addmm(bias, a, b), F.linear(a, b.t(), bias),
+                torch.matmul(a.view(2, 32, 128), b)]
+        passed = torch.mm(a.double(), b.double())             # fp64: passes through, counted
+    assert kernels.stats()["tunes"] > before["tunes"]
+    assert kernels.stats()["passthroughs"] == before.get("passthroughs", 0) + 1
+    ref = a.double() @ b.double()
+    for out, want in zip(outs, [ref, ref, ref + bias.double(), ref + bias.double(), ref.view(2, 32, 96)]):
+        assert _rel(out, want) < 1e-2
+    assert passed.dtype == torch.float64
+
+
+@pytest.mark.gpu
+def test_cuda_graph_captures_a_patched_model():
+    model = kernels.patch(_mlp(torch.bfloat16))
+    x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    with torch.no_grad(), torch.cuda.stream(stream):
+        model(x)                         # tunes, outside the capture
+        model(x)                         # warm on the capture stream
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out = model(x)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        assert _rel(out, kernels.unpatch(copy.deepcopy(model))(x)) < 2e-2
