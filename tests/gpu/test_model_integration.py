@@ -10,6 +10,12 @@ import torch.nn.functional as F
 import kernels
 
 
+@pytest.fixture(autouse=True)
+def no_cutlass():
+    """aten and Triton only: a fresh cache would start the CUTLASS set's background build on every core."""
+    kernels.config.backends = ("aten", "triton")
+
+
 def _mlp(dtype, bias=True):
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(256, 512, bias=bias), torch.nn.SiLU(), torch.nn.Linear(512, 128),
