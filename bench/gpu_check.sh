@@ -54,9 +54,10 @@ model)
     case $part in
       small) limit=70; args="--mode fwd --tokens 1,16 --variants eager,patch,compile" ;;
       large) limit=190; args="--mode fwd --tokens 128,2048,8192 --variants eager,patch,max-autotune,compile" ;;
-      train) limit=150; args="--mode fwdbwd --tokens 4096 --variants eager,compile,max-autotune,patch,patch+compile" ;;
+      combo) limit=150; args="--mode fwd --tokens 128,2048,8192 --variants eager,patch,patch+compile,compile" ;;
+      train) limit=${MODEL_TRAIN_LIMIT:-150}; args="--mode fwdbwd --tokens 4096 --variants eager,compile,max-autotune,patch,patch+compile" ;;
       cudagraphs) limit=150; args="--mode fwd --tokens 1,16 --variants eager,patch --cudagraphs" ;;
-      *) echo "model: unknown part $part (small, large, train, cudagraphs)"; continue ;;
+      *) echo "model: unknown part $part (small, large, combo, train, cudagraphs)"; continue ;;
     esac
     left=$((570 - SECONDS)); [ "$left" -gt 60 ] || { echo "model $part: no time left"; continue; }
     [ "$limit" -lt $((left - 60)) ] || limit=$((left - 60))
