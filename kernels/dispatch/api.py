@@ -130,7 +130,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def _plain_linear(x, weight, bias, activation):
     """linear's warm table or cold path, never the custom ops: what kernels::linear runs (linear() without the
-    routing lines, kept inline there so its warm calls pay no extra Python call)."""
+    routing lines, kept inline there so its warm calls pay no extra Python call). The C++ table first: compiled
+    graphs call the op on every step."""
+    if _fast_call is not None:
+        result = _fast_linear(x, weight, bias, activation)
+        if result is not None:
+            return result
     try:
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         wt = weight.t()

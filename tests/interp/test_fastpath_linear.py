@@ -121,7 +121,8 @@ def test_autograd_subclasses_modes_and_fp32_stay_in_python(fast):
         nonlocal result
         result = kernels.linear(x, layer.weight, layer.bias)
 
-    assert served(grad_call) == 0 and result.grad_fn is not None
+    # the call itself is declined (it needs grad); the custom op's forward product, run without grad, is served
+    assert served(grad_call) == 1 and result.grad_fn is not None
 
     class Sub(torch.Tensor):
         pass
