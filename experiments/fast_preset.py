@@ -80,7 +80,7 @@ def _side_by_side(problem, fast_runner, best_choice) -> dict:
         return {"error": f"dataset best did not build: {outcome.error}"}
     device = "cuda" if problem.device == "cuda" else "cpu"
     a, b = make_inputs(problem, device, seed=1)
-    why = verify_launch(outcome.runner.launch, problem, a, b, reference(problem, a, b))
+    why = verify_launch(outcome.runner.launch, problem, (a, b), reference(problem, a, b))
     if why is not None:
         return {"error": f"dataset best failed verification: {why}"}
     fast, best = timed_together(problem, (a, b), fast_runner.launch, outcome.runner.launch,

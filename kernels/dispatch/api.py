@@ -496,6 +496,9 @@ def _device_ctx(t):
 
 
 # -- introspection ---------------------------------------------------------------------------------------------
+_TORCH_NAME = {"aten_mm": "torch.mm", "aten_int_mm": "torch._int_mm", "aten_addmm": "torch.addmm and the activation"}
+
+
 def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None, *, bias: torch.Tensor | None = None,
             activation: str | None = None) -> Selection:
     """The Selection for this problem (tuning it first if needed); `.source` says where it came from this time.
@@ -512,8 +515,8 @@ def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None, *, b
     if 0 in (problem.m, problem.n, problem.k) or _cpu_fallback(a):
         name = "aten_int_mm" if op == "int_mm" else "aten_addmm" if problem.epilogue else "aten_mm"
         why = ("zero-size dimension: the result is empty or zeros, nothing to tune" if 0 in (problem.m, problem.n,
-               problem.k) else f"CPU tensors: computed with torch (set TRITON_INTERPRET=1 to run the Triton "
-               f"templates through the interpreter)")
+               problem.k) else f"CPU tensors: computed with {_TORCH_NAME[name]} (set TRITON_INTERPRET=1 to run the "
+               f"Triton templates through the interpreter)")
         return Selection(problem=problem, winner=name, choices={name: Choice("aten", name, problem.dtype)},
                          timings={}, source="cpu-fallback" if _cpu_fallback(a) else "trivial", notes=[why])
     if dyn is not None:

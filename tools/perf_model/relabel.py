@@ -65,9 +65,9 @@ def relabel_problem(rows: list[Row], gpu_time: Callable, device: str) -> list[di
         except Exception as e:  # noqa: BLE001 - a broken backend costs its rows' GPU times, not the run
             for c in choices:
                 outcomes[c.name] = f"build failed: {type(e).__name__}: {e}"
-    a, b = make_inputs(problem, device, seed=0)
-    ref = reference(problem, a, b)
-    sets = timing_sets(problem, device, (a, b), seed=1)
+    operands = make_inputs(problem, device, seed=0)
+    ref = reference(problem, *operands)
+    sets = timing_sets(problem, device, operands, seed=1)
     status: dict[str, str] = {}
     gpu_ms: dict[str, float] = {}
     for r in rows:
@@ -78,7 +78,7 @@ def relabel_problem(rows: list[Row], gpu_time: Callable, device: str) -> list[di
         if outcome.runner.isolated:
             status[r.choice.name] = "isolated backend: not relabelled"
             continue
-        why = verify_launch(outcome.runner.launch, problem, a, b, ref)
+        why = verify_launch(outcome.runner.launch, problem, operands, ref)
         if why is not None:
             status[r.choice.name] = why
             continue
