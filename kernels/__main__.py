@@ -7,6 +7,9 @@
     fastpath build [--force]      compile the C++ warm-call table for this torch/Python (retries a failed build)
     lut export [-o FILE]          a lookup table from the selection store (top-k per problem)
     lut check FILE                validate a lookup table and report what is used and what is skipped
+    cache list | show KEY | export FILE [--problems P ...] | import FILE [--partial] | verify [--fix] |
+          prune [--older-than DAYS] [--stale] | clear [--yes]
+                                  the selection cache: inspect, move between machines (bundles), check, trim
 
 Performance-model training lives outside the runtime: `python -m tools.perf_model --help`.
 """
@@ -32,7 +35,9 @@ from kernels.core.toolchain import toolchain
 from kernels.native import fastpath
 from kernels.space import lut
 from kernels.space.families import families_of
+from kernels.store import bundle, cache_admin
 from kernels.tune import background_build, build_queue, warmup
+from kernels.tune.autotune import fingerprint
 
 
 def _version(package: str) -> str:
@@ -243,6 +248,96 @@ def _warmup_cutlass(args) -> int:
     return 1 if states["failed"] or states["missing"] else 0
 
 
+def _cache(args) -> int:
+    try:
+        return _CACHE_COMMANDS[args.cache_command](args)
+    except (bundle.BundleError, cache_admin.CacheAdminError) as e:
+        print(f"python -m kernels cache {args.cache_command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _cache_list(args) -> int:
+    print("\n".join(cache_admin.list_lines()) or f"no stored selections in {cache_admin.selections_dir()}")
+    return 0
+
+
+def _cache_show(args) -> int:
+    print(cache_admin.show_text(args.key))
+    return 0
+
+
+def _cache_export(args) -> int:
+    report = bundle.export_bundle(Path(args.file), tuple(args.problems or ()))
+    size = f"{report.size / 2**20:.1f} MiB" if report.size >= 2**20 else f"{report.size / 1024:.1f} KiB"
+    print(f"{report.path}: {report.selections} selections, {report.artifacts} artifact files, {size}")
+    _print_some("not carried (built on first use where it is imported)", report.missing)
+    if report.skipped:
+        print(f"left out {report.skipped} invalid store entries (`python -m kernels cache verify`)", file=sys.stderr)
+    return 0
+
+
+def _cache_import(args) -> int:
+    report = bundle.import_bundle(Path(args.file), partial=args.partial, settings=fingerprint(config.backends))
+    print(f"imported {len(report.imported)} selections into {cache_admin.selections_dir()}; artifact files: "
+          f"{report.artifacts_written} written, {report.artifacts_present} already here; {len(report.kept)} kept "
+          f"(a local entry as new or newer); {len(report.skipped)} skipped")
+    _print_some("skipped", [f"{name}: {why}" for name, why in report.skipped])
+    _print_some("note", report.notes)
+    return 0
+
+
+def _print_some(label: str, lines: list[str], limit: int = 10) -> None:
+    for line in lines[:limit]:
+        print(f"  {label}: {line}", file=sys.stderr)
+    if len(lines) > limit:
+        print(f"  ... and {len(lines) - limit} more", file=sys.stderr)
+
+
+def _cache_verify(args) -> int:
+    report = cache_admin.verify(fix=args.fix)
+    print("checked: " + ", ".join(f"{what}: {n}" for what, n in report.checked.items()))
+    for bad in report.bad:
+        print(f"  bad {bad.what}: {bad.path}: {bad.why}")
+    if report.bad and args.fix:
+        print(f"removed {report.removed} (rebuilt or re-tuned when next needed)")
+    elif report.bad:
+        print(f"{len(report.bad)} bad; `--fix` removes them so they are rebuilt")
+    return 1 if report.bad and not args.fix else 0
+
+
+def _cache_prune(args) -> int:
+    report = cache_admin.prune(args.older_than, args.stale)
+    print(f"removed {len(report.removed)} selections, kept {report.kept} (built artifacts are left: they are shared)")
+    return 0
+
+
+def _cache_clear(args) -> int:
+    where = cache_admin.root()
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print(f"python -m kernels cache clear: refusing to empty {where} without --yes", file=sys.stderr)
+            return 1
+        if input(f"remove everything in {where}? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return 1
+    print(f"removed {cache_admin.clear()} entries from {where}")
+    return 0
+
+
+_CACHE_COMMANDS = {"list": _cache_list, "show": _cache_show, "export": _cache_export, "import": _cache_import,
+                   "verify": _cache_verify, "prune": _cache_prune, "clear": _cache_clear}
+
+
+def _days(text: str) -> float:
+    try:
+        days = float(text)
+    except ValueError:
+        days = -1.0
+    if not days >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days")
+    return days
+
+
 def _names(kind: str, allowed: tuple[str, ...]):
     """An argparse type: a comma list of `allowed` names (a bad one is an argparse error naming the allowed ones)."""
 
@@ -295,7 +390,32 @@ def build_parser() -> argparse.ArgumentParser:
     chk = lut.add_parser("check", help="validate a lookup table")
     chk.add_argument("file", help="the lookup table (JSON) to check")
 
+    _cache_parser(sub)
     return parser
+
+
+def _cache_parser(sub) -> None:
+    cache = sub.add_parser("cache", help="the selection cache: list, show, export/import bundles, verify, prune, clear")
+    cmds = cache.add_subparsers(dest="cache_command", required=True)
+    cmds.add_parser("list", help="one line per stored selection: key, tuned when, final round, problem, winner")
+    show = cmds.add_parser("show", help="a stored selection's table")
+    show.add_argument("key", help="the key as `cache list` shows it (any unique prefix)")
+    exp = cmds.add_parser("export", help="write selections and their winners' built kernels into one bundle file")
+    exp.add_argument("file", help="the bundle to write (a .tar.gz)")
+    exp.add_argument("--problems", nargs="+", metavar="P",
+                     help="only these: key prefixes, or shell patterns on the problem as `cache list` shows it")
+    imp = cmds.add_parser("import", help="add a bundle's selections and kernels to this cache (checked first)")
+    imp.add_argument("file", help="the bundle to read")
+    imp.add_argument("--partial", action="store_true",
+                     help="import the selections for this environment and skip the others, rather than refuse")
+    ver = cmds.add_parser("verify", help="check every stored selection and built artifact against its own check")
+    ver.add_argument("--fix", action="store_true", help="remove what fails, so it is re-tuned or rebuilt")
+    pr = cmds.add_parser("prune", help="remove old or stale selections (built artifacts stay: they are shared)")
+    pr.add_argument("--older-than", type=_days, metavar="DAYS", help="tuned more than DAYS days ago")
+    pr.add_argument("--stale", action="store_true",
+                    help="recorded for another torch, Triton, kernels version or template sources than this one's")
+    clr = cmds.add_parser("clear", help="remove everything in the cache directory")
+    clr.add_argument("--yes", action="store_true", help="do not ask")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fastpath_build(args)
     if args.command == "lut":
         return _lut_export(args) if args.lut_command == "export" else _lut_check(args)
+    if args.command == "cache":
+        return _cache(args)
     raise AssertionError(f"unhandled command {args.command!r}")    # argparse's `required=True` rules it out
 
 
