@@ -316,6 +316,7 @@ def import_bundle(path: Path, partial: bool = False, machine: environment.Here |
     """Import the bundle at `path` into this cache (see the module docstring). `machine`: the environment to match
     (default: this one); `settings`: this process's fingerprint (kernels.tune.autotune.fingerprint), to note entries
     tuned with other settings, which its lookups would not find."""
+    store = SelectionStore(selections_dir())      # first: a cache that failed its checks is refused before any write
     bundle = read_bundle(Path(path))
     if machine is None:
         machine = environment.here(toolchain=any(e.env.nvcc or e.env.cutlass for e in bundle.entries))
@@ -350,7 +351,6 @@ def import_bundle(path: Path, partial: bool = False, machine: environment.Here |
             report.artifacts_written += 1
         else:
             report.artifacts_present += 1
-    store = SelectionStore(selections_dir())
     for entry in chosen:
         _put(store, entry.stored, report)
     if settings is not None:

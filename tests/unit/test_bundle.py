@@ -17,12 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from backends.triton import triton_version
 from kernels.__main__ import main
+from kernels.core.cache_root import CacheWarning
 from kernels.core.choice import Choice
 from kernels.core.config import config
 from kernels.core.selection import Selection
 from kernels.core.toolchain import CutlassDir, Toolchain
-from kernels.store import bundle, cache_admin, environment
+from kernels.space.heuristics import GemmConfig
+from kernels.store import bundle, cache_admin, environment, winner_artifacts
 from kernels.store.bundle import BundleError
 from kernels.store.selections import SelectionStore, store_key
 from kernels.tune.autotune import fingerprint
@@ -187,7 +190,7 @@ def test_a_newer_local_entry_is_kept_and_an_older_one_replaced(tmp_path, monkeyp
 def test_a_changed_selection_is_refused_by_its_hash_or_by_the_schema(exported, tmp_path):
     path, _ = exported
     manifest, members = read_tar(path)
-    name = sorted(members)[0]
+    name = min(members)
     data = json.loads(members[name])
     data["selection"]["timings"]["aten_mm"] = 0.0001
     members[name] = json.dumps(data).encode()
@@ -254,7 +257,7 @@ def test_truncated_bundles_and_wrong_manifests_are_clear_errors(exported, tmp_pa
     with pytest.raises(BundleError, match="no such file"):
         bundle.import_bundle(tmp_path / "absent.tar.gz")
     manifest, members = read_tar(path)
-    name = sorted(members)[0]
+    name = min(members)
     write_tar(cut, manifest, {n: d for n, d in members.items() if n != name})
     with pytest.raises(BundleError, match=f"is truncated: 1 members the manifest lists are missing .first {name}"):
         bundle.import_bundle(cut)
@@ -423,3 +426,76 @@ def test_clear_asks_for_yes_and_then_empties_the_cache(tmp_path, monkeypatch, ca
     assert "without --yes" in capsys.readouterr().err
     assert main(["cache", "clear", "--yes"]) == 0
     assert list(root.iterdir()) == [] and root.is_dir()
+
+
+def test_a_cache_directory_that_fails_its_checks_is_refused_before_anything_is_written(exported, tmp_path,
+                                                                                         monkeypatch):
+    path, _ = exported
+    shared = use_cache(monkeypatch, tmp_path / "shared")
+    shared.mkdir(mode=0o700)
+    shared.chmod(0o777)
+    with pytest.warns(CacheWarning, match="writable by group or others"), \
+            pytest.raises(cache_admin.CacheAdminError, match="is writable by group or others .mode 777.; nothing"):
+        bundle.import_bundle(path)
+    assert list(shared.iterdir()) == []
+
+
+# -- Triton kernels travel (files made up here; tests/interp/test_bundle_processes.py compiles real ones) -----------
+@pytest.fixture
+def triton_bundle(tmp_path, monkeypatch):
+    """A GPU problem whose winner's Triton kernel has a build record and cache folder in cache A (as a compile on
+    that GPU leaves them), exported; the current cache is an empty B."""
+    use_cache(monkeypatch, tmp_path / "a")
+    p = problem(m=64, n=64, k=64, dtype="fp16")
+    choice = Choice("triton", "triton_mm", "fp16", GemmConfig(32, 32, 32, 2, 4))
+    need, = winner_artifacts.needs(p, choice)
+    folder = winner_artifacts.triton_folder("W5ABGQLDRFKYOY6F")
+    folder.mkdir(parents=True)
+    files = {f"{need.kernel}.cubin": b"\x7fELF cubin", f"{need.kernel}.json": b'{"name": "k"}'}
+    files[f"__grp__{need.kernel}.json"] = json.dumps({"child_paths": {n: str(folder / n) for n in files}}).encode()
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    record = {"kernel": need.kernel, "triton": triton_version(), "arch": 90, "triton_hash": "ab" * 32,
+              "cache_group": folder.name, "compile_seconds": 0.5,
+              "files": {n: bundle.sha256(d) for n, d in files.items()}}
+    winner_artifacts.triton_record(need.key).parent.mkdir(parents=True)
+    winner_artifacts.triton_record(need.key).write_text(json.dumps(record))
+    store(p, winner=choice.name, choices={choice.name: choice})
+    path = tmp_path / "triton.tar.gz"
+    assert bundle.export_bundle(path).artifacts == 4
+    fresh = use_cache(monkeypatch, tmp_path / "b")
+    return path, need, files, fresh
+
+
+def test_a_triton_winner_travels_with_its_cache_folder_and_triton_index_rewritten_for_this_cache(triton_bundle):
+    path, need, files, fresh = triton_bundle
+    machine = dataclasses.replace(here_without_gpu(), gpus=(("test", 90),))
+    report = bundle.import_bundle(path, machine=machine)
+    assert len(report.imported) == 1 and report.artifacts_written == 1
+    folder = fresh / "triton" / "triton_cache" / "W5ABGQLDRFKYOY6F"
+    index = json.loads((folder / f"__grp__{need.kernel}.json").read_text())["child_paths"]
+    assert index == {n: str(folder / n) for n in files if not n.startswith("__grp__")}
+    assert all((folder / n).read_bytes() == d for n, d in files.items() if not n.startswith("__grp__"))
+    assert cache_admin.verify().bad == []               # the record's hashes match the files as written here
+    assert bundle.import_bundle(path, machine=machine).artifacts_present == 1
+
+
+def test_a_changed_triton_file_or_an_index_naming_other_files_is_refused(triton_bundle):
+    path, need, _, fresh = triton_bundle
+    machine = dataclasses.replace(here_without_gpu(), gpus=(("test", 90),))
+    manifest, members = read_tar(path)
+    cubin = next(n for n in members if n.endswith(".cubin"))
+    changed = dict(members, **{cubin: b"\x7fELF evil!"})
+    write_tar(path, rehash(manifest, changed), changed)         # the manifest agrees; the build record does not
+    with pytest.raises(BundleError, match=f"{need.kernel}: .*cubin does not match its build record"):
+        bundle.import_bundle(path, machine=machine)
+    index = next(n for n in members if "__grp__" in n)
+    escaped = dict(members, **{index: json.dumps({"child_paths": {"../../../evil": "/etc/passwd"}}).encode()})
+    record_name = next(n for n in members if n.startswith("triton/artifacts/"))
+    record = json.loads(members[record_name])
+    record["files"][index.rsplit("/", 1)[1]] = bundle.sha256(escaped[index])
+    escaped[record_name] = json.dumps(record).encode()
+    write_tar(path, rehash(manifest, escaped), escaped)
+    with pytest.raises(BundleError, match="its cache index names files the record does not list"):
+        bundle.import_bundle(path, machine=machine)
+    assert stored() == {} and not (fresh / "triton").exists()
