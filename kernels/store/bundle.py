@@ -369,10 +369,10 @@ def _matching(path: Path, bundle: Bundle, machine: environment.Here, partial: bo
         for part in found:
             differing[part] = differing.get(part, 0) + 1
         report.skipped.append((entry.stored.problem_name, "; ".join(f"{p}: {w}" for p, w in found)))
-    if differing and not partial:
+    if differing and (not partial or not matching):
         parts = "; ".join(f"{p}: {w}" + (f" ({n} of {len(bundle.entries)} selections)"
                                          if n < len(bundle.entries) else "") for (p, w), n in differing.items())
-        hint = (f"; `--partial` imports the {len(matching)} that match" if matching else "")
+        hint = f"; `--partial` imports the {len(matching)} that match" if matching else ""
         raise BundleError(f"{path} is for another environment: {parts}. Nothing imported{hint}")
     return matching
 

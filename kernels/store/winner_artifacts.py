@@ -306,7 +306,7 @@ def _plan_cutlass(need: Need, members: Mapping[str, bytes]) -> Install | str:
     why = _cutlass_marker_problem(meta, need.key, binary)
     if why:
         raise ArtifactError(f"CUTLASS binary {need.key}: {why}")
-    info = {k: v for k, v in meta.items() if k not in ("key", "size", "sha256")}
+    info = {k: meta[k] for k in ("choice", "arch", "flags", "nvcc", "cutlass") if k in meta}    # what a build records
     return Install(need, [(paths.binary, binary)], marker_info=info)
 
 

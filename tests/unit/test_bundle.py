@@ -147,7 +147,9 @@ def test_a_bundle_for_another_environment_is_refused_naming_the_part(tmp_path, m
     text = str(err.value)
     assert f"torch: bundle 9.9.9, here {environment.software()['torch']} (1 of 2 selections)" in text
     assert "GPU: bundle NVIDIA H100 (sm90), here no GPU (1 of 2 selections)" in text
-    assert "Nothing imported" in text and stored() == {}
+    assert "Nothing imported" in text and "--partial" not in text and stored() == {}
+    with pytest.raises(BundleError, match="is for another environment"):          # --partial: none matches
+        bundle.import_bundle(path, partial=True, machine=here_without_gpu())
     h100 = dataclasses.replace(here_without_gpu(), gpus=(("NVIDIA H100", 80),))
     with pytest.raises(BundleError, match="compute capability: bundle sm90, here sm80"):
         bundle.import_bundle(path, machine=h100)
