@@ -16,6 +16,7 @@ from kernels.core.problem import ACTIVATIONS, GemmProblem
 from kernels.core.selection import Selection
 from kernels.dispatch import dynamic as _dynamic
 from kernels.dispatch import ops as _ops
+from kernels.dispatch import record as _record
 from kernels.dispatch import selected
 from kernels.native import fastpath as _fastpath
 from backends.aten import epilogue_launch
@@ -198,7 +199,9 @@ def _linear_cold(x, weight, bias, activation, route: bool = True):
 def _resolve(problem: GemmProblem, dyn=None):
     """The problem's launcher (tuning or loading it), with torch-function modes and subclasses off meanwhile: the
     torch calls a tune makes (timing aten, the float64 reference) are its own, and neither a user's mode nor
-    kernels.enabled() may see or reroute them (a rerouted torch.mm inside a tune would start a nested tune)."""
+    kernels.enabled() may see or reroute them (a rerouted torch.mm inside a tune would start a nested tune).
+    The problem trace (KERNELS_RECORD, kernels.record()) is written here: on cold lookups only."""
+    _record.note(problem, dyn)
     with torch._C.DisableTorchFunction():
         return selected.launcher_for(problem) if dyn is None else _dynamic.launcher_for(problem, dyn)
 
