@@ -7,6 +7,8 @@
     fastpath build [--force]      compile the C++ warm-call table for this torch/Python (retries a failed build)
     lut export [-o FILE]          a lookup table from the selection store (top-k per problem)
     lut check FILE                validate a lookup table and report what is used and what is skipped
+    tune PROBLEMS... [--time-limit S] [--jobs N] [--backends ...] [--dry-run]
+                                  tune a CSV / JSON problem list or a recorded .jsonl trace ahead of time
 
 Performance-model training lives outside the runtime: `python -m tools.perf_model --help`.
 """
@@ -29,10 +31,11 @@ from kernels.core.config import ALL_BACKENDS, config, settings_markdown, with_re
 from kernels.core.errors import SettingError
 from kernels.core.problem import GemmProblem
 from kernels.core.toolchain import toolchain
+from kernels.dispatch import record
 from kernels.native import fastpath
 from kernels.space import lut
 from kernels.space.families import families_of
-from kernels.tune import background_build, build_queue, warmup
+from kernels.tune import background_build, build_queue, offline, problem_list, warmup
 
 
 def _version(package: str) -> str:
@@ -243,6 +246,51 @@ def _warmup_cutlass(args) -> int:
     return 1 if states["failed"] or states["missing"] else 0
 
 
+def _tune(args) -> int:
+    """Read the lists (every error names its file, line and column), set this run's settings, then tune what the
+    store lacks, or list it (--dry-run). Exit status: 0 done (problems left by --time-limit included), 1 a problem
+    failed, 2 bad input or nothing to tune on, 130 interrupted."""
+    try:
+        listed = problem_list.read_all(args.problems)
+        if not listed:
+            raise problem_list.ProblemListError(f"{', '.join(args.problems)}: no problems listed")
+        if args.jobs is not None:
+            config.max_jobs = args.jobs
+        if args.backends is not None:
+            config.backends = args.backends
+        config.record = ""               # the lookups replay listed problems: they are not recorded again
+        config.validate()
+    except (problem_list.ProblemListError, SettingError) as e:
+        print(f"python -m kernels tune: error: {e}", file=sys.stderr)
+        return 2
+    where = offline.target()
+    if args.dry_run:
+        print(offline.dry_run(listed, where, record.stored))
+        return 0
+    if where is None:
+        print("python -m kernels tune: error: no GPU here (torch.cuda.is_available() is False): nothing to tune on. "
+              "TRITON_INTERPRET=1 tunes through the Triton interpreter on CPU (slowly: tests); --dry-run lists what "
+              "would be tuned", file=sys.stderr)
+        return 2
+    if config.cutlass_build == "background":
+        config.cutlass_build = "inline"     # a kernel left to a background build would leave its problem to re-tune
+    report = offline.run(problem_list.retarget(listed, *where), record.stored, record.replay, args.time_limit)
+    print(offline.summary(report))
+    if report.stopped == "interrupted":
+        return 130
+    return 1 if report.count(offline.FAILED) else 0
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return value
+
+
 def _names(kind: str, allowed: tuple[str, ...]):
     """An argparse type: a comma list of `allowed` names (a bad one is an argparse error naming the allowed ones)."""
 
@@ -295,6 +343,17 @@ def build_parser() -> argparse.ArgumentParser:
     chk = lut.add_parser("check", help="validate a lookup table")
     chk.add_argument("file", help="the lookup table (JSON) to check")
 
+    tn = sub.add_parser("tune", help="tune a list of problems ahead of time: a CSV / JSON list or a recorded trace")
+    tn.add_argument("problems", nargs="+", metavar="PROBLEMS",
+                    help=".csv or .json of op, m, n, k, dtype, layout (nn, nt, tn, tt) [, bias, activation], or a "
+                         ".jsonl trace recorded with KERNELS_RECORD / kernels.record(); several files allowed")
+    tn.add_argument("--time-limit", type=_seconds, default=None, metavar="S",
+                    help="start no new problem after S seconds (the rest is reported; run again to go on)")
+    tn.add_argument("--jobs", type=_positive, default=None, help="parallel compiles (default MAX_JOBS: the CPU count)")
+    tn.add_argument("--backends", type=_names("backend", ALL_BACKENDS), default=None,
+                    help="comma list (default KERNELS_BACKENDS): the selections are stored for this backend set")
+    tn.add_argument("--dry-run", action="store_true", help="list the problems and which the store has; tune nothing")
+
     return parser
 
 
@@ -309,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         return _warmup(args)
     if args.command == "fastpath":
         return _fastpath_build(args)
+    if args.command == "tune":
+        return _tune(args)
     if args.command == "lut":
         return _lut_export(args) if args.lut_command == "export" else _lut_check(args)
     raise AssertionError(f"unhandled command {args.command!r}")    # argparse's `required=True` rules it out
