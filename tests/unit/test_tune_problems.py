@@ -4,16 +4,23 @@ with the lookups handed in, so no tune runs here."""
 import dataclasses
 import io
 import json
+import shutil
 
 import pytest
+import torch
 
+from backends import get_backend
+from backends.cutlass import CutlassBackend
 from kernels.__main__ import main
+from kernels.core.config import config
 from kernels.core.choice import Choice
 from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
 from kernels.dispatch.record import trace_line
 from kernels.dispatch.dynamic_records import Dynamic
+from kernels.core.toolchain import resolve
 from kernels.tune import offline
+from kernels.tune.autotune import candidates
 from kernels.tune.problem_list import DynamicSpec, ProblemListError, read, read_all, retarget
 from tests.helpers import problem
 
@@ -162,6 +169,16 @@ def test_cli_dry_run_lists_and_tunes_nothing(tmp_path, capsys):
     assert "2 problems: 2 would be tuned, 0 in store (dry run: nothing tuned)" in out
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="about a machine without a GPU")
+def test_cli_without_gpu_or_interpreter_exits_2_unless_dry_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    path = write(tmp_path, "p.csv", "m,n,k,dtype,layout\n8,8,8,fp16,nn\n")
+    assert main(["tune", str(path)]) == 2
+    assert "no GPU here" in capsys.readouterr().err
+    assert main(["tune", str(path), "--dry-run"]) == 0
+    assert "would be tuned (no GPU here: the store was not checked)" in capsys.readouterr().out
+
+
 # -- the run's order of work, with the lookups handed in -------------------------------------------------------------
 def _selection(p: GemmProblem, winner: str = "triton_x", pending=()) -> Selection:
     return Selection(problem=p, winner=winner, choices={"aten_mm": Choice("aten", "aten_mm", p.dtype),
@@ -204,3 +221,32 @@ def test_a_time_limit_of_zero_starts_nothing_and_says_what_is_left(tmp_path):
     table = offline.summary(report)
     assert "3 problems: 0 tuned, 1 in store, 0 failed, 2 left" in table
     assert "2 left (--time-limit 0 s reached): run the same command again" in table
+
+
+TOOLS = resolve()
+
+
+@pytest.mark.skipif(not TOOLS.usable or shutil.which("ninja") is None,
+                    reason=f"nvcc/CUTLASS/ninja missing: {TOOLS.message or 'ninja not on PATH'}")
+def test_the_cutlass_candidates_of_what_is_to_tune_compile_first_in_one_batch_of_jobs(tmp_path, monkeypatch):
+    """ninja is faked (the real path is test_cutlass_compile): the batch is the tuner's own candidates of the static
+    problems the store lacks, compiled with --jobs (config.max_jobs) parallel compiles."""
+    batches = []
+
+    def fake_compile(self, todo, max_jobs=None, on_progress=None):
+        batches.append(({p.paths.binary for p in todo}, max_jobs))
+        for p in todo:
+            p.paths.binary.parent.mkdir(parents=True, exist_ok=True)
+            p.paths.binary.write_bytes(b"not a real library")
+
+    monkeypatch.setattr(CutlassBackend, "_compile", fake_compile)
+    monkeypatch.setattr(get_backend("cutlass"), "max_configs", 2)
+    config.backends, config.max_jobs = ("aten", "cutlass"), 3
+    items = retarget(read(write(tmp_path, "p.csv", "m,n,k,dtype,layout\n4096,4096,4096,bf16,nn\n"
+                                                   "64,4096,4096,bf16,nt\n")), "cuda", 90, "test")
+    store = {items[0].problem: _selection(items[0].problem)}
+    report = offline.run(items, store.get, lambda item: (_selection(item.problem), True), log=io.StringIO())
+    backend = get_backend("cutlass")
+    expected = {backend.artifact_paths(items[1].problem, c)[1].binary for c in candidates(backend, items[1].problem)[0]}
+    assert batches == [(expected, 3)] and report.compiled == len(expected) > 0
+    assert [o.status for o in report.outcomes] == ["in store", "tuned"]
