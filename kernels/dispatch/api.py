@@ -376,7 +376,7 @@ def _cold(op: str, a, b, out, dynamic=None, route: bool = True):
     validate(op, a, b, out)
     if route and op == "mm" and _needs_grad(a, b):
         # torch.mm decides about out= under autograd (it refuses it, as for any out= op)
-        return _custom.mm(a, b) if out is None else torch.mm(a, b, out=out)
+        return _custom.eager_mm(a, b) if out is None else torch.mm(a, b, out=out)
     if _fast_call is None:
         _fast.try_load(_fast_loaded)
     dyn = _dynamic.resolve(dynamic)
@@ -421,11 +421,13 @@ def _traced_linear(x, weight, bias, activation):
 
 
 def _routed_linear(x, weight, bias, activation):
-    """kernels::linear; when autograd needs the result and there is an activation, the op runs without it and the
+    """kernels::linear while traced, an eager autograd.Function otherwise (same products, without the op's dispatch
+    cost); when autograd needs the result and there is an activation, the product runs without it and the
     activation is torch's (autograd saves what it needs and differentiates it): fusion is for inference."""
+    product = _custom.linear if _compiling() else _custom.eager_linear
     if activation and _needs_grad(x, weight, bias):
-        return _activate(_custom.linear(x, weight, bias, None), activation)
-    return _custom.linear(x, weight, bias, activation)
+        return _activate(product(x, weight, bias, None), activation)
+    return product(x, weight, bias, activation)
 
 
 def _plain(op: str):
