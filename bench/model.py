@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import gc
 import json
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -31,9 +30,10 @@ from dataclasses import dataclass
 import torch
 
 import kernels
+from bench.cli_common import RunFileError, non_negative, positive
 from bench.device import environment
 from bench.model_def import MODEL_DTYPES, ModelShapeError, build_model, check_shape, model_input
-from bench.model_report import (STATS, RunFileError, VariantResult, attach_eager, print_table, read_run,
+from bench.model_report import (STATS, VariantResult, attach_eager, print_table, read_run,
                                 table_title)
 from bench.model_variants import (ALL_VARIANTS, CUDAGRAPH_MAX_TOKENS, CUDAGRAPH_VARIANTS, MODES, VARIANTS, Variant,
                                   applies, build_variant, max_rel_err, weight_grads, worst_grad_err)
@@ -214,24 +214,6 @@ class ArgumentsError(ValueError):
     """A flag's value that cannot run; the message names the flag."""
 
 
-def _number(text: str, zero_ok: bool) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(x) or x < 0 or (x == 0 and not zero_ok):
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a {'non-negative' if zero_ok else 'positive'} number")
-    return x
-
-
-def _positive(text: str) -> float:
-    return _number(text, zero_ok=False)
-
-
-def _non_negative(text: str) -> float:
-    return _number(text, zero_ok=True)
-
-
 def _count(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: must be a positive integer")
@@ -272,16 +254,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cudagraphs", action="store_true",
                    help=f"add {' and '.join(CUDAGRAPH_VARIANTS)} (forward, M <= {CUDAGRAPH_MAX_TOKENS})")
     p.add_argument("--mode", default="fwd,fwdbwd", help="comma list of fwd, fwdbwd (default %(default)s)")
-    p.add_argument("--seconds", type=_positive, default=1.0, help="length of each timing loop (default %(default)s)")
+    p.add_argument("--seconds", type=positive, default=1.0, help="length of each timing loop (default %(default)s)")
     p.add_argument("--rounds", type=_count, default=2, help="loops per variant, alternated (default %(default)s)")
-    p.add_argument("--heat", type=_non_negative, default=1.0,
+    p.add_argument("--heat", type=non_negative, default=1.0,
                    help="seconds of eager before a group's first round (default %(default)s)")
     p.add_argument("--stat", choices=tuple(STATS), default="median",
                    help="a variant's ms per step over its rounds (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="the weights' seed (the input's is seed + 1)")
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when torch sees one, else cpu")
     p.add_argument("--json", metavar="PATH", help="JSON lines: a run header, then one line per (variant, M, mode)")
-    p.add_argument("--time-limit", type=_positive, metavar="S",
+    p.add_argument("--time-limit", type=positive, metavar="S",
                    help="start no new variant after S seconds (the rest are recorded as skipped)")
     p.add_argument("--table-from", metavar="PATH", help="print the table of a saved --json run and exit")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")

@@ -4,19 +4,16 @@ when importable, plain text otherwise). No GPU here: the unit tests feed it fake
 re-renders a saved run."""
 from __future__ import annotations
 
-import json
 import math
 import statistics
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 
+from bench.cli_common import print_tables
+from bench.cli_common import read_run as read_run_file
+
 STATS: dict[str, Callable[[list[float]], float]] = {"median": statistics.median, "min": min}
 SMALL_M = 16              # the summary's "M <= 16" geomean: split-K/decomposeK territory (issue 28)
-
-
-class RunFileError(ValueError):
-    """A --table-from file that is not a bench.model run."""
 
 
 @dataclass
@@ -140,25 +137,8 @@ def plain_table(results: list[VariantResult], title: str) -> str:
 
 def print_table(results: list[VariantResult], title: str, file=None) -> None:
     """Rich tables when rich is importable, else the plain-text ones."""
-    try:
-        from rich.console import Console
-        from rich.table import Table
-        from rich.text import Text
-    except ImportError:
-        print(plain_table(results, title), file=file)
-        return
-    out = file if file is not None else sys.stdout
-    console = Console(file=out, width=None if out.isatty() else 220)
-    console.print(Text(title))
-    for headers, rows in ((HEADERS, [table_row(r) for r in results]), (SUMMARY_HEADERS, summary_rows(results))):
-        if not rows:
-            continue
-        table = Table()
-        for h in headers:
-            table.add_column(h, overflow="fold")
-        for row in rows:
-            table.add_row(*(Text(v) for v in row))
-        console.print(table)
+    print_tables(title, [(HEADERS, [table_row(r) for r in results]), (SUMMARY_HEADERS, summary_rows(results))],
+                 lambda: plain_table(results, title), file)
 
 
 def table_title(run: dict) -> str:
@@ -172,19 +152,4 @@ def table_title(run: dict) -> str:
 
 def read_run(path: str) -> tuple[dict, list[VariantResult]]:
     """A saved run's header line and records."""
-    run, results = {}, []
-    with open(path) as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-                if data.get("kind") == "run":
-                    run = data
-                elif data.get("kind") == "variant":
-                    results.append(VariantResult.from_json(data))
-            except (json.JSONDecodeError, TypeError, AttributeError) as e:
-                raise RunFileError(f"{path}: line {lineno} is not a bench.model record: {e}") from e
-    if not run and not results:
-        raise RunFileError(f"{path}: no bench.model records in it")
-    return run, results
+    return read_run_file(path, "bench.model", "variant", VariantResult.from_json)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import sys
 import time
 from collections import deque
@@ -28,11 +27,12 @@ from dataclasses import asdict, dataclass
 import torch
 
 import kernels
+from bench.cli_common import RunFileError, non_negative, positive
 from bench.device import environment
 from bench.measure import LAYOUTS, problem_for
 from bench.progress import RunProgress
 from bench.shapes import Shape
-from bench.sustained_report import (HEADERS, STATS, TIMED_S, ProblemResult, RunFileError, finalists, print_table,
+from bench.sustained_report import (HEADERS, STATS, TIMED_S, ProblemResult, finalists, print_table,
                                     read_run, table_row, table_title)
 from kernels.core.config import config
 from kernels.core.errors import SettingError
@@ -238,24 +238,6 @@ def measure_problem(spec: ProblemSpec, plan: LoopPlan, progress: RunProgress, de
 
 
 # -- the command ----------------------------------------------------------------------------------------------------
-def _number(text: str, zero_ok: bool) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(x) or x < 0 or (x == 0 and not zero_ok):
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a {'non-negative' if zero_ok else 'positive'} number")
-    return x
-
-
-def _positive(text: str) -> float:
-    return _number(text, zero_ok=False)
-
-
-def _non_negative(text: str) -> float:
-    return _number(text, zero_ok=True)
-
-
 def _rounds(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 2:
         raise argparse.ArgumentTypeError(f"{text!r}: at least 2 rounds (the variants alternate)")
@@ -269,15 +251,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="problem_set", help=f"a named set: {', '.join(SETS)} (default issue27)")
     p.add_argument("--backends", help="KERNELS_BACKENDS for this run (kernels.config.backends), e.g. "
                    "aten,triton,padded,cutlass (default: the environment's, else kernels' default)")
-    p.add_argument("--seconds", type=_positive, default=1.5,
+    p.add_argument("--seconds", type=positive, default=1.5,
                    help=f"length of each loop; its last {TIMED_S:g} s is timed (default %(default)s)")
     p.add_argument("--rounds", type=_rounds, default=2, help="loops per variant, alternated (default %(default)s)")
-    p.add_argument("--heat", type=_non_negative, default=1.0,
+    p.add_argument("--heat", type=non_negative, default=1.0,
                    help="seconds of torch's call before a problem's first round (default %(default)s)")
     p.add_argument("--stat", choices=tuple(STATS), default="median",
                    help="a variant's time over its rounds (default %(default)s)")
     p.add_argument("--json", metavar="PATH", help="JSON lines: a run header, then one line per problem as it ends")
-    p.add_argument("--time-limit", type=_positive, metavar="S",
+    p.add_argument("--time-limit", type=positive, metavar="S",
                    help="start no new problem after S seconds (the rest are recorded as skipped)")
     p.add_argument("--table-from", metavar="PATH", help="print the table of a saved --json run and exit (no GPU)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")

@@ -4,12 +4,13 @@ rows printed (rich when importable, plain text otherwise). No GPU here: the unit
 `--table-from` re-renders a saved run."""
 from __future__ import annotations
 
-import json
 import math
 import statistics
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
+
+from bench.cli_common import print_tables
+from bench.cli_common import read_run as read_run_file
 
 from kernels.core.selection import Selection
 
@@ -17,10 +18,6 @@ TIMED_S = 1.0             # the timed tail of every loop: issue 27's "mean of it
 AGREE_GAP = 0.05          # the regime check compares finalist pairs whose loops differ by at least this
 FALLBACK_FINALISTS = 4    # finalists when the Selection records no final round: its fastest timed candidates
 FINAL_ROUND_KEYS = ("final_ms", "retimed_ms")    # a finalist's time in the tuner's final round, newest format first
-
-
-class RunFileError(ValueError):
-    """A --table-from file that is not a bench.sustained run."""
 
 
 STATS: dict[str, Callable[[list[float]], float]] = {"median": statistics.median, "min": min}
@@ -198,26 +195,9 @@ def plain_table(results: list[ProblemResult], title: str) -> str:
 
 
 def print_table(results: list[ProblemResult], title: str, file=None) -> None:
-    """Rich table when rich is importable, else the plain-text one."""
-    try:
-        from rich.console import Console
-        from rich.table import Table
-        from rich.text import Text
-    except ImportError:
-        print(plain_table(results, title), file=file)
-        return
-    out = file if file is not None else sys.stdout
-    console = Console(file=out, width=None if out.isatty() else 220)
-    console.print(Text(title))
-    for headers, rows in ((HEADERS, [table_row(r) for r in results]), (GEOMEAN_HEADERS, geomean_rows(results))):
-        if not rows:
-            continue
-        table = Table()
-        for h in headers:
-            table.add_column(h, overflow="fold")
-        for row in rows:
-            table.add_row(*(Text(v) for v in row))
-        console.print(table)
+    """Rich tables when rich is importable, else the plain-text ones."""
+    print_tables(title, [(HEADERS, [table_row(r) for r in results]), (GEOMEAN_HEADERS, geomean_rows(results))],
+                 lambda: plain_table(results, title), file)
 
 
 def table_title(run: dict) -> str:
@@ -230,22 +210,7 @@ def table_title(run: dict) -> str:
 
 
 def read_run(path: str) -> tuple[dict, list[ProblemResult]]:
-    """A saved run's header line and problems."""
-    run, results = {}, []
-    with open(path) as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-                if data.get("kind") == "run":
-                    run = data
-                elif data.get("kind") == "problem":
-                    results.append(ProblemResult.from_json(data))
-            except (json.JSONDecodeError, TypeError, AttributeError) as e:
-                raise RunFileError(f"{path}: line {lineno} is not a bench.sustained record: {e}") from e
-    if not run and not results:
-        raise RunFileError(f"{path}: no bench.sustained records in it")
-    return run, results
+    """A saved run's header line and records."""
+    return read_run_file(path, "bench.sustained", "problem", ProblemResult.from_json)
 
 

@@ -8,6 +8,7 @@
     c = kernels.mm(x, w, dynamic="m")   # M varies: one winner per size hint, each new M served by one of them
     kernels.patch(model)            # every nn.Linear through kernels.linear (kernels.unpatch(model) undoes it)
     with kernels.enabled(): ...     # torch.mm / matmul / F.linear / addmm inside go through kernels
+    with kernels.record("trace.jsonl"): ...   # the problems met inside, for `python -m kernels tune trace.jsonl`
 
 mm and linear are differentiable and torch.compile traces them as custom ops (kernels::mm, kernels::linear).
 
@@ -24,7 +25,8 @@ _EXPORTS = {
     "explain": "kernels.dispatch.api", "stats": "kernels.dispatch.api", "clear_memory_cache": "kernels.dispatch.api",
     "fastpath_status": "kernels.dispatch.api", "load_fastpath": "kernels.dispatch.api",
     "patch": "kernels.dispatch.patch", "unpatch": "kernels.dispatch.patch", "enabled": "kernels.dispatch.mode",
-    "Dynamic": "kernels.dispatch.dynamic", "config": "kernels.core.config", "__version__": "kernels.core.version",
+    "Dynamic": "kernels.dispatch.dynamic", "record": "kernels.dispatch.record", "config": "kernels.core.config",
+    "__version__": "kernels.core.version",
 }
 
 __all__ = list(_EXPORTS)

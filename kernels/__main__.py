@@ -7,6 +7,8 @@
     fastpath build [--force]      compile the C++ warm-call table for this torch/Python (retries a failed build)
     lut export [-o FILE]          a lookup table from the selection store (top-k per problem)
     lut check FILE                validate a lookup table and report what is used and what is skipped
+    tune PROBLEMS... [--time-limit S] [--jobs N] [--backends ...] [--dry-run]
+                                  tune a CSV / JSON problem list or a recorded .jsonl trace ahead of time
     cache list | show KEY | export FILE [--problems P ...] | import FILE [--partial] | verify [--fix] |
           prune [--older-than DAYS] [--stale] | clear [--yes]
                                   the selection cache: inspect, move between machines (bundles), check, trim
@@ -32,11 +34,12 @@ from kernels.core.config import ALL_BACKENDS, config, settings_markdown, with_re
 from kernels.core.errors import SettingError
 from kernels.core.problem import GemmProblem
 from kernels.core.toolchain import toolchain
+from kernels.dispatch import record
 from kernels.native import fastpath
 from kernels.space import lut
 from kernels.space.families import families_of
 from kernels.store import bundle, cache_admin
-from kernels.tune import background_build, build_queue, warmup
+from kernels.tune import background_build, build_queue, offline, problem_list, warmup
 from kernels.tune.autotune import fingerprint
 
 
@@ -248,6 +251,51 @@ def _warmup_cutlass(args) -> int:
     return 1 if states["failed"] or states["missing"] else 0
 
 
+def _tune(args) -> int:
+    """Read the lists (every error names its file, line and column), set this run's settings, then tune what the
+    store lacks, or list it (--dry-run). Exit status: 0 done (problems left by --time-limit included), 1 a problem
+    failed, 2 bad input or nothing to tune on, 130 interrupted."""
+    try:
+        listed = problem_list.read_all(args.problems)
+        if not listed:
+            raise problem_list.ProblemListError(f"{', '.join(args.problems)}: no problems listed")
+        if args.jobs is not None:
+            config.max_jobs = args.jobs
+        if args.backends is not None:
+            config.backends = args.backends
+        config.record = ""               # the lookups replay listed problems: they are not recorded again
+        config.validate()
+    except (problem_list.ProblemListError, SettingError) as e:
+        print(f"python -m kernels tune: error: {e}", file=sys.stderr)
+        return 2
+    where = offline.target()
+    if args.dry_run:
+        print(offline.dry_run(listed, where, record.stored))
+        return 0
+    if where is None:
+        print("python -m kernels tune: error: no GPU here (torch.cuda.is_available() is False): nothing to tune on. "
+              "TRITON_INTERPRET=1 tunes through the Triton interpreter on CPU (slowly: tests); --dry-run lists what "
+              "would be tuned", file=sys.stderr)
+        return 2
+    if config.cutlass_build == "background":
+        config.cutlass_build = "inline"     # a kernel left to a background build would leave its problem to re-tune
+    report = offline.run(problem_list.retarget(listed, *where), record.stored, record.replay, args.time_limit)
+    print(offline.summary(report))
+    if report.stopped == "interrupted":
+        return 130
+    return 1 if report.count(offline.FAILED) else 0
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return value
+
+
 def _cache(args) -> int:
     try:
         return _CACHE_COMMANDS[args.cache_command](args)
@@ -267,7 +315,13 @@ def _cache_show(args) -> int:
 
 
 def _cache_export(args) -> int:
-    report = bundle.export_bundle(Path(args.file), tuple(args.problems or ()))
+    items = args.problems or []
+    files = [p for p in items if p.endswith(problem_list.SUFFIXES) and Path(p).is_file()]
+    try:
+        listed = [item.problem for item in problem_list.read_all(files)] if files else None
+    except problem_list.ProblemListError as e:
+        raise bundle.BundleError(str(e)) from e
+    report = bundle.export_bundle(Path(args.file), tuple(p for p in items if p not in files), listed)
     size = f"{report.size / 2**20:.1f} MiB" if report.size >= 2**20 else f"{report.size / 1024:.1f} KiB"
     print(f"{report.path}: {report.selections} selections, {report.artifacts} artifact files, {size}")
     _print_some("not carried (built on first use where it is imported)", report.missing)
@@ -390,6 +444,17 @@ def build_parser() -> argparse.ArgumentParser:
     chk = lut.add_parser("check", help="validate a lookup table")
     chk.add_argument("file", help="the lookup table (JSON) to check")
 
+    tn = sub.add_parser("tune", help="tune a list of problems ahead of time: a CSV / JSON list or a recorded trace")
+    tn.add_argument("problems", nargs="+", metavar="PROBLEMS",
+                    help=".csv or .json of op, m, n, k, dtype, layout (nn, nt, tn, tt) [, bias, activation], or a "
+                         ".jsonl trace recorded with KERNELS_RECORD / kernels.record(); several files allowed")
+    tn.add_argument("--time-limit", type=_seconds, default=None, metavar="S",
+                    help="start no new problem after S seconds (the rest is reported; run again to go on)")
+    tn.add_argument("--jobs", type=_positive, default=None, help="parallel compiles (default MAX_JOBS: the CPU count)")
+    tn.add_argument("--backends", type=_names("backend", ALL_BACKENDS), default=None,
+                    help="comma list (default KERNELS_BACKENDS): the selections are stored for this backend set")
+    tn.add_argument("--dry-run", action="store_true", help="list the problems and which the store has; tune nothing")
+
     _cache_parser(sub)
     return parser
 
@@ -403,7 +468,8 @@ def _cache_parser(sub) -> None:
     exp = cmds.add_parser("export", help="write selections and their winners' built kernels into one bundle file")
     exp.add_argument("file", help="the bundle to write (a .tar.gz)")
     exp.add_argument("--problems", nargs="+", metavar="P",
-                     help="only these: key prefixes, or shell patterns on the problem as `cache list` shows it")
+                     help="only these: key prefixes, shell patterns on the problem as `cache list` shows it, or "
+                          "problem lists / traces (.csv, .json, .jsonl, as `tune` reads them)")
     imp = cmds.add_parser("import", help="add a bundle's selections and kernels to this cache (checked first)")
     imp.add_argument("file", help="the bundle to read")
     imp.add_argument("--partial", action="store_true",
@@ -429,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
         return _warmup(args)
     if args.command == "fastpath":
         return _fastpath_build(args)
+    if args.command == "tune":
+        return _tune(args)
     if args.command == "lut":
         return _lut_export(args) if args.lut_command == "export" else _lut_check(args)
     if args.command == "cache":

@@ -153,6 +153,20 @@ def _optional_path(value) -> str:
     return "" if isinstance(value, str) and not value.strip() else _path(value)
 
 
+def _trace_path(value) -> str:
+    """A file the problem trace is appended to; '' for off. A directory is refused (the trace is one file)."""
+    allowed = "allowed: a file path (appended to: one JSON line per distinct problem), or empty for off"
+    if isinstance(value, str) and not value.strip():
+        return ""
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise ValueError(allowed)
+    path = os.path.abspath(os.path.expanduser(text))
+    if os.path.isdir(path) or text.endswith(("/", os.sep)):
+        raise ValueError(f"{path} is a directory; {allowed}")
+    return path
+
+
 def _dynamic(value) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """Dims ('m', 'm,k': each with the default size hints) or dims with their own hints ('m=16,64,256;k=1024') ->
     ((dim, hints), ...) in m, n, k order, hints () for the default; '' / () / False -> static."""
@@ -257,6 +271,9 @@ SETTINGS = (
     Setting("max_problems", "KERNELS_MAX_PROBLEMS", lambda: 4096, "4096", _positive_int,
             "distinct problems kept ready in memory; past it the oldest are dropped (looked up again in the store "
             "when they return)"),
+    Setting("record", "KERNELS_RECORD", lambda: "", "none", _trace_path,
+            "append each distinct problem this process looks up (cold lookups only) to this JSON-lines file, for "
+            "`python -m kernels tune FILE`"),
 )
 
 

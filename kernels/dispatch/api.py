@@ -16,6 +16,7 @@ from kernels.core.problem import ACTIVATIONS, GemmProblem
 from kernels.core.selection import Selection
 from kernels.dispatch import dynamic as _dynamic
 from kernels.dispatch import ops as _ops
+from kernels.dispatch import record as _record
 from kernels.dispatch import selected
 from kernels.native import fastpath as _fastpath
 from backends.aten import epilogue_launch
@@ -198,7 +199,9 @@ def _linear_cold(x, weight, bias, activation, route: bool = True):
 def _resolve(problem: GemmProblem, dyn=None):
     """The problem's launcher (tuning or loading it), with torch-function modes and subclasses off meanwhile: the
     torch calls a tune makes (timing aten, the float64 reference) are its own, and neither a user's mode nor
-    kernels.enabled() may see or reroute them (a rerouted torch.mm inside a tune would start a nested tune)."""
+    kernels.enabled() may see or reroute them (a rerouted torch.mm inside a tune would start a nested tune).
+    The problem trace (KERNELS_RECORD, kernels.record()) is written here: on cold lookups only."""
+    _record.note(problem, dyn)
     with torch._C.DisableTorchFunction():
         return selected.launcher_for(problem) if dyn is None else _dynamic.launcher_for(problem, dyn)
 
@@ -373,7 +376,7 @@ def _cold(op: str, a, b, out, dynamic=None, route: bool = True):
     validate(op, a, b, out)
     if route and op == "mm" and _needs_grad(a, b):
         # torch.mm decides about out= under autograd (it refuses it, as for any out= op)
-        return _custom.mm(a, b) if out is None else torch.mm(a, b, out=out)
+        return _custom.eager_mm(a, b) if out is None else torch.mm(a, b, out=out)
     if _fast_call is None:
         _fast.try_load(_fast_loaded)
     dyn = _dynamic.resolve(dynamic)
@@ -418,11 +421,13 @@ def _traced_linear(x, weight, bias, activation):
 
 
 def _routed_linear(x, weight, bias, activation):
-    """kernels::linear; when autograd needs the result and there is an activation, the op runs without it and the
+    """kernels::linear while traced, an eager autograd.Function otherwise (same products, without the op's dispatch
+    cost); when autograd needs the result and there is an activation, the product runs without it and the
     activation is torch's (autograd saves what it needs and differentiates it): fusion is for inference."""
+    product = _custom.linear if _compiling() else _custom.eager_linear
     if activation and _needs_grad(x, weight, bias):
-        return _activate(_custom.linear(x, weight, bias, None), activation)
-    return _custom.linear(x, weight, bias, activation)
+        return _activate(product(x, weight, bias, None), activation)
+    return product(x, weight, bias, activation)
 
 
 def _plain(op: str):

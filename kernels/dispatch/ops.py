@@ -59,6 +59,15 @@ class CustomOps:
     def __init__(self, plain: Plain):
         self.plain = plain
         self.ready = _registrar(plain)
+        self._eager_mm, self._eager_linear = _eager_functions(plain)
+
+    def eager_mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """mm for an untraced call that needs grad (see _eager_functions)."""
+        return self._eager_mm.apply(a, b)
+
+    def eager_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     activation: str | None) -> torch.Tensor:
+        return self._eager_linear.apply(x, weight, bias, activation)
 
     def mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         self.ready()
@@ -126,29 +135,78 @@ def _dense(grad: torch.Tensor) -> torch.Tensor:
     return grad.contiguous() if 0 in grad.stride() else grad
 
 
-def _mm_backward(ctx, grad):
-    """dA = dY·Bᵀ, dB = Aᵀ·dY through kernels::mm (so through kernels' tuned products, and traceable)."""
+def _op_mm(a, b):
+    return torch.ops.kernels.mm(a, b)
+
+
+def _op_linear(x, weight, bias, activation):
+    return torch.ops.kernels.linear(x, weight, bias, activation)
+
+
+def _mm_grads(ctx, grad, mm):
+    """dA = dY·Bᵀ, dB = Aᵀ·dY through `mm` (kernels' tuned products)."""
     a, b = ctx.saved_tensors
     grad = _dense(grad)
-    grad_a = torch.ops.kernels.mm(grad, b.t()) if ctx.needs_input_grad[0] else None
-    grad_b = torch.ops.kernels.mm(a.t(), grad) if ctx.needs_input_grad[1] else None
+    grad_a = mm(grad, b.t()) if ctx.needs_input_grad[0] else None
+    grad_b = mm(a.t(), grad) if ctx.needs_input_grad[1] else None
     return grad_a, grad_b
 
 
-def _linear_backward(ctx, grad):
-    """y = act(x·Wᵀ + b): dZ = act'(z)·dY (z recomputed only when the op ran fused), dX = dZ·W, dW = dZᵀ·X,
+def _linear_grads(ctx, grad, mm, linear):
+    """y = act(x·Wᵀ + b): dZ = act'(z)·dY (z recomputed only when the forward ran fused), dX = dZ·W, dW = dZᵀ·X,
     db = dZ summed over rows (in fp32, then cast to the bias dtype)."""
     x, weight, bias = ctx.saved_tensors
     grad = _dense(grad)
     if ctx.activation:
-        z = torch.ops.kernels.linear(x, weight, bias, None)
+        z = linear(x, weight, bias, None)
         grad = _ACTIVATION_BACKWARD[ctx.activation](grad, z)
     grad2 = grad.reshape(-1, grad.shape[-1])
     grad_x = grad_w = grad_bias = None
     if ctx.needs_input_grad[0]:
-        grad_x = torch.ops.kernels.mm(grad2, weight).reshape(x.shape)
+        grad_x = mm(grad2, weight).reshape(x.shape)
     if ctx.needs_input_grad[1]:
-        grad_w = torch.ops.kernels.mm(grad2.t(), x.reshape(-1, x.shape[-1]))
+        grad_w = mm(grad2.t(), x.reshape(-1, x.shape[-1]))
     if bias is not None and ctx.needs_input_grad[2]:
         grad_bias = grad2.sum(0, dtype=torch.float32).to(bias.dtype)
     return grad_x, grad_w, grad_bias, None
+
+
+def _mm_backward(ctx, grad):
+    """The registered autograd: through kernels::mm, so traceable (AOTAutograd) and differentiable again."""
+    return _mm_grads(ctx, grad, _op_mm)
+
+
+def _linear_backward(ctx, grad):
+    return _linear_grads(ctx, grad, _op_mm, _op_linear)
+
+
+def _eager_functions(plain: Plain) -> tuple[type, type]:
+    """autograd.Functions for eager (untraced) calls that need grad: the same forward and backward as the ops' own
+    autograd, on the plain products, without the custom-op dispatch around each call (its Python layers cost ~50 us
+    per call on a CPU host where torch's F.linear costs 4: the gap a host-bound training step pays per layer). Their
+    backward is not differentiable again (once_differentiable); torch.compile traces the ops instead."""
+
+    class EagerMm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            ctx.save_for_backward(a, b)
+            return plain.mm(a, b)
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, grad):
+            return _mm_grads(ctx, grad, plain.mm)
+
+    class EagerLinear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, bias, activation):
+            ctx.save_for_backward(x, weight, bias)
+            ctx.activation = activation
+            return plain.linear(x, weight, bias, activation)
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, grad):
+            return _linear_grads(ctx, grad, plain.mm, plain.linear)
+
+    return EagerMm, EagerLinear

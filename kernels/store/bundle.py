@@ -21,6 +21,7 @@ entry with a later or equal `created`. Concurrent imports meet at those locks an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import gzip
 import io
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernels.core.cache_root import cache_root
+from kernels.core.problem import GemmProblem
 from kernels.store import environment
 from kernels.store.cache_admin import StoredEntry, entries, parse_entry, selections_dir
 from kernels.store.environment import Environment
@@ -80,13 +82,18 @@ class ExportReport:
     skipped: int = 0                                       # invalid store entries left out (`cache verify`)
 
 
-def export_bundle(path: Path, patterns: tuple[str, ...] = ()) -> ExportReport:
-    """Write the stored selections (those matching `patterns`: key prefixes as `cache list` shows them, or shell
-    patterns on the problem's name) and their winners' artifacts to `path`, atomically."""
+def export_bundle(path: Path, patterns: tuple[str, ...] = (), problems: list[GemmProblem] | None = None
+                  ) -> ExportReport:
+    """Write stored selections and their winners' artifacts to `path`, atomically: all of them, or those matching
+    `patterns` (key prefixes as `cache list` shows them, or shell patterns on the problem's name) or `problems` (on
+    whichever device they were tuned: a problem list or trace names none)."""
     good, bad = entries()
-    chosen = [e for e in good if _matches(e, patterns)]
+    wanted = {_anywhere(p) for p in problems or ()}
+    chosen = [e for e in good if (not patterns and problems is None) or _matches(e, patterns)
+              or _anywhere(e.selection.problem) in wanted]
     if not chosen:
         what = f" matching {', '.join(patterns)}" if patterns else ""
+        what += f"{' or' if patterns else ''} of the {len(wanted)} problems listed" if problems is not None else ""
         raise BundleError(f"no stored selection{what} in {selections_dir()}: nothing to export")
     local = environment.software()
     members: dict[str, bytes] = {}
@@ -118,8 +125,11 @@ def export_bundle(path: Path, patterns: tuple[str, ...] = ()) -> ExportReport:
 
 
 def _matches(entry: StoredEntry, patterns: tuple[str, ...]) -> bool:
-    return not patterns or any(entry.key_id.startswith(p.lower()) or fnmatch.fnmatchcase(entry.problem_name, p)
-                               for p in patterns)
+    return any(entry.key_id.startswith(p.lower()) or fnmatch.fnmatchcase(entry.problem_name, p) for p in patterns)
+
+
+def _anywhere(problem: GemmProblem) -> GemmProblem:
+    return dataclasses.replace(problem, device="", arch=0, device_name="")
 
 
 def _carried(entry: StoredEntry) -> tuple[list[Collected], list[str]]:
