@@ -35,6 +35,9 @@
 #   bash bench/gpu_check.sh issue28    issue 28's GPU tests (every Triton family's epilogue, the tuned linear, patch
 #                                      forward/backward, torch.compile, enabled(), CUDA graphs; CUTLASS epilogues),
 #                                      then the warm host cost of linear / patched nn.Linear against F.linear
+#   bash bench/gpu_check.sh issue29    issue 29's round trip: `kernels tune` of the llama-7B layer's forward problems
+#                                      (M=1..4096) in cache A, `cache export`, `cache import` into an empty cache B,
+#                                      then a fresh process's first call of every problem (experiments.bundle_first_calls)
 # (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)
 set -u
 OUT=${OUT:-results/gpu_check}
@@ -91,6 +94,22 @@ issue28)
   timeout 100 python3 -m experiments.linear_host_cost --m 16 --backends aten,triton 2>&1 | tee "$OUT/linear_host_cost_m16.txt"; }
   gpu_tests 200 tests/gpu/test_linear.py tests/gpu/test_model_integration.py | tee "$OUT/pytest_linear.txt"
   gpu_tests 250 tests/gpu/test_cutlass.py -k epilogue | tee "$OUT/pytest_cutlass_epilogue.txt"
+  ;;
+issue29)
+  export KERNELS_BACKENDS=${KERNELS_BACKENDS:-aten,triton,padded}
+  A=/tmp/kernels_fleet_a; B=/tmp/kernels_fleet_b; rm -rf "$A" "$B" /tmp/layer_bundle.tar.gz
+  KERNELS_CACHE_DIR=$A python3 -m kernels fastpath build > /dev/null 2>&1
+  s0=$SECONDS
+  KERNELS_CACHE_DIR=$A timeout 330 python3 -m kernels tune experiments/llama7b_layer_forward.csv --time-limit 280 \
+    > "$OUT/tune.txt" 2>&1
+  echo "tune: rc $? $((SECONDS - s0)) s" | tee -a "$OUT/tune.txt"; grep -v "^\[" "$OUT/tune.txt" | tail -28
+  KERNELS_CACHE_DIR=$A python3 -m kernels cache export /tmp/layer_bundle.tar.gz 2>&1 | tail -3 | tee "$OUT/bundle.txt"
+  ls -l /tmp/layer_bundle.tar.gz | tee -a "$OUT/bundle.txt"
+  s0=$(date +%s%N)
+  KERNELS_CACHE_DIR=$B python3 -m kernels cache import /tmp/layer_bundle.tar.gz 2>&1 | tail -3 | tee -a "$OUT/bundle.txt"
+  echo "import: $(( ($(date +%s%N) - s0) / 1000000 )) ms" | tee -a "$OUT/bundle.txt"
+  KERNELS_CACHE_DIR=$B timeout 150 python3 -m experiments.bundle_first_calls experiments/llama7b_layer_forward.csv \
+    > "$OUT/first_calls.jsonl" 2>&1; tail -4 "$OUT/first_calls.jsonl"
   ;;
 isolated)
   export KERNELS_CACHE_DIR=/tmp/kernels_isolated; rm -rf "$KERNELS_CACHE_DIR"
