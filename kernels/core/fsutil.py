@@ -45,6 +45,11 @@ def _private_parent(path: Path) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """Readers see the old file or the new one, never a partial write (atomic_write_bytes of the UTF-8 text)."""
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Readers see the old file or the new one, never a partial write: a fresh temp file (O_EXCL, never following a
     planted link, 0600 whatever the umask) in the same directory, fsync, then os.replace, which replaces a link at
     `path` rather than writing through it."""
@@ -52,9 +57,9 @@ def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb") as f:
             os.fchmod(fd, 0o600)
-            f.write(text)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -23,7 +23,6 @@ import json
 import os
 import re
 import stat
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,9 +38,9 @@ from backends.triton_templates import family as triton_family
 from kernels.core.cache_root import cache_root
 from kernels.core.choice import Choice
 from kernels.core.fsutil import (
+    atomic_write_bytes,
     atomic_write_text,
     file_lock,
-    make_private_dirs,
     marker_valid,
     read_json,
 )
@@ -343,21 +342,7 @@ def install(step: Install) -> bool:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """kernels.core.fsutil.atomic_write_text for bytes: a fresh 0600 temp file (O_EXCL, never through a link) in the
-    same directory, fsync, os.replace. The directory must not be a link either."""
-    if not path.parent.is_dir():
-        make_private_dirs(path.parent)
-    if stat.S_ISLNK(os.lstat(path.parent).st_mode):
+    """fsutil.atomic_write_bytes, refusing a directory that is a symbolic link (nothing is written through one)."""
+    if path.parent.is_dir() and stat.S_ISLNK(os.lstat(path.parent).st_mode):
         raise ArtifactError(f"{path.parent} is a symbolic link: nothing is written through it")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(fd, 0o600)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    atomic_write_bytes(path, data)
