@@ -57,6 +57,7 @@ model)
     case $part in
       small) limit=70; args="--mode fwd --tokens 1,16 --variants eager,patch,compile" ;;
       large) limit=190; args="--mode fwd --tokens 128,2048,8192 --variants eager,patch,max-autotune,compile" ;;
+      smalltrain) limit=150; args="--mode fwdbwd --tokens 16,128 --variants eager,patch,compile" ;;
       m128) limit=100; args="--mode fwd --tokens 128 --variants eager,patch,patch+compile,compile --rounds 3" ;;
       combo) limit=150; args="--mode fwd --tokens 128,2048,8192 --variants eager,patch,patch+compile,compile" ;;
       train) limit=${MODEL_TRAIN_LIMIT:-150}; args="--mode fwdbwd --tokens 4096 --variants eager,compile,max-autotune,patch,patch+compile" ;;
