@@ -110,6 +110,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     inference."""
     if _compiling():
         return _traced_linear(x, weight, bias, activation)
+    return _plain_linear(x, weight, bias, activation, route=True)
+
+
+def _linear_key(x2, wt, bias, activation) -> tuple:
+    """The warm table's key of a linear call on the 2-D views: mm's key of (x2, wt), the activation, and the bias's
+    facts (its grad flag too: a call where only the bias needs grad must not take a no-grad entry)."""
+    return (_fast_key("mm", x2, wt), activation, None if bias is None else
+            (bias.dtype, bias.shape, bias.stride(), bias.device, bias.requires_grad and _grad_enabled()))
+
+
+def _plain_linear(x, weight, bias, activation, route: bool = False):
+    """The C++ table, the Python warm table, then the cold path. What kernels::linear runs (route=False: never the
+    custom ops again); linear() calls it with route=True (grad calls go to kernels' autograd)."""
     if _fast_call is not None:
         result = _fast_linear(x, weight, bias, activation)
         if result is not None:
@@ -117,39 +130,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     try:
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         wt = weight.t()
-        entry = _dispatch.get((_fast_key("mm", x2, wt), activation, None if bias is None else
-                               (bias.dtype, bias.shape, bias.stride(), bias.device,
-                                bias.requires_grad and _grad_enabled())))
+        entry = _dispatch.get(_linear_key(x2, wt, bias, activation))
     except (AttributeError, TypeError, IndexError, RuntimeError):
         entry = None
     if entry is not None:
         _memory_hits[0] += 1
         out = entry[0](x2, wt) if bias is None else entry[0](x2, wt, bias)
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[1])
-    return _linear_cold(x, weight, bias, activation)
-
-
-def _plain_linear(x, weight, bias, activation):
-    """linear's warm table or cold path, never the custom ops: what kernels::linear runs (linear() without the
-    routing lines, kept inline there so its warm calls pay no extra Python call). The C++ table first: compiled
-    graphs call the op on every step."""
-    if _fast_call is not None:
-        result = _fast_linear(x, weight, bias, activation)
-        if result is not None:
-            return result
-    try:
-        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        wt = weight.t()
-        entry = _dispatch.get((_fast_key("mm", x2, wt), activation, None if bias is None else
-                               (bias.dtype, bias.shape, bias.stride(), bias.device,
-                                bias.requires_grad and _grad_enabled())))
-    except (AttributeError, TypeError, IndexError, RuntimeError):
-        entry = None
-    if entry is not None:
-        _memory_hits[0] += 1
-        out = entry[0](x2, wt) if bias is None else entry[0](x2, wt, bias)
-        return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[1])
-    return _linear_cold(x, weight, bias, activation, route=False)
+    return _linear_cold(x, weight, bias, activation, route=route)
 
 
 def _linear_cold(x, weight, bias, activation, route: bool = True):
@@ -183,8 +171,7 @@ def _linear_cold(x, weight, bias, activation, route: bool = True):
         contiguous = direct
         direct = lambda a, b, c: contiguous(a, b, c.contiguous())    # noqa: E731
         operands = (x2, wt, bias.contiguous())
-    key = (_fast_key("mm", x2, wt), activation, None if bias is None else
-           (bias.dtype, bias.shape, bias.stride(), bias.device, bias.requires_grad and _grad_enabled()))
+    key = _linear_key(x2, wt, bias, activation)
     kind = _FAST_ADDMM_KIND if aten and problem.epilogue else _FAST_ATEN_KIND.get(direct, _FAST_PYTHON_KIND)
     with _lock:
         _dispatch[key] = entry = (direct, launch, kind)
