@@ -14,6 +14,8 @@ if not HAS_CUDA:
 os.environ.setdefault("KERNELS_FASTPATH", "off")
 
 
+pytest_plugins = ["tests.redis_server"]     # the redis_server fixture: a real server for the shared store's tests
+
 GPU_MARKS = ("gpu", "gpu_sweep")
 GPU_DIR = Path(__file__).resolve().parent / "gpu"
 

@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Any
 
 from kernels.core.dynamic_spec import parse_dims, parse_hints
@@ -167,6 +168,42 @@ def _trace_path(value) -> str:
     return path
 
 
+STORE_SCHEMES = ("redis", "rediss", "unix")
+
+
+def redact_url(value):
+    """A store URL as messages show it: with its password replaced by ***."""
+    if not isinstance(value, str):
+        return value
+    return re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", value)
+
+
+def _store_url(value) -> str:
+    """A Redis URL for the shared selection store, or '' for none. Checked here for shape only (scheme, host, port,
+    database number): whether a server answers is found out on use, and a store that does not degrades to local
+    tuning."""
+    allowed = ("allowed: redis://[user:password@]host[:port][/db], rediss://... (TLS), unix:///path/to/socket, or "
+               "empty for none")
+    if not isinstance(value, str):
+        raise ValueError(allowed)
+    text = value.strip()
+    if not text:
+        return ""
+    try:
+        parts = urlsplit(text)
+        port, db = parts.port, parts.path.strip("/")
+    except ValueError as e:
+        raise ValueError(f"{e}; {allowed}") from None
+    if parts.scheme not in STORE_SCHEMES:
+        raise ValueError(f"unknown scheme {parts.scheme or '(none)'!r}; {allowed}")
+    if parts.scheme == "unix":
+        if not parts.path.startswith("/"):
+            raise ValueError(f"a unix socket needs an absolute path; {allowed}")
+    elif not parts.hostname or (db and not db.isdigit()) or (port is not None and port < 1):
+        raise ValueError(allowed)
+    return text
+
+
 def _dynamic(value) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """Dims ('m', 'm,k': each with the default size hints) or dims with their own hints ('m=16,64,256;k=1024') ->
     ((dim, hints), ...) in m, n, k order, hints () for the default; '' / () / False -> static."""
@@ -227,6 +264,7 @@ class Setting:
     default_text: str                # the default as the table shows it
     parse: Callable[[Any], Any]      # text or a value set in code -> the value; ValueError says what is allowed
     doc: str                         # what it does: the table's last column
+    shown: Callable[[Any], Any] = lambda value: value    # how an error message shows a value (secrets hidden)
 
 
 def _default_cache_dir() -> str:
@@ -274,6 +312,15 @@ SETTINGS = (
     Setting("record", "KERNELS_RECORD", lambda: "", "none", _trace_path,
             "append each distinct problem this process looks up (cold lookups only) to this JSON-lines file, for "
             "`python -m kernels tune FILE`"),
+    Setting("store", "KERNELS_STORE", lambda: "", "none", _store_url,
+            "a shared selection store, `redis://host:port/db` (needs `kernels[redis]`): lookups go local, then "
+            "shared, then tune; a tune publishes its winner there; binaries are built locally", redact_url),
+    Setting("store_wait", "KERNELS_STORE_WAIT", lambda: 120.0, "120", _number(0),
+            "seconds to wait for another machine tuning the same problem (its lock in the shared store); `0`: tune "
+            "here at once"),
+    Setting("store_lock_s", "KERNELS_STORE_LOCK_S", lambda: 30.0, "30", _number(1),
+            "lifetime of a tuning lock in the shared store, renewed while its tuner lives: how long a crashed "
+            "tuner's lock holds the others up"),
 )
 
 
@@ -343,7 +390,7 @@ class _Attribute:
         try:
             return s.parse(raw)
         except (TypeError, ValueError) as e:
-            raise SettingError(f"{s.env}={raw!r} is not valid: {e}") from None
+            raise SettingError(f"{s.env}={s.shown(raw)!r} is not valid: {e}") from None
 
     def __set__(self, obj, value):
         s = self.setting
@@ -353,7 +400,7 @@ class _Attribute:
         try:
             obj._overrides[s.name] = s.parse(value)
         except (TypeError, ValueError) as e:
-            raise SettingError(f"kernels.config.{s.name} = {value!r} is not valid: {e}") from None
+            raise SettingError(f"kernels.config.{s.name} = {s.shown(value)!r} is not valid: {e}") from None
 
 
 class Config:

@@ -21,6 +21,10 @@ class Stats:
     bucket_benchmarks: int = 0   # dynamic shapes: buckets whose hint winners were benchmarked at runtime
     bucket_disk_hits: int = 0    # dynamic shapes: bucket decisions read from the persistent store
     passthroughs: int = 0        # calls routed to kernels but handed to torch unchanged (reasons: passthrough:*)
+    store_hits: int = 0          # problems whose selection came from the shared store (KERNELS_STORE)
+    store_publishes: int = 0     # selections this process published to the shared store
+    store_waits: int = 0         # lookups that waited for another machine's tune of the same problem
+    store_errors: int = 0        # shared store operations that failed (the lookup went on locally)
 
 
 PASSTHROUGH_PREFIX = "passthrough:"

@@ -18,7 +18,7 @@ class Selection:
     choices: dict[str, Choice]                    # every candidate considered, by name
     timings: dict[str, float | str]               # name -> median ms, or the failure text
     details: dict[str, dict] = field(default_factory=dict)   # name -> p20/p80/rel_error/... for timed ones
-    source: str = "tuned"                         # tuned | memory | disk | cpu-fallback
+    source: str = "tuned"                         # tuned | memory | disk | shared | cpu-fallback
     tune_seconds: float = 0.0
     created: float = 0.0
     fingerprint: dict = field(default_factory=dict)

@@ -31,6 +31,7 @@ from kernels.dispatch import dynamic as _dynamic
 from kernels.dispatch import selected
 from kernels.measure.verify import make_inputs
 from kernels.store.selections import SelectionStore, store_key
+from kernels.store.shared import store_for
 from kernels.tune.autotune import fingerprint
 from kernels.tune.problem_list import DynamicSpec, Listed
 
@@ -103,9 +104,12 @@ _store = SelectionStore()
 
 
 def stored(problem: GemmProblem) -> Selection | None:
-    """The selection store's entry for a static problem under the current settings, or None; nothing is loaded or
-    verified (a cold lookup does that on first use)."""
-    return _store.get(store_key(problem, fingerprint(config.backends)))
+    """The selection store's entry for a static problem under the current settings (else the shared store's, with
+    KERNELS_STORE), or None; nothing is loaded or verified (a cold lookup does that on first use)."""
+    key = store_key(problem, fingerprint(config.backends))
+    found = _store.get(key)
+    shared = store_for(config.store, config.store_lock_s) if found is None else None
+    return found if shared is None else shared.get(key)
 
 
 def replay(item: Listed) -> tuple[Selection, bool]:

@@ -1,6 +1,6 @@
 """The process's selections: problem -> Selection, and a launcher per (problem, device). A cold lookup goes memory ->
-selection store -> tune, once across processes (the store's lock). The api's warm table and dynamic dispatch both
-resolve problems here."""
+selection store -> shared store (KERNELS_STORE) -> tune, once across processes (the local store's lock) and across
+machines (the shared store's lock). The api's warm table and dynamic dispatch both resolve problems here."""
 from __future__ import annotations
 
 import threading
@@ -17,6 +17,7 @@ from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
 from kernels.measure.verify import make_inputs, reference, verify_launch
 from kernels.store.selections import SelectionStore, store_key
+from kernels.store.shared import SharedStore, store_for
 from kernels.tune.autotune import fingerprint, tune
 from kernels.tune.build_queue import request as request_build
 
@@ -42,25 +43,62 @@ def launcher_for(problem: GemmProblem):
 
 
 def _select(problem: GemmProblem) -> tuple[Selection, object]:
-    """Disk, else tune (once across processes: the store's lock). Returns the selection and a ready launcher."""
+    """Disk, else the shared store, else tune (once across processes: the local store's lock; once across machines:
+    the shared store's). Returns the selection and a ready launcher."""
     backends = config.backends
     key = store_key(problem, fingerprint(backends))
+    shared = store_for(config.store, config.store_lock_s)
 
     def build() -> tuple[Selection, object]:
         sel, runners = tune(problem, backends)
         _store.put(key, sel)
+        if shared is not None:
+            shared.publish(key, sel)
         return sel, runners[sel.winner].launch
 
-    return load_or_build(lambda: _load_stored(key, problem), lambda: _store.lock(key), build)
+    def load_local():
+        return _load_stored(key, problem)
+
+    if shared is None:
+        return load_or_build(load_local, lambda: _store.lock(key), build)
+
+    def load_shared():
+        return _load_shared(shared, key, problem)
+
+    found = load_local() or load_shared()
+    if found is not None:
+        return found
+    with _store.lock(key):
+        # a process on this machine may have tuned or fetched it meanwhile
+        return load_local() or shared.tune_once(key, load_shared, build, config.store_wait)
 
 
 def _load_stored(key: str, problem: GemmProblem):
-    """The stored winner, loaded and verified in this process, or None (tune again). A disk entry is data another
-    process wrote: its winner is checked against the float64 reference once per process, like a tuning candidate,
-    and an entry tuned while a backend was missing is stale once that backend can serve."""
+    """The stored winner, loaded and verified in this process, or None (tune again)."""
     sel = _store.get(key)
-    if sel is None:
-        return None
+    found = None if sel is None else _ready(sel, problem)
+    if found is not None:
+        _stats.bump("disk_hits")
+    return found
+
+
+def _load_shared(shared: SharedStore, key: str, problem: GemmProblem):
+    """The shared store's winner, built here if need be (that one choice: no benchmark), verified, and kept in the
+    local store (the next process here reads it from disk); or None."""
+    sel = shared.get(key)
+    found = None if sel is None else _ready(sel, problem, build_missing=True)
+    if found is not None:
+        _store.put(key, found[0])
+        _stats.bump("store_hits")
+    return found
+
+
+def _ready(sel: Selection, problem: GemmProblem, build_missing: bool = False):
+    """(sel, its winner's launcher) when the winner can serve here, else None (tune again). A stored entry is data
+    another process (or machine) wrote: its winner is checked against the float64 reference once per process, like
+    a tuning candidate, and an entry tuned while a backend was missing is stale once that backend can serve.
+    `build_missing`: compile a winner whose binary is not built here even where builds otherwise go to the
+    background (a shared selection is worth one compile: it saves a tune)."""
     stale = [name for name in sel.unavailable if name in config.backends and _available(name, problem)]
     if stale:
         _warn_once(f"kernels: re-tuning {problem.short()}: tuned while {', '.join(stale)} could not serve, which can "
@@ -72,7 +110,10 @@ def _load_stored(key: str, problem: GemmProblem):
         return None
     choice = sel.winner_choice
     try:
-        outcome = get_backend(choice.backend).build(problem, [choice])[0]
+        backend = get_backend(choice.backend)
+        if build_missing:
+            backend.prebuild([(problem, [choice])])
+        outcome = backend.build(problem, [choice])[0]
     except Exception:  # noqa: BLE001 - an unloadable winner means: tune again
         return None
     if outcome.runner is None:
@@ -82,7 +123,6 @@ def _load_stored(key: str, problem: GemmProblem):
         _warn_once(f"kernels: the stored winner {sel.winner} for {problem.short()} failed verification ({why}); "
                    "re-tuning")
         return None
-    _stats.bump("disk_hits")
     return sel, outcome.runner.launch
 
 

@@ -1,11 +1,11 @@
 """Which environment a stored selection belongs to, and where it differs from this machine's.
 
 A stored entry's key is (problem, fingerprint): the problem names the GPU and its compute capability, the
-fingerprint the kernels, torch and Triton versions and the templates' source hash (kernels.tune.autotune.fingerprint).
-So an entry's environment is read from its key, with no GPU needed. The CUDA version is torch's (torch.version.cuda)
-and is not in the key: a bundle records it where the exporting process runs the entry's torch; a CUTLASS winner's
-binary adds the nvcc and CUTLASS versions its marker records (a binary's key hashes them, so another nvcc here would
-never find it).
+fingerprint the kernels, torch, CUDA (torch.version.cuda) and Triton versions and the templates' source hash
+(kernels.tune.autotune.fingerprint). So an entry's environment is read from its key, with no GPU needed. Keys written
+before the CUDA version joined them lack it: a bundle then records it where the exporting process runs the entry's
+torch. A CUTLASS winner's binary adds the nvcc and CUTLASS versions its marker records (a binary's key hashes them, so
+another nvcc here would never find it).
 """
 from __future__ import annotations
 
@@ -75,6 +75,8 @@ def of_key(key: str, problem: GemmProblem, cuda: str = "", toolchain: dict | Non
     if not isinstance(env, dict) or not all(isinstance(env.get(k), str) for k in SOFTWARE):
         raise ValueError("the key's environment lacks a version")
     gpu = problem.device_name if problem.device == "cuda" else "cpu"
+    if isinstance(env.get("cuda"), str):
+        cuda = env["cuda"]
     return Environment(gpu, problem.arch, env["torch"], env["triton"], env["templates"], env["kernels"], cuda,
                        **(toolchain or {}))
 

@@ -45,8 +45,8 @@ def _package_version(name: str) -> str:
 
 def fingerprint(backends: tuple[str, ...]) -> dict:
     """What a stored selection depends on besides the problem: versions, templates, the backend set."""
-    return {"kernels": __version__, "torch": torch.__version__, "triton": _package_version("triton"),
-            "templates": _template_hash(), "backends": list(backends), "space": config.search_space,
+    return {"kernels": __version__, "torch": torch.__version__, "cuda": torch.version.cuda or "",
+            "triton": _package_version("triton"), "templates": _template_hash(), "backends": list(backends), "space": config.search_space,
             **fingerprint_extra()}
 
 

@@ -194,7 +194,7 @@ def test_settings_parse_and_preset():
 
 def test_fingerprint_changes_only_when_narrowing_is_configured(tmp_path):
     base = fingerprint(("aten", "triton"))
-    assert set(base) == {"kernels", "torch", "triton", "templates", "backends", "space"}
+    assert set(base) == {"kernels", "torch", "cuda", "triton", "templates", "backends", "space"}
     config.benchmark_space = 5
     assert fingerprint(("aten", "triton"))["benchmark_space"] == "5"
     config.benchmark_space = "all"
