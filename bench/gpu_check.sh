@@ -97,20 +97,39 @@ issue28)
   gpu_tests 250 tests/gpu/test_cutlass.py -k epilogue | tee "$OUT/pytest_cutlass_epilogue.txt"
   ;;
 issue29)
+  # the bundle round trip, then the shared store: a redis-server carried in .device/bin (Debian's, with its libraries)
   export KERNELS_BACKENDS=${KERNELS_BACKENDS:-aten,triton,padded}
-  A=/tmp/kernels_fleet_a; B=/tmp/kernels_fleet_b; rm -rf "$A" "$B" /tmp/layer_bundle.tar.gz
+  export PATH=$PWD/.device/bin:$PATH
+  A=/tmp/kernels_fleet_a; B=/tmp/kernels_fleet_b; C=/tmp/kernels_fleet_c; TRACE=experiments/llama7b_layer_forward.csv
+  rm -rf "$A" "$B" "$C" /tmp/layer_bundle.tar.gz /tmp/redis_gpu; mkdir -p /tmp/redis_gpu
+  redis-server --port 6399 --bind 127.0.0.1 --save "" --appendonly no --dir /tmp/redis_gpu --daemonize yes \
+    --loglevel warning || echo "redis-server did not start"
+  STORE=redis://127.0.0.1:6399/0
   KERNELS_CACHE_DIR=$A python3 -m kernels fastpath build > /dev/null 2>&1
   s0=$SECONDS
-  KERNELS_CACHE_DIR=$A timeout 330 python3 -m kernels tune experiments/llama7b_layer_forward.csv --time-limit 280 \
+  KERNELS_CACHE_DIR=$A KERNELS_STORE=$STORE timeout 330 python3 -m kernels tune $TRACE --time-limit 280 \
     > "$OUT/tune.txt" 2>&1
-  echo "tune: rc $? $((SECONDS - s0)) s" | tee -a "$OUT/tune.txt"; grep -v "^\[" "$OUT/tune.txt" | tail -28
+  echo "tune (publishing to $STORE): rc $? $((SECONDS - s0)) s" | tee -a "$OUT/tune.txt"; grep -v "^\[" "$OUT/tune.txt" | tail -28
   KERNELS_CACHE_DIR=$A python3 -m kernels cache export /tmp/layer_bundle.tar.gz 2>&1 | tail -3 | tee "$OUT/bundle.txt"
   ls -l /tmp/layer_bundle.tar.gz | tee -a "$OUT/bundle.txt"
   s0=$(date +%s%N)
   KERNELS_CACHE_DIR=$B python3 -m kernels cache import /tmp/layer_bundle.tar.gz 2>&1 | tail -3 | tee -a "$OUT/bundle.txt"
   echo "import: $(( ($(date +%s%N) - s0) / 1000000 )) ms" | tee -a "$OUT/bundle.txt"
-  KERNELS_CACHE_DIR=$B timeout 150 python3 -m experiments.bundle_first_calls experiments/llama7b_layer_forward.csv \
-    > "$OUT/first_calls.jsonl" 2>&1; tail -4 "$OUT/first_calls.jsonl"
+  for run in 1 2; do      # two fresh processes: what the first pays once per cache, and what every process pays
+    echo "== bundle: fresh process $run in the imported cache" | tee -a "$OUT/first_calls.jsonl"
+    KERNELS_CACHE_DIR=$B timeout 150 python3 -m experiments.bundle_first_calls $TRACE --profile "$OUT/profile_$run.txt" \
+      >> "$OUT/first_calls.jsonl" 2>&1; tail -3 "$OUT/first_calls.jsonl"
+  done
+  echo "== bundle: fresh process 3, Triton started before the timed calls" | tee -a "$OUT/first_calls.jsonl"
+  KERNELS_CACHE_DIR=$B timeout 150 python3 -m experiments.bundle_first_calls $TRACE --init-triton \
+    >> "$OUT/first_calls.jsonl" 2>&1; tail -3 "$OUT/first_calls.jsonl"
+  for run in 1 2; do      # the shared store instead of a bundle: an empty cache, selections from Redis
+    echo "== store: fresh process $run in an empty cache with KERNELS_STORE" | tee -a "$OUT/store_calls.jsonl"
+    KERNELS_CACHE_DIR=$C KERNELS_STORE=$STORE timeout 240 python3 -m experiments.bundle_first_calls $TRACE \
+      >> "$OUT/store_calls.jsonl" 2>&1; tail -2 "$OUT/store_calls.jsonl"
+  done
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/unit/test_shared_store.py 2>&1 | tail -3
+  pkill -f redis-server.bin
   ;;
 isolated)
   export KERNELS_CACHE_DIR=/tmp/kernels_isolated; rm -rf "$KERNELS_CACHE_DIR"

@@ -3,12 +3,19 @@ every listed problem through the public API as a user makes it (kernels.mm / ker
 the listed layout), each timed with a sync, and what the library did meanwhile (kernels.stats(): tunes, benchmarks,
 compiles). Not a test: one JSON line per problem, then a summary line.
 
-    python -m experiments.bundle_first_calls layer.csv
+    python -m experiments.bundle_first_calls layer.csv [--profile top.txt]
+
+Before the timed calls it times, apart, what any process pays once whatever the library: CUDA's context and cuBLAS's
+handle (a first torch.mm) and, with --init-triton, importing Triton and starting its driver; `--profile` writes the
+30 costliest functions (cumulative) of the timed calls.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import sys
 import time
 
@@ -30,9 +37,23 @@ def _first_call(problem, operands):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.bundle_first_calls", description=__doc__)
     ap.add_argument("problems", nargs="+")
+    ap.add_argument("--init-triton", action="store_true", help="import Triton and start its driver before timing")
+    ap.add_argument("--profile", help="write the timed calls' costliest functions here")
     args = ap.parse_args(argv)
     start = time.perf_counter()
     torch.cuda.init()
+    t0 = time.perf_counter()
+    x = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    torch.mm(x, x)
+    torch.cuda.synchronize()
+    init = {"first_torch_mm_ms": round((time.perf_counter() - t0) * 1e3, 1)}
+    if args.init_triton:
+        t0 = time.perf_counter()
+        import triton
+        _ = triton.runtime.driver.active.utils
+        init["triton_init_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
+    print(json.dumps({"process_init": init}), flush=True)
+    profile = cProfile.Profile() if args.profile else None
     cap = torch.cuda.get_device_capability()
     listed = retarget(read_all(args.problems), "cuda", cap[0] * 10 + cap[1], torch.cuda.get_device_name())
     before = kernels.stats()
@@ -41,14 +62,23 @@ def main(argv: list[str] | None = None) -> int:
         operands = make_inputs(item.problem, "cuda", seed=1)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
+        if profile is not None:
+            profile.enable()
         _first_call(item.problem, operands)
         torch.cuda.synchronize()
+        if profile is not None:
+            profile.disable()
         ms = (time.perf_counter() - t0) * 1e3
         worst, total = max(worst, ms), total + ms
         print(json.dumps({"problem": item.problem.short(), "first_call_ms": round(ms, 2)}), flush=True)
+    if profile is not None:
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(30)
+        with open(args.profile, "w") as f:
+            f.write(text.getvalue())
     after = kernels.stats()
     moved = {k: after[k] - before.get(k, 0) for k in ("tunes", "benchmarks", "compiles", "artifact_loads",
-                                                       "disk_hits") if k in after}
+                                                       "disk_hits", "store_hits", "store_errors") if k in after}
     print(json.dumps({"summary": True, "problems": len(listed), "worst_first_call_ms": round(worst, 2),
                       "total_first_calls_ms": round(total, 1), "process_s": round(time.perf_counter() - start, 2),
                       "stats": moved, "fastpath": kernels.fastpath_status()}), flush=True)
