@@ -22,7 +22,7 @@ from backends.triton_modules import module_file_name
 from backends.triton_modules import publish as publish_module
 from backends.triton_render import TritonKernelSpec, build_key, render
 from backends.triton_templates import family, templates
-from backends.triton_worker import compile_job, load_kernel
+from backends.triton_worker import compile_job, load_cached, load_kernel
 from backends.worker_pool import WorkerPool, worker_env
 from kernels.core import counters
 from kernels.core.cache_root import cache_root
@@ -226,7 +226,9 @@ class TritonBackend(Backend):
             if kernel is None:
                 _triton_driver_ready()
                 with _triton_cache_at(self.triton_cache_dir):
-                    kernel = compile_job(self._job(problem, spec, module_path))
+                    kernel = self._from_store(problem, spec, module_path, key) if from_store else None
+                    if kernel is None:
+                        kernel = compile_job(self._job(problem, spec, module_path))
                     kernel._init_handles()      # loads the cubin; raises when resources do not fit the device
                 self._kernels[(key, device)] = kernel
                 if from_store:
@@ -234,6 +236,18 @@ class TritonBackend(Backend):
             return CompiledHandle(kernel, device, tuple(a.type for a in spec.args))
         except Exception as e:  # noqa: BLE001
             return f"load failed: {type(e).__name__}: {str(e)[:300]}"
+
+    def _from_store(self, problem, spec, module_path, key: str):
+        """A stored kernel straight from its checked cache folder (what triton.compile's cache hit returns, minus the
+        hash of Triton's installation it computes first), or None: then triton.compile finds it."""
+        meta = read_json(self.root / "artifacts" / f"{key}.json")
+        if meta is None or not _artifact_record_valid(meta, spec.kernel_name, problem.arch):
+            return None
+        try:
+            return load_cached(self._job(problem, spec, module_path), str(self.triton_cache_dir / meta["cache_group"]),
+                               list(meta.get("files") or ()), meta["triton_hash"])
+        except Exception:  # noqa: BLE001 - another Triton's CompiledKernel: the regular path loads it
+            return None
 
     def _get_pool(self) -> WorkerPool:
         key = (str(self.triton_cache_dir), config.max_jobs)

@@ -167,3 +167,32 @@ def test_built_names_what_the_artifact_store_holds(tmp_path, monkeypatch):
         backend.close()
     assert outcome.compiled and "load failed" in (outcome.error or "")
     assert backend.built(p, [done, other]) == {done.name}
+
+
+def test_a_stored_kernel_loads_from_its_checked_folder_as_tritons_cache_hit_would(tmp_path, monkeypatch):
+    """What build() compiled and recorded, _from_store rebuilds as the CompiledKernel triton.compile returns on a
+    cache hit (same binary, name, hash and metadata), without computing Triton's cache key; a record for another
+    kernel gives None (then triton.compile is asked)."""
+    import backends.triton as triton_backend
+    from kernels import config
+
+    config.cache_dir = str(tmp_path)
+    monkeypatch.setattr(triton_backend, "interpret_mode", lambda: False)
+    backend = TritonBackend()
+    p = problem(m=256, n=256, k=256, dtype="bf16")
+    choice = Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64, 32, 2, 4))
+    try:
+        backend.build(p, [choice])
+    finally:
+        backend.close()
+    (spec,) = family(choice.template).specs(p, choice)
+    records = list((backend.root / "artifacts").glob("*.json"))
+    assert len(records) == 1
+    key, meta = records[0].stem, json.loads(records[0].read_text())
+    module = next((backend.root / "src").glob("*.py"))
+    kernel = backend._from_store(p, spec, module, key)
+    group = backend.triton_cache_dir / meta["cache_group"]
+    assert kernel is not None and kernel.hash == meta["triton_hash"] and kernel.name == spec.kernel_name
+    assert kernel.asm["cubin"] == next(group.glob("*.cubin")).read_bytes()
+    assert kernel.metadata.target.arch == 90 and kernel.metadata.num_warps == 4
+    assert backend._from_store(p, dataclasses.replace(spec, kernel_name="another"), module, key) is None
