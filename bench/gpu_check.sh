@@ -120,8 +120,8 @@ issue29)
     KERNELS_CACHE_DIR=$B timeout 150 python3 -m experiments.bundle_first_calls $TRACE --profile "$OUT/profile_$run.txt" \
       >> "$OUT/first_calls.jsonl" 2>&1; tail -3 "$OUT/first_calls.jsonl"
   done
-  echo "== bundle: fresh process 3, Triton started before the timed calls" | tee -a "$OUT/first_calls.jsonl"
-  KERNELS_CACHE_DIR=$B timeout 150 python3 -m experiments.bundle_first_calls $TRACE --init-triton \
+  echo "== bundle: fresh process 3, kernels.preload() before the timed calls" | tee -a "$OUT/first_calls.jsonl"
+  KERNELS_CACHE_DIR=$B timeout 150 python3 -m experiments.bundle_first_calls $TRACE --init-triton --preload \
     >> "$OUT/first_calls.jsonl" 2>&1; tail -3 "$OUT/first_calls.jsonl"
   for run in 1 2; do      # the shared store instead of a bundle: an empty cache, selections from Redis
     echo "== store: fresh process $run in an empty cache with KERNELS_STORE" | tee -a "$OUT/store_calls.jsonl"

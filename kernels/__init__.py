@@ -9,6 +9,7 @@
     kernels.patch(model)            # every nn.Linear through kernels.linear (kernels.unpatch(model) undoes it)
     with kernels.enabled(): ...     # torch.mm / matmul / F.linear / addmm inside go through kernels
     with kernels.record("trace.jsonl"): ...   # the problems met inside, for `python -m kernels tune trace.jsonl`
+    kernels.preload()               # at startup: load and verify every stored winner of this GPU now
 
 mm and linear are differentiable and torch.compile traces them as custom ops (kernels::mm, kernels::linear).
 
@@ -26,6 +27,7 @@ _EXPORTS = {
     "fastpath_status": "kernels.dispatch.api", "load_fastpath": "kernels.dispatch.api",
     "patch": "kernels.dispatch.patch", "unpatch": "kernels.dispatch.patch", "enabled": "kernels.dispatch.mode",
     "Dynamic": "kernels.dispatch.dynamic", "record": "kernels.dispatch.record", "config": "kernels.core.config",
+    "preload": "kernels.dispatch.preload",
     "__version__": "kernels.core.version",
 }
 

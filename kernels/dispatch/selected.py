@@ -164,6 +164,24 @@ def _warn_once(text: str) -> None:
     warn_once(text, text, stacklevel=4)
 
 
+def load_only(problem: GemmProblem) -> str:
+    """Ready the problem's stored winner on the current device without ever tuning (kernels.preload): 'memory' when
+    this process has it already, 'loaded' when it came from the local store (or the shared one, its winner built
+    here), 'missing' when neither has a usable entry (its first call will tune it)."""
+    where = (problem, torch.cuda.current_device() if problem.device == "cuda" else -1)
+    with lock:
+        if where in _launchers:
+            return "memory"
+    key = store_key(problem, fingerprint(config.backends))
+    shared = store_for(config.store, config.store_lock_s)
+    found = _load_stored(key, problem) or (shared is not None and _load_shared(shared, key, problem)) or None
+    if found is None:
+        return "missing"
+    with lock:
+        _selections[problem], _launchers[where] = found
+    return "loaded"
+
+
 def resolved(problem: GemmProblem):
     """This process's launcher for the problem on the current device, or None: never tunes or loads."""
     where = (problem, torch.cuda.current_device() if problem.device == "cuda" else -1)
