@@ -1,5 +1,5 @@
-"""aten: `torch.mm`, `torch._int_mm` and (for products with an epilogue) `torch.addmm` plus the activation, always a
-candidate so the tuned call is never slower than PyTorch's."""
+"""aten: `torch.mm`, `torch._int_mm`, `torch._scaled_mm` and (for products with an epilogue) `torch.addmm` plus the
+activation, always a candidate so the tuned call is never slower than PyTorch's."""
 from __future__ import annotations
 
 import torch
@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from backends.base import Backend, BuildOutcome, Runner
 from kernels.core.choice import Choice
-from kernels.core.problem import GemmProblem
+from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
 
 
 def _mm(a, b, out):
@@ -42,6 +42,19 @@ def epilogue_launch(problem: GemmProblem):
     return launch
 
 
+def scaled_mm_launch(problem: GemmProblem):
+    """launch(a, b, scale_a, scale_b[, bias], out=None): torch._scaled_mm with the problem's output dtype."""
+    out_dtype = DTYPES_BY_NAME[problem.out_dtype]
+    scaled = torch._scaled_mm
+    if problem.bias:
+        def launch(a, b, scale_a, scale_b, bias, out=None):
+            return scaled(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, out=out)
+    else:
+        def launch(a, b, scale_a, scale_b, out=None):
+            return scaled(a, b, scale_a, scale_b, out_dtype=out_dtype, out=out)
+    return launch
+
+
 def int_mm_limits(problem: GemmProblem) -> str:
     """aten's own rules for torch._int_mm on CUDA (cuBLASLt): '' when it can run, else the reason."""
     if problem.device != "cuda":
@@ -65,12 +78,15 @@ class AtenBackend(Backend):
             why = int_mm_limits(problem)
             choice = Choice("aten", "aten_int_mm", problem.dtype)
             return ([], {choice.name: why}) if why else ([choice], {})
+        if problem.op == "scaled_mm":
+            return [Choice("aten", "aten_scaled_mm", problem.dtype)], {}
         if problem.epilogue:
             return [Choice("aten", "aten_addmm", problem.dtype)], {}
         return [Choice("aten", "aten_mm", problem.dtype)], {}
 
     def build(self, problem, choices):
-        fns = {"aten_mm": lambda: _mm, "aten_int_mm": lambda: _int_mm, "aten_addmm": lambda: epilogue_launch(problem)}
+        fns = {"aten_mm": lambda: _mm, "aten_int_mm": lambda: _int_mm, "aten_addmm": lambda: epilogue_launch(problem),
+               "aten_scaled_mm": lambda: scaled_mm_launch(problem)}
         return [BuildOutcome(c, Runner(c, fns[c.template]())) for c in choices]
 
 

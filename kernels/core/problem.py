@@ -8,15 +8,19 @@ from dataclasses import asdict, dataclass
 import torch
 
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int8: "int8",
-               torch.int32: "int32"}
+               torch.int32: "int32", torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 DTYPES_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
-DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "int8": 1, "int32": 4}
-OPS = {"mm": ("fp16", "bf16", "fp32"), "int_mm": ("int8",)}
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "int8": 1, "int32": 4, "e4m3": 1, "e5m2": 1}
+# scaled_mm's dtype names A's type: "e4m3" is e4m3 x e4m3, "e5m2" is e5m2 x e4m3 (the one mixed pair cuBLAS runs)
+OPS = {"mm": ("fp16", "bf16", "fp32"), "int_mm": ("int8",), "scaled_mm": ("e4m3", "e5m2")}
+SCALED_OUT_DTYPES = ("bf16", "fp16", "fp32")
+# scaled_mm's scales: "tensor" (one fp32 each) or "row" (scale_a (M, 1) per row of A, scale_b (1, N) per column of B)
+SCALINGS = ("tensor", "row")
 # epilogue activations (kernels.linear): applied in fp32 to acc + bias, before the one cast to the output dtype.
 # gelu is the tanh approximation (F.gelu(approximate="tanh")).
 ACTIVATIONS = ("relu", "gelu", "silu")
 # fields whose default is left out of key(): stored keys of plain products stay what they were before epilogues
-_KEY_DEFAULTS = {"bias": False, "activation": ""}
+_KEY_DEFAULTS = {"bias": False, "activation": "", "scaling": ""}
 
 
 def pointer_alignment(ptr: int) -> int:
@@ -61,9 +65,17 @@ class GemmProblem:
     precision: str = ""          # "ieee" or "tf32" for fp32 inputs, "" otherwise
     # dims ("m", "n", "k") declared dynamic: kernels must not specialise on their values, so one binary serves all
     dynamic: tuple[str, ...] = ()
-    # epilogue (op "mm" only): out = activation(a @ b + bias), bias a (N,) vector of the output dtype
+    # epilogue (mm; scaled_mm takes the bias only): out = activation(a @ b + bias), bias a (N,) vector of the output
+    # dtype
     bias: bool = False
     activation: str = ""         # "" or one of ACTIVATIONS
+    # scaled_mm only: out = (a @ b) * scale_a * scale_b (+ bias), the scales applied once per output element
+    scaling: str = ""            # "" or one of SCALINGS
+
+    @property
+    def b_dtype(self) -> str:
+        """B's dtype name (scaled_mm's e5m2 problems take an e4m3 B)."""
+        return "e4m3" if self.op == "scaled_mm" else self.dtype
 
     @property
     def epilogue(self) -> str:
@@ -119,7 +131,8 @@ class GemmProblem:
 
     def short(self) -> str:
         parts = [self.op, f"{self.m}x{self.n}x{self.k}", self.dtype, f"A:{self.layout_a}{list(self.stride_a)}",
-                 f"B:{self.layout_b}{list(self.stride_b)}", self.precision, self.epilogue]
+                 f"B:{self.layout_b}{list(self.stride_b)}", self.precision,
+                 f"{self.scaling}-scaled->{self.out_dtype}" if self.scaling else "", self.epilogue]
         return " ".join(p for p in parts if p)
 
     def digest(self) -> str:
@@ -135,7 +148,7 @@ class GemmProblem:
 
     @classmethod
     def from_tensors(cls, op: str, a: torch.Tensor, b: torch.Tensor, bias: bool = False,
-                     activation: str = "") -> "GemmProblem":
+                     activation: str = "", scaling: str = "", out_dtype: str = "") -> "GemmProblem":
         """Assumes inputs were validated (2-D, same supported dtype, same device)."""
         dtype = DTYPE_NAMES[a.dtype]
         dev = a.device
@@ -145,8 +158,8 @@ class GemmProblem:
         else:
             arch, name = 0, "cpu"
         return cls(op=op, m=a.shape[0], n=b.shape[1], k=a.shape[1], dtype=dtype,
-                   out_dtype="int32" if op == "int_mm" else dtype,
+                   out_dtype=out_dtype or ("int32" if op == "int_mm" else dtype),
                    stride_a=tuple(a.stride()), stride_b=tuple(b.stride()),
                    align_a=pointer_alignment(a.data_ptr()), align_b=pointer_alignment(b.data_ptr()),
                    device=dev.type, arch=arch, device_name=name, precision=precision_of(dtype), bias=bias,
-                   activation=activation)
+                   activation=activation, scaling=scaling)

@@ -12,7 +12,7 @@ from kernels.measure.timing import rotation_sets
 
 # relative Frobenius error allowed, by (dtype, precision)
 TOLERANCE = {("fp32", "ieee"): 1e-5, ("fp32", "tf32"): 2e-3, ("fp16", ""): 1e-2, ("bf16", ""): 1e-2,
-             ("int8", ""): 0.0}
+             ("int8", ""): 0.0, ("e4m3", ""): 1e-2, ("e5m2", ""): 1e-2}
 
 
 @dataclass
@@ -36,22 +36,29 @@ def make_operand(shape: tuple[int, int], stride: tuple[int, int], align: int, dt
     n = _storage_elems(shape, stride) + offset
     if dtype == "int8":
         flat = torch.randint(-128, 128, (n,), dtype=torch.int8, device=device, generator=generator)
+    elif elem == 1:      # fp8: randn spans e4m3's and e5m2's fine range; a zero element is as likely as in fp16
+        flat = torch.randn(n, dtype=torch.float32, device=device, generator=generator).to(tdtype)
     else:
         flat = torch.randn(n, dtype=torch.float32, device=device, generator=generator).to(tdtype)
     return torch.as_strided(flat, shape, stride, storage_offset=offset)
 
 
 def make_inputs(problem: GemmProblem, device: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """The problem's operands, as every launch takes them before `out`: (a, b), or (a, b, bias) with a contiguous
-    (N,) bias of the output dtype when the problem has one."""
+    """The problem's operands, as every launch takes them before `out`: (a, b), then for scaled_mm its two fp32
+    scales (per-tensor: shape (); row-wise: (M, 1) and (1, N), contiguous, positive), then a contiguous (N,) bias of
+    the output dtype when the problem has one."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     a = make_operand((problem.m, problem.k), problem.stride_a, problem.align_a, problem.dtype, device, gen)
-    b = make_operand((problem.k, problem.n), problem.stride_b, problem.align_b, problem.dtype, device, gen)
-    if not problem.bias:
-        return a, b
-    bias = make_operand((1, problem.n), (problem.n, 1), 16, problem.out_dtype, device, gen)[0]
-    return a, b, bias
+    b = make_operand((problem.k, problem.n), problem.stride_b, problem.align_b, problem.b_dtype, device, gen)
+    operands: tuple[torch.Tensor, ...] = (a, b)
+    if problem.scaling:
+        shapes = ((), ()) if problem.scaling == "tensor" else ((problem.m, 1), (1, problem.n))
+        operands += tuple(0.125 + 0.875 * torch.rand(shape, dtype=torch.float32, device=device, generator=gen)
+                          for shape in shapes)
+    if problem.bias:
+        operands += (make_operand((1, problem.n), (problem.n, 1), 16, problem.out_dtype, device, gen)[0],)
+    return operands
 
 
 def timing_sets(problem: GemmProblem, device: str, first: tuple[torch.Tensor, ...],
@@ -72,9 +79,14 @@ def _activation64(name: str, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def reference(problem: GemmProblem, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """float64 result, epilogue included (the product is exact for int8 at any K we allow: |sum| < 2**53)."""
+def reference(problem: GemmProblem, a: torch.Tensor, b: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+    """float64 result, scales and epilogue included (the product is exact for int8 at any K we allow: |sum| <
+    2**53). `rest`: scaled_mm's scales, then the bias when the problem has one."""
     out = torch.mm(a.to(torch.float64), b.to(torch.float64))
+    if problem.scaling:
+        scale_a, scale_b, *rest = rest
+        out = out * scale_a.to(torch.float64) * scale_b.to(torch.float64)
+    bias = rest[0] if rest else None
     if bias is not None:
         out += bias.to(torch.float64)
     return _activation64(problem.activation, out)

@@ -17,7 +17,7 @@ from pathlib import Path
 class TemplateFamily:
     name: str                          # template name: the first part of every choice name of the family
     backend: str                       # "aten" | "triton" | "cutlass" | "padded": the backend that builds it
-    ops: tuple[str, ...]               # "mm" (fp16/bf16/fp32) and/or "int_mm" (int8 -> int32)
+    ops: tuple[str, ...]               # "mm" (fp16/bf16/fp32), "int_mm" (int8 -> int32), "scaled_mm" (fp8, scaled)
     complexity: int                    # lower is simpler: among candidates tied within noise the simplest wins
     what: str                          # one line for `kernels info` and the docs: what it is for
     config_lists: tuple[str, ...] = ()  # named lists in kernels/data/*.json seeding it, concatenated in order
@@ -37,6 +37,8 @@ _TMA = ("triton/tma_persistent.py.jinja", "triton/_gemm.jinja")
 FAMILIES: tuple[TemplateFamily, ...] = (
     TemplateFamily("aten_mm", "aten", ("mm",), 0, "torch.mm (cuBLAS): always a candidate"),
     TemplateFamily("aten_int_mm", "aten", ("int_mm",), 0, "torch._int_mm (cuBLAS): always a candidate"),
+    TemplateFamily("aten_scaled_mm", "aten", ("scaled_mm",), 0,
+                   "torch._scaled_mm (cuBLASLt fp8, scales and bias in its epilogue): always a candidate"),
     TemplateFamily("aten_addmm", "aten", ("mm",), 0,
                    "torch.addmm (cuBLASLt bias epilogue) or torch.mm, then the activation: the baseline of products "
                    "with an epilogue (kernels.linear)"),

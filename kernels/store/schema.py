@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from kernels.core.choice import Choice, GemmConfig
-from kernels.core.problem import ACTIVATIONS, DTYPES_BY_NAME, OPS
+from kernels.core.problem import ACTIVATIONS, DTYPES_BY_NAME, OPS, SCALINGS
 from kernels.core.selection import SCHEMA_VERSION
 from kernels.space.families import BY_NAME
 from kernels.space.heuristics_cutlass import CutlassConfig
@@ -70,8 +70,12 @@ def _problem(p) -> str | None:
         return "problem.bias is not a boolean"
     if p.get("activation", "") not in ("", *ACTIVATIONS):
         return f"problem.activation {p.get('activation')!r} unknown"
+    if p["dtype"] not in OPS[p["op"]]:
+        return f"problem.dtype {p['dtype']!r} is not one of {p['op']}'s"
+    if (p.get("scaling", "") in SCALINGS) != (p["op"] == "scaled_mm"):
+        return f"problem.scaling {p.get('scaling')!r} does not fit op {p['op']}"
     extra = set(p) - {"op", *DIMS, "dtype", "out_dtype", "stride_a", "stride_b", "align_a", "align_b", "device",
-                      "arch", "device_name", "precision", "dynamic", "bias", "activation"}
+                      "arch", "device_name", "precision", "dynamic", "bias", "activation", "scaling"}
     return f"unknown problem fields {sorted(extra)}" if extra else None
 
 

@@ -5,6 +5,7 @@ import importlib
 import pytest
 
 from backends import triton_templates
+from kernels.core.problem import OPS
 from kernels.space import families
 from kernels.space.families import FAMILIES, TEMPLATES_ROOT
 
@@ -12,7 +13,7 @@ from kernels.space.families import FAMILIES, TEMPLATES_ROOT
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
 def test_every_family_resolves(family):
     assert family.backend in ("aten", "triton", "cutlass", "padded")
-    assert family.ops and set(family.ops) <= {"mm", "int_mm"}
+    assert family.ops and set(family.ops) <= set(OPS)
     if family.backend != "aten":
         module, attr = family.implementation.split(":")
         assert getattr(importlib.import_module(module), attr) is not None
