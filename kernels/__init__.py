@@ -3,6 +3,7 @@
     import kernels
     c = kernels.mm(a, b)            # fp16 / bf16 / fp32
     c = kernels.int_mm(a8, b8)      # int8 x int8 -> int32
+    c = kernels.scaled_mm(a8, b8, scale_a, scale_b)   # fp8 (e4m3) with per-tensor or row-wise scales
     y = kernels.linear(x, weight, bias, activation="gelu")     # nn.Linear's layout, epilogue fused
     kernels.explain(a, b).winner
     c = kernels.mm(x, w, dynamic="m")   # M varies: one winner per size hint, each new M served by one of them
@@ -27,7 +28,7 @@ _EXPORTS = {
     "fastpath_status": "kernels.dispatch.api", "load_fastpath": "kernels.dispatch.api",
     "patch": "kernels.dispatch.patch", "unpatch": "kernels.dispatch.patch", "enabled": "kernels.dispatch.mode",
     "Dynamic": "kernels.dispatch.dynamic", "record": "kernels.dispatch.record", "config": "kernels.core.config",
-    "preload": "kernels.dispatch.preload",
+    "preload": "kernels.dispatch.preload", "scaled_mm": "kernels.dispatch.scaled",
     "__version__": "kernels.core.version",
 }
 

@@ -17,6 +17,7 @@ from kernels.core.selection import Selection
 from kernels.dispatch import dynamic as _dynamic
 from kernels.dispatch import ops as _ops
 from kernels.dispatch import record as _record
+from kernels.dispatch import scaled as _scaled
 from kernels.dispatch import selected
 from kernels.native import fastpath as _fastpath
 from backends.aten import epilogue_launch
@@ -254,7 +255,7 @@ def _dtype_list(dtypes) -> str:
 def validate(op: str, a, b, out=None) -> None:
     """Raise InputTypeError / InputValueError naming exactly what is wrong with the arguments."""
     if op not in _ATEN:
-        raise InputValueError(f"unknown op {op!r}; expected 'mm' or 'int_mm'")
+        raise InputValueError(f"unknown op {op!r}; expected 'mm', 'int_mm', 'linear' or 'scaled_mm'")
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise InputTypeError(f"kernels.{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -492,10 +493,14 @@ _TORCH_NAME = {"aten_mm": "torch.mm", "aten_int_mm": "torch._int_mm", "aten_addm
 
 
 def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None, *, bias: torch.Tensor | None = None,
-            activation: str | None = None) -> Selection:
+            activation: str | None = None, scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
+            out_dtype: torch.dtype = torch.bfloat16) -> Selection:
     """The Selection for this problem (tuning it first if needed); `.source` says where it came from this time.
     For a dynamic problem: the serving hint winner's Selection, its first note saying which hint and why.
-    op="linear": `a` is x and `b` the weight as kernels.linear takes them, with its bias and activation."""
+    op="linear": `a` is x and `b` the weight as kernels.linear takes them, with its bias and activation.
+    op="scaled_mm": as kernels.scaled_mm takes them, with scale_a, scale_b, bias and out_dtype."""
+    if op == "scaled_mm":
+        return _scaled.explain(a, b, scale_a, scale_b, bias, out_dtype)
     if op == "linear":
         validate_linear(a, b, bias, activation)
         a, b = (a if a.dim() == 2 else a.reshape(-1, a.shape[-1])), b.t()
@@ -525,7 +530,8 @@ def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None, *, b
 def stats() -> dict[str, int]:
     """Counters since process start: compiles, artifact loads, benchmarks, tunes, memory/disk hits, cpu fallbacks."""
     snap = _stats.snapshot()
-    snap["memory_hits"] = _memory_hits[0] + (_fast.module.hits() if _fast.module is not None else 0)
+    snap["memory_hits"] = (_memory_hits[0] + _scaled.memory_hits[0]
+                           + (_fast.module.hits() if _fast.module is not None else 0))
     return snap
 
 
@@ -551,6 +557,7 @@ def clear_memory_cache() -> None:
             _fast.module.clear()
         selected.clear()
         _dynamic.clear()
+        _scaled.clear()
 
 
 
