@@ -83,6 +83,8 @@ class PaddedBackend(Backend):
     name = "padded"
 
     def available(self, problem: GemmProblem) -> tuple[bool, str]:
+        if problem.op not in INNER_TEMPLATES:
+            return False, f"no padded template for {problem.op}"
         if is_aligned(problem):
             return False, "operands are already 16-byte aligned"
         return True, ""

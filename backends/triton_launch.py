@@ -194,11 +194,12 @@ def needs_staging(out: torch.Tensor) -> bool:
 
 
 def output_launch(shape: tuple[int, int], dtype: torch.dtype, device: torch.device, ldc_multiple: int,
-                  run_into: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, tuple], None], bias: bool = False):
-    """launch(a, b, out=None), or launch(a, b, bias, out=None) when the problem has a bias, around
-    `run_into(a, b, out, ldc, epi)` with `epi` the epilogue's operands, () or (bias,): allocates the output, or
-    writes into the caller's `out` directly when the binary's assumptions (row-major, aligned, ldc a multiple of
-    `ldc_multiple`) hold."""
+                  run_into: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, tuple], None],
+                  epilogue: int = 0):
+    """launch(a, b, out=None), or launch(a, b, *epi, out=None) when the problem's epilogue takes `epilogue` tensors
+    (its bias; scaled_mm's two scales, then the bias), around `run_into(a, b, out, ldc, epi)`: allocates the
+    output, or writes into the caller's `out` directly when the binary's assumptions (row-major, aligned, ldc a
+    multiple of `ldc_multiple`) hold."""
     m, n = shape
 
     def launch(a, b, out=None, _epi=()):
@@ -212,13 +213,21 @@ def output_launch(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
         run_into(a, b, out, out.stride(0), _epi)
         return out
 
-    if not bias:
+    if epilogue == 0:
         return launch
+    if epilogue == 1:
+        def launch_with_bias(a, b, bias, out=None):
+            return launch(a, b, out, (bias,))
 
-    def launch_with_bias(a, b, bias, out=None):
-        return launch(a, b, out, (bias,))
+        return launch_with_bias
 
-    return launch_with_bias
+    def launch_with_epilogue(a, b, *rest):
+        if len(rest) not in (epilogue, epilogue + 1):
+            raise TypeError(f"launch takes a, b, {epilogue} epilogue tensors and an optional out, got "
+                            f"{2 + len(rest)} arguments")
+        return launch(a, b, rest[epilogue] if len(rest) > epilogue else None, rest[:epilogue])
+
+    return launch_with_epilogue
 
 
 class Operand(enum.IntEnum):
@@ -313,12 +322,13 @@ def attach_native(launch, shape: tuple[int, int], out_dtype: torch.dtype, calls:
 
 def kernel_sequence(handles: list, grids: list[tuple[int, int, int]], args, shape: tuple[int, int],
                     out_dtype: torch.dtype, ldc_multiple: int, buffers: Callable[[], object] = lambda: None,
-                    bias: bool = False):
-    """launch(a, b, out=None) (launch(a, b, bias, out=None) when `bias`) for a choice that launches its kernels in
-    order, with a native launch attached where the C++ table can run it. `args(a, b, out, ldc, bufs, epi)` gives one
-    argument tuple per kernel, `epi` being the epilogue's operands (() or (bias,)) for the kernels that take them;
-    `buffers()` the current stream's workspaces (per_stream), handed to `args` as `bufs`. The Python path and the
-    native description both come from `args`, so they cannot disagree."""
+                    epilogue: int = 0):
+    """launch(a, b, out=None) (launch(a, b, *epi, out=None) when the epilogue takes `epilogue` tensors) for a choice
+    that launches its kernels in order, with a native launch attached where the C++ table can run it (it knows a,
+    b, out and a bias; scaled_mm's scales are served from Python). `args(a, b, out, ldc, bufs, epi)` gives one
+    argument tuple per kernel, `epi` being the epilogue's tensors for the kernels that take them; `buffers()` the
+    current stream's workspaces (per_stream), handed to `args` as `bufs`. The Python path and the native
+    description both come from `args`, so they cannot disagree."""
     runs = [h.bind(g) for h, g in zip(handles, grids)]
 
     def run_into(a, b, out, ldc, epi):
@@ -326,8 +336,11 @@ def kernel_sequence(handles: list, grids: list[tuple[int, int, int]], args, shap
             run(*kernel_args)
 
     def calls():
-        described = args(Operand.A, Operand.B, Operand.OUT, shape[1], buffers(), (Operand.BIAS,) if bias else ())
+        described = args(Operand.A, Operand.B, Operand.OUT, shape[1], buffers(), (Operand.BIAS,) if epilogue else ())
         return [KernelCall(h, g, x) for h, g, x in zip(handles, grids, described)]
 
-    launch = output_launch(shape, out_dtype, handles[0].device, ldc_multiple, run_into, bias)
+    launch = output_launch(shape, out_dtype, handles[0].device, ldc_multiple, run_into, epilogue)
+    if epilogue > 1:
+        launch.native_why = "the C++ warm-call table serves a, b, out and a bias only"
+        return launch
     return attach_native(launch, shape, out_dtype, calls)

@@ -14,11 +14,12 @@ from dataclasses import asdict, dataclass
 
 import jinja2
 
-from kernels.core.problem import ACTIVATIONS, GemmProblem
+from kernels.core.problem import ACTIVATIONS, SCALINGS, GemmProblem
 from kernels.space.families import TEMPLATES_ROOT
 
 TEMPLATE_DIR = TEMPLATES_ROOT / "triton"
-TRITON_TYPES = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32", "int8": "i8", "int32": "i32"}
+TRITON_TYPES = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32", "int8": "i8", "int32": "i32", "e4m3": "fp8e4nv",
+                "e5m2": "fp8e5"}
 
 
 @dataclass(frozen=True)
@@ -68,18 +69,21 @@ def int_arg(problem: GemmProblem, name: str, value: int, dims: str = "") -> Arg:
     return Arg(name, "i32", value % 16 == 0 and not any(d in problem.dynamic for d in dims))
 
 
-def bias_args(problem: GemmProblem) -> list[Arg]:
-    """bias_ptr when the problem has a bias: the (N,) vector in the output dtype, passed right after c_ptr. Its
-    address is not part of the problem, so no alignment is assumed (it is read once per output tile)."""
-    return [ptr("bias_ptr", problem.out_dtype, False)] if problem.bias else []
+def epilogue_args(problem: GemmProblem) -> list[Arg]:
+    """The epilogue's tensors, passed right after c_ptr in the order launches take them: scaled_mm's fp32 scales
+    (scale_a_ptr, scale_b_ptr: one element each, or (M, 1) and (1, N) contiguous), then bias_ptr (the (N,) vector in
+    the output dtype). Their addresses are not part of the problem, so no alignment is assumed (each is read once
+    per output tile)."""
+    scales = [ptr("scale_a_ptr", "fp32", False), ptr("scale_b_ptr", "fp32", False)] if problem.scaling else []
+    return scales + ([ptr("bias_ptr", problem.out_dtype, False)] if problem.bias else [])
 
 
 def gemm_args(problem: GemmProblem, out_cols: int | None = None) -> list[Arg]:
     """a, b, c, [bias,] M, N, K and the six strides: the argument list every GEMM template starts with. The output
     is ours (or checked at launch): row-major with row stride `out_cols` (default N)."""
     sa, sb = problem.stride_a, problem.stride_b
-    return [ptr("a_ptr", problem.dtype, problem.align_a >= 16), ptr("b_ptr", problem.dtype, problem.align_b >= 16),
-            ptr("c_ptr", problem.out_dtype), *bias_args(problem),
+    return [ptr("a_ptr", problem.dtype, problem.align_a >= 16), ptr("b_ptr", problem.b_dtype, problem.align_b >= 16),
+            ptr("c_ptr", problem.out_dtype), *epilogue_args(problem),
             int_arg(problem, "M", problem.m, "m"), int_arg(problem, "N", problem.n, "n"),
             int_arg(problem, "K", problem.k, "k"),
             int_arg(problem, "stride_am", sa[0]), int_arg(problem, "stride_ak", sa[1]),
@@ -106,17 +110,22 @@ def layout_vars(problem: GemmProblem) -> dict:
 
 
 def dot_vars(problem: GemmProblem) -> dict:
+    if problem.op == "scaled_mm":
+        return dict(acc_type="tl.float32", dot_args="")
     if problem.dtype == "int8":
         return dict(acc_type="tl.int32", dot_args=", out_dtype=tl.int32")
     return dict(acc_type="tl.float32", dot_args=f', input_precision="{problem.precision}"' if problem.precision else "")
 
 
 def epilogue_vars(problem: GemmProblem) -> dict:
-    """The fused epilogue as render variables (templates/triton/_gemm.jinja's `epilogue` macro): `bias` (add
-    bias[n] to the fp32 accumulator) and `activation` ("" or its name, applied in fp32 before the one cast)."""
+    """The fused epilogue as render variables (templates/triton/_gemm.jinja's `epilogue` macro): `scaling` ("",
+    "tensor" or "row": multiply the fp32 accumulator by scale_a * scale_b), `bias` (add bias[n]) and `activation`
+    ("" or its name), all in fp32 before the one cast."""
     if problem.activation and problem.activation not in ACTIVATIONS:
         raise ValueError(f"activation {problem.activation!r} is not one of {ACTIVATIONS}")
-    return dict(bias=problem.bias, activation=problem.activation)
+    if problem.scaling and problem.scaling not in SCALINGS:
+        raise ValueError(f"scaling {problem.scaling!r} is not one of {SCALINGS}")
+    return dict(scaling=problem.scaling, bias=problem.bias, activation=problem.activation)
 
 
 def even_k(problem: GemmProblem, block_k: int) -> bool:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 BACKENDS = ("aten", "triton", "cutlass", "padded")
 INDUCTOR = "inductor"
 # template-level names and the backend that generates them; other names starting with these prefixes also work
-TEMPLATE_GROUPS = {"triton_mm": "triton", "triton_int8_mm": "triton", "triton_tma": "triton",
-                   "decompose_k": "triton", "split_k": "triton", "padded_aten": "padded",
+TEMPLATE_GROUPS = {"triton_mm": "triton", "triton_int8_mm": "triton", "triton_scaled_mm": "triton",
+                   "triton_tma": "triton", "decompose_k": "triton", "split_k": "triton", "padded_aten": "padded",
                    "padded_triton": "padded",
                    "cutlass3x": "cutlass", "cutlass2x": "cutlass"}
 _PREFIX_BACKEND = (("cutlass", "cutlass"), ("triton_", "triton"), ("padded_", "padded"))

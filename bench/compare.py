@@ -7,6 +7,10 @@ time is the median of its windows, every spread comes from the same windows, eve
 the cell's. The tunes' own numbers stay in the JSON (`tune_timing`).
 
     python -m bench.compare --backends aten,triton,cutlass,inductor --shapes square --dtype bf16 --json out.json
+    python -m bench.compare --dtype fp8 --scaling row --backends aten,triton,cutlass,padded,inductor
+
+--dtype fp8 benchmarks kernels.scaled_mm against torch._scaled_mm (e4m3 x e4m3, bf16 out, B column-major: the nt
+layout, the only one fp8 takes) on issue 30's problems (suite fp8), with per-tensor (default) or row-wise scales.
 
 Without a GPU it says so and checks correctness only: the Triton templates run under the interpreter
 (TRITON_INTERPRET=1, set before triton is imported) on tiny fp16 shapes, every candidate against a float64 reference,
@@ -27,12 +31,13 @@ from bench.columns import ColumnError, NameFilter, parse_columns, tuned_backends
 from bench.device import environment, measure_device
 from bench.progress import RunProgress
 from bench.report import PLOT_INSTALL, PlotError, print_table, pyplot, write_csv, write_json, write_plot
-from bench.results import Cell, Report, ShapeResult, summarize
+from bench.results import ENTRY_NAMES, Cell, Report, ShapeResult, summarize
 from bench.row import KERNELS_MM, RowCalls, apply_row, measure_row
 from bench.shapes import ShapesError, parse_shapes
 from kernels.tune.autotune import prebuild
 from kernels.core.config import config
 from kernels.measure.steady import plan_for
+from kernels.core.problem import SCALINGS
 from kernels.space.shapes import COMPARE_LAYOUT, COMPARE_SUITE
 
 # shapes larger than this (M*N*K) are too slow for the Triton interpreter / CPU
@@ -41,27 +46,37 @@ CPU_MAX_MACS = 1 << 21
 # fp16 (its bf16 tl.dot gives wrong results, triton issue #11584)
 GPU_DEFAULTS = (COMPARE_SUITE, "bf16")   # the default CUTLASS set (kernels.tune.warmup) is built for these
 NO_GPU_DEFAULTS = ("tiny", "fp16")
+# --dtype fp8's shapes when --shapes is not given: issue 30's problems on a GPU, tiny ones without (bench.shapes)
+FP8_SHAPES = {False: "fp8", True: "tiny-fp8"}
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
     p.add_argument("--backends", default="aten,triton",
-                   help="comma list: aten, triton, cutlass, template groups (triton_mm, triton_tma, decompose_k, "
-                        "split_k, padded, cutlass3x, cutlass2x) and inductor; aten is always timed (default "
-                        "%(default)s). Without a GPU, cutlass is compiled for sm90 but not run")
+                   help="comma list: aten, triton, cutlass, template groups (triton_mm, triton_scaled_mm, "
+                        "triton_tma, decompose_k, split_k, padded, cutlass3x, cutlass2x) and inductor; aten is always "
+                        "timed (default %(default)s). Without a GPU, cutlass is compiled for sm90 but not run")
     p.add_argument("--shapes", default=None,
-                   help="suite (tiny, square, llama, splitk, training, odd, core, all; comma-joined) or a .csv/.json "
-                        f"file of M,N,K (default {GPU_DEFAULTS[0]} on a GPU, {NO_GPU_DEFAULTS[0]} without one)")
-    p.add_argument("--dtype", default=None, choices=("bf16", "fp16", "fp32", "int8"),
-                   help=f"operand dtype; int8 benchmarks int_mm (int8 x int8 -> int32) (default {GPU_DEFAULTS[1]} on "
-                        f"a GPU, {NO_GPU_DEFAULTS[1]} without one: the Triton interpreter's bf16 dot is wrong)")
-    p.add_argument("--layout", default=COMPARE_LAYOUT, choices=("nn", "nt", "tn", "tt"),
-                   help="t = that operand column-major (A then B) (default %(default)s)")
+                   help="suite (tiny, square, llama, splitk, training, odd, core, all, fp8, tiny-fp8; comma-joined) "
+                        f"or a .csv/.json file of M,N,K (default {GPU_DEFAULTS[0]} on a GPU, {NO_GPU_DEFAULTS[0]} "
+                        f"without one; with --dtype fp8: {FP8_SHAPES[False]}, {FP8_SHAPES[True]} without a GPU)")
+    p.add_argument("--dtype", default=None, choices=("bf16", "fp16", "fp32", "int8", m.FP8),
+                   help=f"operand dtype; int8 benchmarks int_mm (int8 x int8 -> int32), fp8 scaled_mm (e4m3 x e4m3 "
+                        f"with fp32 scales -> bf16, against torch._scaled_mm; K and N multiples of 16) (default "
+                        f"{GPU_DEFAULTS[1]} on a GPU, {NO_GPU_DEFAULTS[1]} without one: the Triton interpreter's bf16 "
+                        f"dot is wrong)")
+    p.add_argument("--layout", default=None, choices=m.LAYOUTS,
+                   help=f"t = that operand column-major (A then B) (default {COMPARE_LAYOUT}; fp8 takes "
+                        f"{m.FP8_LAYOUT} only)")
+    p.add_argument("--scaling", default=None, choices=SCALINGS,
+                   help="fp8's scales: tensor (one fp32 each) or row (scale_a (M, 1), scale_b (1, N)) (default "
+                        "tensor)")
     p.add_argument("--only", action="append", metavar="REGEX", help="keep only candidates whose name matches")
     p.add_argument("--skip", action="append", metavar="REGEX", help="drop candidates whose name matches")
     p.add_argument("--keep-going", action="store_true",
                    help="an unexpected error on one shape becomes a cell instead of stopping the run")
-    p.add_argument("--no-kernels-mm", action="store_true", help="skip the kernels.mm vs torch.mm line")
+    p.add_argument("--no-kernels-mm", action="store_true",
+                   help="skip the kernels.mm vs torch.mm line (kernels.int_mm, kernels.scaled_mm for int8, fp8)")
     p.add_argument("--json", metavar="PATH", help="write the whole report (environment, device, every cell) as JSON")
     p.add_argument("--csv", metavar="PATH", help="write one row per shape and column as CSV")
     p.add_argument("--plot", metavar="PNG",
@@ -79,10 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_defaults(args: argparse.Namespace, no_gpu: bool) -> argparse.Namespace:
-    """Fill --shapes and --dtype left out: the real comparison on a GPU, the interpreter's small check without."""
+    """Fill --shapes, --dtype, --layout and --scaling left out: the real comparison on a GPU, the interpreter's small
+    check without; fp8 has its own shapes, its one layout and per-tensor scales by default. A layout or scaling the
+    dtype does not take is a ValueError naming the option."""
     shapes, dtype = NO_GPU_DEFAULTS if no_gpu else GPU_DEFAULTS
-    args.shapes = args.shapes or shapes
     args.dtype = args.dtype or dtype
+    fp8 = args.dtype == m.FP8
+    args.shapes = args.shapes or (FP8_SHAPES[no_gpu] if fp8 else shapes)
+    args.layout = args.layout or (m.FP8_LAYOUT if fp8 else COMPARE_LAYOUT)
+    why = m.layout_error(args.dtype, args.layout)
+    if why:
+        raise ValueError(f"--layout {args.layout}: {why}")
+    if args.scaling and not fp8:
+        raise ValueError(f"--scaling {args.scaling}: scales are for --dtype fp8 only, not {args.dtype}")
+    args.scaling = args.scaling or ("tensor" if fp8 else "")
     return args
 
 
@@ -126,6 +151,10 @@ def run(args: argparse.Namespace, no_gpu: bool, progress: RunProgress):
     columns = parse_columns(args.backends)
     flt = NameFilter.compile(args.only, args.skip)
     shapes = parse_shapes(args.shapes, args.dtype)
+    for shape in shapes:
+        why = m.shape_error(shape, args.dtype)
+        if why:
+            raise ShapesError(f"--shapes {args.shapes}: {why}")
     progress.total = len(shapes)
     if args.bench_ms is not None:
         config.bench_budget_ms = args.bench_ms
@@ -152,10 +181,11 @@ def run(args: argparse.Namespace, no_gpu: bool, progress: RunProgress):
     error = None
     with progress:
         for shape in shapes:
-            where = f"{shape.label()} {args.dtype} {args.layout}"
-            problem = m.problem_for(shape, args.dtype, args.layout, device)
+            problem = m.problem_for(shape, args.dtype, args.layout, device, args.scaling)
             sr = ShapeResult(shape.m, shape.n, shape.k, problem.op, args.dtype, args.layout, problem.flops,
-                             problem.min_bytes, facts.floor_ms(problem.flops, problem.min_bytes))
+                             problem.min_bytes, facts.floor_ms(problem.flops, problem.min_bytes),
+                             scaling=args.scaling)
+            where = sr.heading()
             report.shapes.append(sr)
             if args.time_limit is not None and progress.elapsed > args.time_limit:
                 for c in columns:
@@ -192,7 +222,7 @@ def _prebuild(shapes, args, device, progress: RunProgress) -> dict:
     """The suite's CUTLASS kernels in one ninja batch before the first shape: a shape has a handful of candidates,
     so building per shape leaves most cores idle. Each shape's tune then loads them (its tune time excludes this)."""
     start = time.perf_counter()
-    problems = [m.problem_for(s, args.dtype, args.layout, device) for s in shapes]
+    problems = [m.problem_for(s, args.dtype, args.layout, device, args.scaling) for s in shapes]
     progress.note(f"building the CUTLASS candidates of {len(problems)} shapes in one batch")
     compiled = prebuild(problems, ("cutlass",))
     seconds = time.perf_counter() - start
@@ -232,7 +262,7 @@ def _measure_shape(args, columns, flt, backends_all, problem, facts, sr, no_gpu,
         for out in outcomes.values():
             if out.backends == mm_backends:
                 m.seed_selection(out)    # kernels.mm serves this very tune instead of tuning again
-        progress.step(f"{where}: kernels.mm with backends {','.join(mm_backends)}")
+        progress.step(f"{where}: {ENTRY_NAMES[problem.op][0]} with backends {','.join(mm_backends)}")
         sr.kernels_mm, mm_call = m.kernels_mm_result(problem, mm_backends, sets)
         if mm_call is not None:
             row.add(KERNELS_MM, KERNELS_MM, lambda: mm_call)
@@ -268,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{parser.prog}: error: {e}", file=sys.stderr)
             return 2
     no_gpu = ensure_interpreter_without_gpu(argv)
-    resolve_defaults(args, no_gpu)
+    try:
+        resolve_defaults(args, no_gpu)
+    except ValueError as e:
+        parser.error(str(e))
     progress = RunProgress(0, quiet=args.quiet)
     try:
         if no_gpu:

@@ -5,14 +5,17 @@ import datetime
 import platform
 import shutil
 import subprocess
+from collections.abc import Callable
 from importlib import metadata
 
 import torch
 
-from bench.results import DeviceFacts
-from kernels.core.problem import DTYPES_BY_NAME
+from bench.measure import FP8, FP8_LAYOUT, problem_for, user_calls
+from bench.results import ENTRY_NAMES, DeviceFacts
+from bench.shapes import Shape
 from kernels.core.version import __version__
 from kernels.measure.timing import measure
+from kernels.measure.verify import make_inputs
 
 
 def _version(pkg: str) -> str:
@@ -66,18 +69,19 @@ def environment() -> dict:
     return env
 
 
-def _peak_call(dtype: str, size: int):
-    """A large dense product of the dtype under test: cuBLAS's rate is our peak (what is achievable here)."""
-    tdtype = DTYPES_BY_NAME[dtype]
-    if dtype == "int8":
-        a = torch.randint(-128, 128, (size, size), dtype=tdtype, device="cuda")
-        # B column-major: with a row-major B cuBLAS's int8 path ran ~7x slower on the H200 (4096^3: 1085 vs 160 us),
-        # which made every int8 kernel look faster than "peak"
-        b = torch.randint(-128, 128, (size, size), dtype=tdtype, device="cuda").t()
-        return lambda i: torch._int_mm(a, b)
-    a = torch.randn(size, size, device="cuda", dtype=tdtype)
-    b = torch.randn(size, size, device="cuda", dtype=tdtype)
-    return lambda i: torch.mm(a, b)
+# the layout torch's own call is fastest in, per dtype: B column-major for int8 (with a row-major B cuBLAS's int8 path
+# ran ~7x slower on the H200 (4096^3: 1085 vs 160 us), which made every int8 kernel look faster than "peak") and the
+# only one fp8 takes
+PEAK_LAYOUT = {"int8": "nt", FP8: FP8_LAYOUT}
+
+
+def _peak_call(dtype: str, size: int) -> tuple[Callable[[int], object], str]:
+    """A large dense product of the dtype under test through torch's own function (cuBLAS's rate is our peak: what
+    is achievable here), and what it is."""
+    problem = problem_for(Shape(size, size, size), dtype, PEAK_LAYOUT.get(dtype, "nn"), "cuda")
+    operands = make_inputs(problem, "cuda")
+    fn = user_calls(problem).torch
+    return (lambda i: fn(*operands)), f"{dtype} {size}^3 {ENTRY_NAMES[problem.op][1]}"
 
 
 def measure_device(dtype: str, budget_ms: float = 200.0, size: int = 8192, copy_bytes: int = 1 << 30) -> DeviceFacts:
@@ -85,8 +89,10 @@ def measure_device(dtype: str, budget_ms: float = 200.0, size: int = 8192, copy_
     if not torch.cuda.is_available():
         return DeviceFacts("cpu", platform.processor() or "cpu", note="no GPU: no peak or bandwidth measured")
     name = torch.cuda.get_device_name()
-    t = measure(_peak_call(dtype, size), 1, "cuda", budget_ms)
+    call, peak_shape = _peak_call(dtype, size)
+    t = measure(call, 1, "cuda", budget_ms)
     peak = 2 * size**3 / (t.median_ms * 1e-3) / 1e12
+    del call
     torch.cuda.empty_cache()
     src = torch.empty(copy_bytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -94,5 +100,5 @@ def measure_device(dtype: str, budget_ms: float = 200.0, size: int = 8192, copy_
     bandwidth = 2 * copy_bytes / (c.median_ms * 1e-3) / 1e9
     del src, dst
     torch.cuda.empty_cache()
-    return DeviceFacts("cuda", name, peak_tflops=peak, peak_shape=f"{dtype} {size}^3 torch.mm",
+    return DeviceFacts("cuda", name, peak_tflops=peak, peak_shape=peak_shape,
                        bandwidth_gbs=bandwidth, copy_bytes=copy_bytes)

@@ -35,6 +35,9 @@
 #   bash bench/gpu_check.sh issue28    issue 28's GPU tests (every Triton family's epilogue, the tuned linear, patch
 #                                      forward/backward, torch.compile, enabled(), CUDA graphs; CUTLASS epilogues),
 #                                      then the warm host cost of linear / patched nn.Linear against F.linear
+#   bash bench/gpu_check.sh issue30    issue 30: the fp8 GPU tests (Triton families; CUTLASS's when built), the warm host
+#                                      cost of kernels.scaled_mm, then bench.sustained --set issue30 (ISSUE30_BACKENDS,
+#                                      default aten,triton; ISSUE30_SET) with CUTLASS built inline
 #   bash bench/gpu_check.sh issue29    issue 29's round trip: `kernels tune` of the llama-7B layer's forward problems
 #                                      (M=1..4096) in cache A, `cache export`, `cache import` into an empty cache B,
 #                                      then a fresh process's first call of every problem (experiments.bundle_first_calls)
@@ -95,6 +98,17 @@ issue28)
   timeout 100 python3 -m experiments.linear_host_cost --m 16 --backends aten,triton 2>&1 | tee "$OUT/linear_host_cost_m16.txt"; }
   gpu_tests 200 tests/gpu/test_linear.py tests/gpu/test_model_integration.py | tee "$OUT/pytest_linear.txt"
   gpu_tests 250 tests/gpu/test_cutlass.py -k epilogue | tee "$OUT/pytest_cutlass_epilogue.txt"
+  ;;
+issue30)
+  export KERNELS_CACHE_DIR=/tmp/kernels_issue30; rm -rf "$KERNELS_CACHE_DIR"
+  python3 -m kernels fastpath build > /dev/null 2>&1
+  gpu_tests ${ISSUE30_TEST_S:-150} tests/gpu/test_scaled_mm.py | tee "$OUT/pytest_scaled_mm.txt"
+  [ -n "${ISSUE30_CUTLASS_TESTS:-}" ] && gpu_tests 200 tests/gpu/test_cutlass.py -k "scaled" | tee "$OUT/pytest_cutlass_scaled.txt"
+  timeout 120 python3 -m experiments.scaled_host_cost --json "$OUT/scaled_host_cost.json" 2>&1 | tee "$OUT/scaled_host_cost.txt"
+  left=$((570 - SECONDS)); [ "$left" -gt 60 ] || { echo "issue30: no time left for bench.sustained"; exit 0; }
+  KERNELS_CUTLASS_BUILD=inline timeout "$left" python3 -m bench.sustained --set "${ISSUE30_SET:-issue30}" \
+    --backends "${ISSUE30_BACKENDS:-aten,triton}" --json "$OUT/sustained_fp8.jsonl" --time-limit $((left - 50)) --quiet \
+    > "$OUT/sustained_fp8.txt" 2>&1; echo "sustained: rc $? at $SECONDS s"; tail -30 "$OUT/sustained_fp8.txt"
   ;;
 issue29)
   # the bundle round trip, then the shared store: a redis-server carried in .device/bin (Debian's, with its libraries)

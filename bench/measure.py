@@ -5,7 +5,9 @@ not to keep going)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,20 +22,50 @@ from kernels.tune.autotune import fingerprint, tune
 from kernels.store.selections import SelectionStore, store_key
 from kernels.core.config import config
 from kernels.core.errors import NoCandidateError
-from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
+from kernels.core.problem import DTYPES_BY_NAME, OPS, SCALINGS, GemmProblem
 from kernels.core.selection import Selection
+from kernels.dispatch.scaled import MULTIPLE as FP8_MULTIPLE
 from kernels.measure.timing import Call, user_call
 from kernels.measure.verify import check, make_inputs, reference, timing_sets
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
+# the benches' name for e4m3 x e4m3 products with scales (kernels.scaled_mm against torch._scaled_mm)
+FP8 = "fp8"
+# fp8 operands are K-major, as torch._scaled_mm and Hopper's fp8 tensor cores take them: A row-major, B column-major
+FP8_LAYOUT = "nt"
+SCALED_OUT_DTYPE = "bf16"      # what the benches ask of scaled_mm (torch._scaled_mm(..., out_dtype=torch.bfloat16))
+
+
+def operand_dtype(dtype: str) -> str:
+    """The GemmProblem dtype a bench dtype name stands for (fp8 -> e4m3; the others are that name)."""
+    return "e4m3" if dtype == FP8 else dtype
 
 
 def op_for(dtype: str) -> str:
-    return "int_mm" if dtype == "int8" else "mm"
+    """mm, int_mm or scaled_mm: the op whose operands have this dtype (kernels.core.problem.OPS)."""
+    name = operand_dtype(dtype)
+    return next(op for op, dtypes in OPS.items() if name in dtypes)
+
+
+def layout_error(dtype: str, layout: str) -> str:
+    """'' when a bench can make the dtype's operands in this layout, else why not (naming the option to change)."""
+    if layout not in LAYOUTS:
+        return f"layout must be one of {LAYOUTS}, got {layout!r}"
+    if op_for(dtype) == "scaled_mm" and layout != FP8_LAYOUT:
+        return (f"fp8 takes A row-major and B column-major only (layout {FP8_LAYOUT}, torch._scaled_mm's rule), "
+                f"not {layout}")
+    return ""
+
+
+def shape_error(shape: Shape, dtype: str) -> str:
+    """'' when the op runs this shape, else why not: fp8 needs K and N multiples of 16 (torch._scaled_mm's rule)."""
+    if op_for(dtype) == "scaled_mm" and (shape.k % FP8_MULTIPLE or shape.n % FP8_MULTIPLE):
+        return f"{shape.label()}: fp8 needs K and N multiples of {FP8_MULTIPLE} (torch._scaled_mm's rule)"
+    return ""
 
 
 def _operand(rows: int, cols: int, transposed: bool, dtype: str, device: str) -> torch.Tensor:
-    """rows x cols; column-major storage when `transposed` (the 't' of a layout)."""
+    """rows x cols of a GemmProblem dtype; column-major storage when `transposed` (the 't' of a layout)."""
     shape = (cols, rows) if transposed else (rows, cols)
     if dtype == "int8":
         t = torch.randint(-128, 128, shape, dtype=torch.int8, device=device)
@@ -42,13 +74,42 @@ def _operand(rows: int, cols: int, transposed: bool, dtype: str, device: str) ->
     return t.t() if transposed else t
 
 
-def problem_for(shape: Shape, dtype: str, layout: str, device: str) -> GemmProblem:
-    """The GemmProblem of real tensors with this layout ('n': row-major, 't': column-major; A then B)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    a = _operand(shape.m, shape.k, layout[0] == "t", dtype, device)
-    b = _operand(shape.k, shape.n, layout[1] == "t", dtype, device)
-    return GemmProblem.from_tensors(op_for(dtype), a, b)
+def problem_for(shape: Shape, dtype: str, layout: str, device: str, scaling: str = "tensor") -> GemmProblem:
+    """The GemmProblem of real tensors with this layout ('n': row-major, 't': column-major; A then B). fp8 is
+    scaled_mm with `scaling` scales ("tensor" or "row") and a bf16 output; other dtypes ignore `scaling`."""
+    why = layout_error(dtype, layout) or shape_error(shape, dtype)
+    if why:
+        raise ValueError(why)
+    op, name = op_for(dtype), operand_dtype(dtype)
+    a = _operand(shape.m, shape.k, layout[0] == "t", name, device)
+    b = _operand(shape.k, shape.n, layout[1] == "t", name, device)
+    if op != "scaled_mm":
+        return GemmProblem.from_tensors(op, a, b)
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
+    return GemmProblem.from_tensors(op, a, b, scaling=scaling, out_dtype=SCALED_OUT_DTYPE)
+
+
+@dataclass(frozen=True)
+class UserCalls:
+    """What a user calls for a problem, each taking the operands verify.make_inputs returns (a, b, then scaled_mm's
+    scales): kernels' entry point, torch's own function (every ratio's baseline) and kernels.explain."""
+    kernels: Callable
+    torch: Callable
+    explain: Callable
+
+
+def user_calls(problem: GemmProblem) -> UserCalls:
+    if problem.op == "scaled_mm":
+        # bench problems carry no bias; out_dtype is bound once, so the timed call adds no Python frame of ours
+        out_dtype = DTYPES_BY_NAME[problem.out_dtype]
+        return UserCalls(functools.partial(kernels.scaled_mm, out_dtype=out_dtype),
+                         functools.partial(torch._scaled_mm, out_dtype=out_dtype),
+                         lambda a, b, scale_a, scale_b: kernels.explain(a, b, op="scaled_mm", scale_a=scale_a,
+                                                                        scale_b=scale_b, out_dtype=out_dtype))
+    if problem.op == "int_mm":
+        return UserCalls(kernels.int_mm, torch._int_mm, lambda a, b: kernels.explain(a, b, op="int_mm"))
+    return UserCalls(kernels.mm, torch.mm, lambda a, b: kernels.explain(a, b, op="mm"))
 
 
 @dataclass
@@ -84,11 +145,9 @@ def _unavailable_note(notes: list[str], backend: str) -> str | None:
 
 
 def _aten_ms(outcome: TuneOutcome) -> float | None:
-    for name in ("aten_mm", "aten_int_mm"):
-        t = outcome.timings.get(name)
-        if isinstance(t, float):
-            return t
-    return None
+    """aten's time in the tune: its one candidate (aten_mm, aten_int_mm, aten_scaled_mm) when it was timed."""
+    return next((t for name, t in outcome.timings.items() if name.startswith("aten_") and isinstance(t, float)),
+                None)
 
 
 def tuned_cell(column: Column, outcome: TuneOutcome, problem: GemmProblem, facts: DeviceFacts,
@@ -146,41 +205,35 @@ def fill_rates(cell: Cell, problem: GemmProblem, facts: DeviceFacts) -> None:
         cell.speedup = cell.aten_ms / cell.median_ms
 
 
-def rotated_sets(problem: GemmProblem, device: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def rotated_sets(problem: GemmProblem, device: str) -> list[tuple[torch.Tensor, ...]]:
     """The same rotation tuning uses: enough input sets that consecutive calls do not find their inputs in L2."""
     return timing_sets(problem, device, make_inputs(problem, device, seed=0), seed=1)
 
 
-def _aten_fn(op: str):
-    return torch.mm if op == "mm" else torch._int_mm
-
-
-def _calls(fn, sets):
-    def call(i: int):
-        a, b = sets[i]
-        return fn(a, b)
-    return call
+def _calls(fn, sets) -> Call:
+    return lambda i: fn(*sets[i])
 
 
 def inductor_cell(problem: GemmProblem, sets) -> tuple[Cell, Call | None]:
-    """torch.compile(torch.mm, mode="max-autotune-no-cudagraphs"): its compile time and result checked; returns the
-    cell and the compiled call, which bench.row times with the rest of the row (None when there is nothing to time)."""
+    """torch.compile of torch's own function (torch.mm, torch._int_mm, torch._scaled_mm),
+    mode="max-autotune-no-cudagraphs" (a CUDA graph would copy each rotated input set into its own buffers): its
+    compile time and result checked; returns the cell and the compiled call, which bench.row times with the rest of
+    the row (None when there is nothing to time)."""
     cell = Cell("inductor", "ok", best="torch.compile max-autotune-no-cudagraphs")
     if problem.device != "cuda":
         return Cell("inductor", "unavailable", message="needs a CUDA GPU (Inductor max-autotune)"), None
     import torch._dynamo   # noqa: PLC0415 - only the Inductor column needs dynamo
     torch._dynamo.reset()  # a fresh compile per shape: no recompile limit, no dynamic-shape fallback
-    fn = torch.compile(_aten_fn(problem.op), mode="max-autotune-no-cudagraphs", dynamic=False)
-    a, b = sets[0]
+    fn = torch.compile(user_calls(problem).torch, mode="max-autotune-no-cudagraphs", dynamic=False)
     start = time.perf_counter()
     try:
-        out = fn(a, b)
+        out = fn(*sets[0])
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - a compile failure is the cell's content
         return Cell("inductor", "failed", tune_s=time.perf_counter() - start,
                     message=f"compile failed: {type(e).__name__}: {str(e)[:200]}"), None
     cell.tune_s = time.perf_counter() - start
-    result = check(problem, out, reference(problem, a, b))
+    result = check(problem, out, reference(problem, *sets[0]))
     if not result.ok:
         return Cell("inductor", "failed", tune_s=cell.tune_s, message=f"wrong result: {result.message}"), None
     return cell, _calls(fn, sets)
@@ -194,24 +247,24 @@ def seed_selection(outcome: TuneOutcome) -> None:
 
 
 def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets) -> tuple[KernelsMmResult, Call | None]:
-    """kernels.mm (or int_mm) as users call it: the first call (tunes or loads), checked against the reference.
-    Returns the result and the call that bench.row times with the rest of the row (None after an error)."""
+    """kernels.mm (int_mm, scaled_mm) as users call it: the first call (tunes or loads), checked against the
+    reference. Returns the result and the call that bench.row times with the rest of the row (None after an error)."""
     config.backends = backends
-    entry = kernels.mm if problem.op == "mm" else kernels.int_mm
-    a, b = sets[0]
+    calls = user_calls(problem)
+    first_set = sets[0]
     device = problem.device
     before = kernels.stats()
     start = time.perf_counter()
     try:
-        out = entry(a, b)
+        out = calls.kernels(*first_set)
         if device == "cuda":
             torch.cuda.synchronize()
         first = time.perf_counter() - start
-        sel = kernels.explain(a, b, op=problem.op)
+        sel = calls.explain(*first_set)
     except Exception as e:  # noqa: BLE001 - e.g. NoCandidateError: the row says why
         return KernelsMmResult("error", first_call_s=time.perf_counter() - start,
                                message=f"{type(e).__name__}: {str(e)[:300]}"), None
-    result = check(problem, out, reference(problem, a, b))
+    result = check(problem, out, reference(problem, *first_set))
     if not result.ok:
         return KernelsMmResult("error", winner=sel.winner, message=f"wrong result: {result.message}"), None
     ranked = sel.ranked()
@@ -221,7 +274,7 @@ def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets) -> 
     why_not_torch = _aten_cannot_run(problem) if device == "cuda" else ""
     return KernelsMmResult("ok", winner=sel.winner, source=first_call_source(before, kernels.stats()), regret=regret,
                            first_call_s=first, message=f"no torch baseline: {why_not_torch}" if why_not_torch else ""
-                           ), _calls(entry, sets)
+                           ), _calls(calls.kernels, sets)
 
 
 def _aten_cannot_run(problem: GemmProblem) -> str:
@@ -249,7 +302,10 @@ def cutlass_compile_cell(column: Column, problem: GemmProblem, arch: int = 90) -
     ok, why = backend.available(target)
     if not ok:
         return Cell(column.name, "unavailable", message=why)
-    choices = [c for c in backend.choices(target)[0] if column.owns(c)]
+    try:
+        choices = [c for c in backend.choices(target)[0] if column.owns(c)]
+    except Exception as e:  # noqa: BLE001 - as a tune records a backend that fails: the cell says why
+        return Cell(column.name, "unavailable", message=f"cutlass failed: {type(e).__name__}: {str(e)[:200]}")
     if not choices:
         return Cell(column.name, "unavailable", message=f"no CUTLASS config for {problem.short()}")
     start = time.perf_counter()

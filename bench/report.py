@@ -8,7 +8,7 @@ import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from bench.results import Cell, KernelsMmResult, Report, ShapeResult, TuneTiming
+from bench.results import ENTRY_NAMES, Cell, KernelsMmResult, Report, ShapeResult, TuneTiming
 
 HEADERS = ("shape", "backend", "best candidate", "ms/call (p20-p80)", "TFLOP/s", "% floor", "vs aten", "tune s")
 # correctness-only runs (no GPU) print no times, rates or ratios: CPU and interpreter times say nothing of a GPU
@@ -78,10 +78,10 @@ def _correctness_cell_row(cell: Cell) -> tuple[str, ...]:
     return (cell.column, result[:120], _verified(cell), _fmt(cell.tune_s, ".1f"))
 
 
-def _correctness_mm_row(r: KernelsMmResult) -> tuple[str, ...]:
+def _correctness_mm_row(r: KernelsMmResult, entry: str) -> tuple[str, ...]:
     if r.status != "ok":
-        return ("kernels.mm", f"error: {r.message}"[:120], "-", _fmt(r.first_call_s, ".1f"))
-    return ("kernels.mm", f"{r.winner} [{r.source}]: {r.message}", "-", _fmt(r.first_call_s, ".1f"))
+        return (entry, f"error: {r.message}"[:120], "-", _fmt(r.first_call_s, ".1f"))
+    return (entry, f"{r.winner} [{r.source}]: {r.message}", "-", _fmt(r.first_call_s, ".1f"))
 
 
 def _vs_aten(cell: Cell, sr: ShapeResult) -> str:
@@ -104,31 +104,39 @@ def _cell_row(cell: Cell, sr: ShapeResult) -> tuple[str, ...]:
 
 
 def _mm_row(r: KernelsMmResult, sr: ShapeResult) -> tuple[str, ...]:
+    entry = ENTRY_NAMES[sr.op][0]
     if r.status != "ok":
-        return ("kernels.mm", f"error: {r.message}"[:120], "-", "-", "-", "-", _fmt(r.first_call_s, ".1f"))
+        return (entry, f"error: {r.message}"[:120], "-", "-", "-", "-", _fmt(r.first_call_s, ".1f"))
     regret = f"regret {r.regret * 100:.1f}% in its tune" if r.regret is not None else "regret -"
     if r.torch_ms is None or r.mm_ms is None:      # e.g. torch cannot run this problem (torch._int_mm, M <= 16)
-        return ("kernels.mm", f"{r.winner} [{r.source}, {regret}]", f"{_ms(r.mm_ms, r.mm_p20_ms, r.mm_p80_ms)} "
+        return (entry, f"{r.winner} [{r.source}, {regret}]", f"{_ms(r.mm_ms, r.mm_p20_ms, r.mm_p80_ms)} "
                 f"({r.message})"[:160], "-", "-", "-", _fmt(r.first_call_s, ".1f"))
-    # torch.mm is the row's aten cell: the same call in the same windows
-    return ("kernels.mm", f"{r.winner} [{r.source}, {regret}]", _ms(r.mm_ms, r.mm_p20_ms, r.mm_p80_ms), "-", "-",
+    # torch's function is the row's aten cell: the same call in the same windows
+    return (entry, f"{r.winner} [{r.source}, {regret}]", _ms(r.mm_ms, r.mm_p20_ms, r.mm_p80_ms), "-", "-",
             ratio(r.torch_ms, r.mm_ms), _fmt(r.first_call_s, ".1f"))
 
 
 def rows(report: Report) -> list[tuple[str, ...]]:
-    """Table rows: each shape's columns, then its kernels.mm line (shape label only on the first row)."""
+    """Table rows: each shape's columns, then its kernels.mm (int_mm, scaled_mm) line (shape label only on the first
+    row)."""
     out = []
     for sr in report.shapes:
-        label = f"{sr.label()} {sr.dtype} {sr.layout}"
+        label = sr.heading()
         cells = [sr.cells[c] for c in report.columns if c in sr.cells]
         if report.speed:
             body = [_cell_row(c, sr) for c in cells] + ([_mm_row(sr.kernels_mm, sr)] if sr.kernels_mm else [])
         else:
-            body = [_correctness_cell_row(c) for c in cells] + ([_correctness_mm_row(sr.kernels_mm)]
+            body = [_correctness_cell_row(c) for c in cells] + ([_correctness_mm_row(sr.kernels_mm,
+                                                                                     ENTRY_NAMES[sr.op][0])]
                                                                if sr.kernels_mm else [])
         for i, r in enumerate(body):
             out.append(((label if i == 0 else ""),) + r)
     return out
+
+
+def entry_names(report: Report) -> tuple[str, str]:
+    """(kernels' entry point, torch's function) of the run's op: one dtype, so one op, per run."""
+    return ENTRY_NAMES[report.shapes[0].op if report.shapes else "mm"]
 
 
 def _shapes(n: int) -> str:
@@ -153,7 +161,7 @@ def summary_rows(report: Report) -> list[tuple[str, str, str]]:
             f"fastest on {s.wins.get(c, 0)} of them") for c in report.columns]
     out.append(("best overall", x(s.best_overall_geomean), ""))
     if s.kernels_mm_geomean is not None:
-        out.append(("kernels.mm vs torch.mm", f"{x(s.kernels_mm_geomean)} over {_shapes(s.kernels_mm_shapes)}",
+        out.append((" vs ".join(entry_names(report)), f"{x(s.kernels_mm_geomean)} over {_shapes(s.kernels_mm_shapes)}",
                     "max regret " + _fmt(None if s.kernels_mm_max_regret is None else
                                          100 * s.kernels_mm_max_regret, ".1f") + "%"))
     return out
@@ -175,7 +183,8 @@ def _correctness_summary_rows(report: Report) -> list[tuple[str, str, str]]:
         words += [f"{status} on {n}" for status, n in counts.items() if status not in dict(_OUTCOME_WORDS)]
         out.append((c, "; ".join(words) or "no cells", f"of {_shapes(s.shapes)}"))
     if s.kernels_mm_run:
-        out.append(("kernels.mm", f"matches the reference on {s.kernels_mm_ok}", f"of {s.kernels_mm_run} called"))
+        out.append((entry_names(report)[0], f"matches the reference on {s.kernels_mm_ok}",
+                    f"of {s.kernels_mm_run} called"))
     return out
 
 
@@ -200,9 +209,10 @@ def legend(report: Report) -> str | None:
     how = ("" if plan is None else
            f" ({plan['heat_ms']:.0f} ms heat-up, then {plan['rounds']} rounds of one {plan['window_ms']:.0f} ms window "
            f"per cell, alternated; aten twice a round)")
+    entry, torch_fn = entry_names(report)
     return (f"Rows measured together after tuning, in the tuner's steady regime{how}. ms/call: the median of the "
             f"cell's windows (p20-p80 of the same windows). vs aten: aten's ms/call over the cell's, as printed; "
-            f"kernels.mm's torch.mm is the aten row. self: aten's two windows of a round apart (median over rounds). "
+            f"{entry}'s {torch_fn} is the aten row. self: aten's two windows of a round apart (median over rounds). "
             f"'in its tune': not re-measured with the row, against aten in that tune.")
 
 
@@ -297,7 +307,7 @@ def _csv_names(cls) -> list[str]:
     return names
 
 
-CSV_FIELDS = ["m", "n", "k", "op", "dtype", "layout", "floor_ms"] + _csv_names(Cell)
+CSV_FIELDS = ["m", "n", "k", "op", "dtype", "layout", "scaling", "floor_ms"] + _csv_names(Cell)
 _MM_FIELDS = _csv_names(KernelsMmResult)
 
 
@@ -312,7 +322,7 @@ def write_csv(report: Report, path: str | Path) -> None:
         writer.writeheader()
         for sr in report.shapes:
             base = {"m": sr.m, "n": sr.n, "k": sr.k, "op": sr.op, "dtype": sr.dtype, "layout": sr.layout,
-                    "floor_ms": sr.floor_ms}
+                    "scaling": sr.scaling, "floor_ms": sr.floor_ms}
             for c in report.columns:
                 if c in sr.cells:
                     writer.writerow({**base, **_flat(asdict(sr.cells[c]))})

@@ -5,6 +5,11 @@ import math
 from dataclasses import asdict, dataclass, field
 
 
+# per op: kernels' entry point and torch's own function, the names a row's kernels line and the summary print
+ENTRY_NAMES = {"mm": ("kernels.mm", "torch.mm"), "int_mm": ("kernels.int_mm", "torch._int_mm"),
+               "scaled_mm": ("kernels.scaled_mm", "torch._scaled_mm")}
+
+
 @dataclass
 class TuneTiming:
     """What a column's own tune measured (its first pass and final round, beside aten in that tune), kept as tuning
@@ -105,9 +110,14 @@ class ShapeResult:
     kernels_mm: KernelsMmResult | None = None
     notes: list[str] = field(default_factory=list)
     steady: RowRegime | None = None   # the row's measurement (None: not measured together, e.g. skipped)
+    scaling: str = ""                 # fp8 (scaled_mm): "tensor" or "row" scales; "" for other dtypes
 
     def label(self) -> str:
         return f"{self.m}x{self.n}x{self.k}"
+
+    def heading(self) -> str:
+        """What the table's first column says of the row: shape, dtype, layout (and fp8's scaling)."""
+        return " ".join(p for p in (self.label(), self.dtype, self.layout, self.scaling) if p)
 
 
 @dataclass

@@ -12,7 +12,15 @@ class ShapesError(ValueError):
     """A suite name or shapes file that cannot be used; the message names the file and row."""
 
 
-SUITE_NAMES = tuple(SUITES) + ("core", "all")
+# --dtype fp8's suites (K and N multiples of 16, torch._scaled_mm's rule; B column-major): issue 30's problems, and
+# tiny ones for the Triton interpreter (K = 48 leaves a partial K tile: fp8 tiles are at least 32 deep)
+FP8_SUITES: dict[str, tuple[Shape, ...]] = {
+    "fp8": (Shape(16, 12288, 4096), Shape(64, 4096, 11008), Shape(512, 12288, 4096), Shape(4096, 4096, 4096),
+            Shape(8192, 8192, 8192), Shape(8192, 14336, 4096)),
+    "tiny-fp8": (Shape(64, 64, 64), Shape(17, 32, 48)),
+}
+_NAMED = {**SUITES, **FP8_SUITES}
+SUITE_NAMES = tuple(_NAMED) + ("core", "all")
 
 
 def suite(name: str, dtype: str = "bf16") -> list[Shape]:
@@ -20,9 +28,9 @@ def suite(name: str, dtype: str = "bf16") -> list[Shape]:
         return list(CORE["int8" if dtype == "int8" else "float"])
     if name == "all":
         return _dedupe([s for n in ALL_SUITES for s in SUITES[n]])
-    if name not in SUITES:
+    if name not in _NAMED:
         raise ShapesError(f"unknown suite {name!r}; suites: {', '.join(SUITE_NAMES)} (or a .csv/.json file)")
-    return list(SUITES[name])
+    return list(_NAMED[name])
 
 
 def _dedupe(shapes: list[Shape]) -> list[Shape]:

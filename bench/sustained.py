@@ -1,10 +1,11 @@
-"""`python -m bench.sustained`: what a user gets from kernels.mm / kernels.int_mm in a sustained loop (issue 27,
+"""`python -m bench.sustained`: what a user gets from kernels.mm / int_mm / scaled_mm in a sustained loop (issue 27,
 "Measured on the GPU"). Per problem: the first call's wall time (it tunes: the cost of a new problem), kernels
 against torch in back-to-back loops, and the selection's regret against the finalists of its final round re-timed
 the same way, with a check that the tuner's final-round times rank those finalists as the loops do.
 
     python -m bench.sustained --json sustained.jsonl
     python -m bench.sustained --problems bf16:4096x4096x4096:nn,int8:1024x22016x4096:nt --backends aten,triton,cutlass
+    python -m bench.sustained --set issue30          # fp8: kernels.scaled_mm vs torch._scaled_mm, both scalings
     python -m bench.sustained --table-from sustained.jsonl          # the table of a saved run, no GPU needed
 
 A loop runs one call back to back for --seconds on rotating input sets of the problem's layout (enough sets that L2
@@ -29,19 +30,21 @@ import torch
 import kernels
 from bench.cli_common import RunFileError, non_negative, positive
 from bench.device import environment
-from bench.measure import LAYOUTS, problem_for
+from bench.measure import FP8, FP8_LAYOUT, LAYOUTS, layout_error, op_for, problem_for, shape_error, user_calls
 from bench.progress import RunProgress
-from bench.shapes import Shape
+from bench.shapes import FP8_SUITES, Shape
 from bench.sustained_report import (HEADERS, STATS, TIMED_S, ProblemResult, finalists, print_table,
                                     read_run, table_row, table_title)
 from kernels.core.config import config
 from kernels.core.errors import SettingError
+from kernels.core.problem import SCALINGS
 from kernels.core.selection import Selection
 from kernels.dispatch.dynamic import build_launch
 from kernels.measure.timing import user_call
 from kernels.measure.verify import make_inputs, timing_sets
 
-DTYPES = ("bf16", "fp16", "fp32", "int8")
+DTYPES = ("bf16", "fp16", "fp32", "int8", "e4m3")
+FP8_DTYPE = "e4m3"        # what bench.compare's --dtype fp8 runs; a spec may say fp8 for it too
 PACE_CALLS = 8            # an event every this many calls ...
 PACE_DEPTH = 4            # ... and the host waits for the one this many events back: the queue stays bounded, never empty
 
@@ -57,42 +60,74 @@ class ProblemSpec:
     n: int
     k: int
     layout: str = "nn"        # A then B: n row-major, t column-major (nt: B = w.t() of an (N, K) weight)
+    scaling: str = ""         # e4m3 (scaled_mm): "tensor" or "row" scales; "" for the other dtypes
 
     @property
     def op(self) -> str:
-        return "int_mm" if self.dtype == "int8" else "mm"
+        return op_for(self.dtype)
 
     def label(self) -> str:
-        return f"{self.dtype} {self.m}x{self.n}x{self.k} {self.layout}"
+        return " ".join(p for p in (self.dtype, f"{self.m}x{self.n}x{self.k}", self.layout, self.scaling) if p)
 
 
 _BF16 = [("bf16", d, "nn") for d in ("4096x4096x4096", "6144x6144x6144", "8192x8192x8192", "4096x4096x14336",
                                        "12288x12288x128")]
 _BF16_NT = [("bf16", d, "nt") for d in ("4096x11008x4096", "8192x14336x4096", "8192x4096x14336")]
 _INT8_NT = [("int8", d, "nt") for d in ("1024x22016x4096", "4096x4096x4096")]
+
+
+def _fp8(scaling: str) -> list[tuple[str, ...]]:
+    """Issue 30's problems (bench.shapes' fp8 suite, the one bench.compare --dtype fp8 runs) with these scales."""
+    return [(FP8_DTYPE, s.label(), FP8_LAYOUT, scaling) for s in FP8_SUITES["fp8"]]
+
+
 SETS = {
     "issue27": _BF16 + _BF16_NT + _INT8_NT,            # issue 27's "Measured on the GPU" problems
     "issue27-bf16": _BF16 + _BF16_NT,
     "issue27-int8": _INT8_NT,
+    "issue30": _fp8("tensor") + _fp8("row"),           # issue 30's fp8 problems, per-tensor then row-wise scales
+    "issue30-tensor": _fp8("tensor"),
+    "issue30-row": _fp8("row"),
     "smoke": [("bf16", "4096x11008x4096", "nt"), ("int8", "4096x4096x4096", "nt")],
 }
+FORMAT = "dtype:MxNxK[:layout[:scaling]]"
 
 
 def parse_problem(text: str) -> ProblemSpec:
-    """`dtype:MxNxK[:layout]`, layout nn when left out."""
-    parts = [p.strip() for p in text.strip().split(":")]
-    if len(parts) not in (2, 3):
-        raise SpecError(f"problem {text!r}: expected dtype:MxNxK[:layout], e.g. bf16:4096x11008x4096:nt")
-    dtype, dims = parts[0].lower(), parts[1].lower()
-    layout = parts[2].lower() if len(parts) == 3 else "nn"
+    """`dtype:MxNxK[:layout[:scaling]]`: layout nn when left out (e4m3: nt, the only one it takes); scaling tensor or
+    row for e4m3 (tensor when left out), none for the other dtypes."""
+    parts = [p.strip().lower() for p in text.strip().split(":")]
+    if len(parts) not in (2, 3, 4):
+        raise SpecError(f"problem {text!r}: expected {FORMAT}, e.g. bf16:4096x11008x4096:nt or "
+                        f"e4m3:16x12288x4096:nt:row")
+    dtype = FP8_DTYPE if parts[0] == FP8 else parts[0]
     if dtype not in DTYPES:
-        raise SpecError(f"problem {text!r}: unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+        raise SpecError(f"problem {text!r}: unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)} ({FP8} = "
+                        f"{FP8_DTYPE})")
+    fp8 = dtype == FP8_DTYPE
+    layout = parts[2] if len(parts) > 2 else FP8_LAYOUT if fp8 else "nn"
     if layout not in LAYOUTS:
         raise SpecError(f"problem {text!r}: unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
-    sizes = dims.split("x")
+    sizes = parts[1].split("x")
     if len(sizes) != 3 or not all(s.isdigit() and int(s) > 0 for s in sizes):
         raise SpecError(f"problem {text!r}: sizes must be MxNxK, three positive integers")
-    return ProblemSpec(dtype, *(int(s) for s in sizes), layout)
+    shape = Shape(*(int(s) for s in sizes))
+    why = layout_error(dtype, layout) or shape_error(shape, dtype)
+    if why:
+        raise SpecError(f"problem {text!r}: {why}")
+    return ProblemSpec(dtype, shape.m, shape.n, shape.k, layout, _scaling(text, dtype, parts[3:]))
+
+
+def _scaling(text: str, dtype: str, given: list[str]) -> str:
+    """The spec's scaling: e4m3's (tensor unless given), none for other dtypes."""
+    if dtype != FP8_DTYPE:
+        if given:
+            raise SpecError(f"problem {text!r}: a scaling ({given[0]!r}) is for {FP8_DTYPE} only")
+        return ""
+    scaling = given[0] if given else "tensor"
+    if scaling not in SCALINGS:
+        raise SpecError(f"problem {text!r}: unknown scaling {scaling!r}; allowed: {', '.join(SCALINGS)}")
+    return scaling
 
 
 def parse_problems(text: str) -> list[ProblemSpec]:
@@ -201,12 +236,13 @@ def measure_problem(spec: ProblemSpec, plan: LoopPlan, progress: RunProgress, de
                     runner: LoopRunner = cuda_loop) -> ProblemResult:
     """The first call (timed: it tunes), kernels vs torch alternated, then the finalists alternated, all on the same
     rotating input sets. `device`/`runner` other than cuda's serve the interpreter test on CPU."""
-    result = ProblemResult(spec.label(), spec.dtype, "ok", stat=plan.stat, seconds=plan.seconds)
-    problem = problem_for(Shape(spec.m, spec.n, spec.k), spec.dtype, spec.layout, device)
+    result = ProblemResult(spec.label(), spec.dtype, "ok", stat=plan.stat, seconds=plan.seconds,
+                           scaling=spec.scaling)
+    problem = problem_for(Shape(spec.m, spec.n, spec.k), spec.dtype, spec.layout, device, spec.scaling)
     first = make_inputs(problem, device, seed=0)
     sets = timing_sets(problem, device, first, seed=1)
-    user_fn = kernels.int_mm if spec.op == "int_mm" else kernels.mm
-    torch_fn = torch._int_mm if spec.op == "int_mm" else torch.mm
+    calls = user_calls(problem)
+    user_fn, torch_fn = calls.kernels, calls.torch
 
     progress.step(f"{spec.label()}: first call")
     tunes = kernels.stats()["tunes"]
@@ -216,7 +252,7 @@ def measure_problem(spec: ProblemSpec, plan: LoopPlan, progress: RunProgress, de
     _sync(device)
     result.first_call_s = time.perf_counter() - start
     result.tuned = kernels.stats()["tunes"] > tunes
-    selection = kernels.explain(*first, op=spec.op)
+    selection = calls.explain(*first)
     result.winner, result.tune_s = selection.winner, selection.tune_seconds
     regime = getattr(selection, "regime", None)               # where the tuner records which regime chose
     result.regime = None if regime is None else str(regime)
@@ -231,9 +267,9 @@ def measure_problem(spec: ProblemSpec, plan: LoopPlan, progress: RunProgress, de
 
     names, result.tuner_ms, result.finalist_source = finalists(selection)
     progress.step(f"{spec.label()}: {len(names)} finalists' loops")
-    calls = _finalist_calls(selection, names, sets, device, result)
-    if len(calls) >= 2:
-        result.finalist_rounds_ms = alternate(calls, len(sets), plan.rounds, plan.seconds, runner)
+    finalist_calls = _finalist_calls(selection, names, sets, device, result)
+    if len(finalist_calls) >= 2:
+        result.finalist_rounds_ms = alternate(finalist_calls, len(sets), plan.rounds, plan.seconds, runner)
     return result
 
 
@@ -246,8 +282,10 @@ def _rounds(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.sustained", description=__doc__.split("\n\n")[0])
-    p.add_argument("--problems", help="comma list of dtype:MxNxK[:layout] (dtype: " + ", ".join(DTYPES) +
-                   "; layout: " + ", ".join(LAYOUTS) + ", default nn), e.g. bf16:4096x11008x4096:nt")
+    p.add_argument("--problems", help=f"comma list of {FORMAT} (dtype: " + ", ".join(DTYPES) + "; layout: " +
+                   ", ".join(LAYOUTS) + ", default nn; e4m3 (or fp8) is kernels.scaled_mm vs torch._scaled_mm "
+                   "(bf16 out), layout nt only, scaling tensor (default) or row), e.g. bf16:4096x11008x4096:nt, "
+                   "e4m3:16x12288x4096:nt:row")
     p.add_argument("--set", dest="problem_set", help=f"a named set: {', '.join(SETS)} (default issue27)")
     p.add_argument("--backends", help="KERNELS_BACKENDS for this run (kernels.config.backends), e.g. "
                    "aten,triton,padded,cutlass (default: the environment's, else kernels' default)")
@@ -283,8 +321,10 @@ def resolve(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace, progress: RunProgress, emit: Callable[[dict], None]) -> tuple[dict, list]:
-    """Every problem in turn, each record passed to `emit` as soon as it exists; returns the header and results."""
+def run(args: argparse.Namespace, progress: RunProgress, emit: Callable[[dict], None], device: str = "cuda",
+        runner: LoopRunner = cuda_loop) -> tuple[dict, list]:
+    """Every problem in turn, each record passed to `emit` as soon as it exists; returns the header and results.
+    `device`/`runner` other than cuda's serve the interpreter test on CPU."""
     header = {"kind": "run", "backends": ",".join(config.backends), **asdict(args.plan), "timed_s": TIMED_S,
               "problems": [s.label() for s in args.specs], "fastpath": kernels.load_fastpath(), **environment()}
     emit(header)
@@ -293,16 +333,18 @@ def run(args: argparse.Namespace, progress: RunProgress, emit: Callable[[dict], 
     with progress:
         for spec in args.specs:
             if args.time_limit is not None and progress.elapsed > args.time_limit:
-                result = ProblemResult(spec.label(), spec.dtype, "skipped",
+                result = ProblemResult(spec.label(), spec.dtype, "skipped", scaling=spec.scaling,
                                        message=f"--time-limit {args.time_limit:g} s reached")
             else:
                 try:
-                    result = measure_problem(spec, args.plan, progress)
+                    result = measure_problem(spec, args.plan, progress, device, runner)
                 except KeyboardInterrupt:       # the table of what was measured still prints
-                    results.append(ProblemResult(spec.label(), spec.dtype, "skipped", message="interrupted"))
+                    results.append(ProblemResult(spec.label(), spec.dtype, "skipped", scaling=spec.scaling,
+                                                 message="interrupted"))
                     break
                 except Exception as e:  # noqa: BLE001 - the run goes on; the error is the problem's record
-                    result = ProblemResult(spec.label(), spec.dtype, "error", message=f"{type(e).__name__}: {e}")
+                    result = ProblemResult(spec.label(), spec.dtype, "error", scaling=spec.scaling,
+                                           message=f"{type(e).__name__}: {e}")
                 finally:
                     torch.cuda.empty_cache()
             results.append(result)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from bench.cli_common import print_tables
 from bench.cli_common import read_run as read_run_file
-
+from bench.report import fmt_ms, ratio
 from kernels.core.selection import Selection
 
 TIMED_S = 1.0             # the timed tail of every loop: issue 27's "mean of its last second"
@@ -107,6 +107,7 @@ class ProblemResult:
     dtype: str
     status: str                                    # ok | error | skipped
     message: str = ""
+    scaling: str = ""                              # e4m3: "tensor" or "row" scales (its geomean is per scaling)
     winner: str = ""
     regime: str | None = None                      # Selection.regime, where the tuner records it
     tuned: bool = False                            # the first call tuned (else its selection came from disk)
@@ -158,6 +159,10 @@ def _num(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _ms(x: float | None) -> str:
+    return "-" if x is None else fmt_ms(x)
+
+
 def table_row(r: ProblemResult) -> list[str]:
     if r.status != "ok":
         return [r.problem, f"{r.status}: {r.message}"[:100]] + [""] * (len(HEADERS) - 2)
@@ -165,17 +170,19 @@ def table_row(r: ProblemResult) -> list[str]:
     tune = _num(r.first_call_s, ".2f") + ("" if r.tuned else " (disk)")
     burst = r.finalist_source != "final_ms" and d["regime_agrees"] != "n/a"      # the tuner's times were bursts
     agrees = d["regime_agrees"] + (" burst" if burst else "")
-    return [r.problem, r.winner, r.regime or "-", tune, _num(d["kernels_ms"], ".4f"), _num(d["torch_ms"], ".4f"),
-            _num(d["speedup"], ".3f") + ("x" if d["speedup"] is not None else ""),
+    # times with 4 significant digits and the speedup from them as printed: a reader recomputes what is shown
+    return [r.problem, r.winner, r.regime or "-", tune, _ms(d["kernels_ms"]), _ms(d["torch_ms"]),
+            ratio(d["torch_ms"], d["kernels_ms"]) if d["speedup"] is not None else "-",
             _num(d["regret"], ".1%") + (f" ({len(r.finalist_rounds_ms)})" if d["regret"] is not None else ""), agrees]
 
 
 def geomean_rows(results: list[ProblemResult]) -> list[list[str]]:
-    """Per dtype: the geomean and the lowest speedup over the problems measured."""
+    """Per dtype (fp8: per dtype and scaling): the geomean and the lowest speedup over the problems measured."""
     by_dtype: dict[str, list[float]] = {}
     for r in results:
         if r.status == "ok" and r.measured:
-            by_dtype.setdefault(r.dtype, []).append(r.derived()["speedup"])
+            group = " ".join(p for p in (r.dtype, r.scaling) if p)
+            by_dtype.setdefault(group, []).append(r.derived()["speedup"])
     return [[dtype, f"{geomean(v):.3f}x", f"{min(v):.3f}x", str(len(v))] for dtype, v in by_dtype.items()]
 
 

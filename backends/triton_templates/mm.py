@@ -1,4 +1,4 @@
-"""triton_mm / triton_int8_mm: one tiled kernel, one program per output tile (templates/triton/mm.py.jinja)."""
+"""triton_mm / triton_int8_mm / triton_scaled_mm: one tiled kernel, one program per output tile (templates/triton/mm.py.jinja)."""
 from __future__ import annotations
 
 from backends.triton_launch import kernel_sequence
@@ -18,7 +18,7 @@ from kernels.space.heuristics import candidate_configs, output_tiles
 
 
 class MatmulFamily(TritonFamily):
-    templates = ("triton_mm", "triton_int8_mm")
+    templates = ("triton_mm", "triton_int8_mm", "triton_scaled_mm")
 
     def choices(self, problem, template, space):
         return [Choice("triton", template, problem.dtype, cfg) for cfg in candidate_configs(problem, template, space)], {}
@@ -40,7 +40,7 @@ class MatmulFamily(TritonFamily):
             return ((a, b, out, *epi, m, n, k, sa0, sa1, sb0, sb1, ldc, 1),)
 
         return kernel_sequence(handles, [(output_tiles(problem, cfg), 1, 1)], args, (m, n),
-                               DTYPES_BY_NAME[problem.out_dtype], ldc_multiple(specs[0]), bias=problem.bias)
+                               DTYPES_BY_NAME[problem.out_dtype], ldc_multiple(specs[0]), epilogue=problem.epilogue_operands)
 
 
 FAMILY = MatmulFamily()

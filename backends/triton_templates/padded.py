@@ -15,7 +15,7 @@ from backends.padded import fills_first, hopper_wave_tiles, inner_triton_configs
 from backends.triton_launch import kernel_sequence, per_stream
 from backends.triton_render import (
     Arg,
-    bias_args,
+    epilogue_args,
     dot_vars,
     epilogue_vars,
     even_k,
@@ -89,7 +89,7 @@ class PaddedTritonFamily(TritonFamily):
             return pad_args(a, b, bufs), (ap, bp, out, *epi, m, np_, kp, kp, 1, sbp0, sbp1, ldc, 1, n)
 
         return kernel_sequence(handles, grids, args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
-                               ldc_multiple(specs[1]), buffers, bias=problem.bias)
+                               ldc_multiple(specs[1]), buffers, epilogue=problem.epilogue_operands)
 
 
 class PaddedTmaFamily(TritonFamily):
@@ -115,7 +115,7 @@ class PaddedTmaFamily(TritonFamily):
         inner = inner_problem(problem)
         lead_a, lead_b = inner.leading_dim("a"), inner.leading_dim("b")
         args = [ptr("a_ptr", problem.dtype), ptr("b_ptr", problem.dtype), ptr("c_ptr", problem.out_dtype),
-                *bias_args(problem), int_arg(problem, "M", inner.m, "m"), int_arg(problem, "N", inner.n, "n"),
+                *epilogue_args(problem), int_arg(problem, "M", inner.m, "m"), int_arg(problem, "N", inner.n, "n"),
                 int_arg(problem, "K", inner.k, "k"), int_arg(problem, "stride_a", lead_a, "k"),
                 int_arg(problem, "stride_b", lead_b, "kn"), int_arg(problem, "stride_cm", problem.n, "n"),
                 int_arg(problem, "N_OUT", problem.n, "n")]
@@ -138,7 +138,7 @@ class PaddedTmaFamily(TritonFamily):
             return pad_args(a, b, bufs), (ap, bp, out, *epi, m, inner.n, inner.k, lead_a, lead_b, ldc, n)
 
         return kernel_sequence(handles, grids, args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
-                               ldc_multiple(specs[1]), buffers, bias=problem.bias)
+                               ldc_multiple(specs[1]), buffers, epilogue=problem.epilogue_operands)
 
 
 def pad_spec(problem: GemmProblem):

@@ -8,7 +8,7 @@ import torch
 
 from backends.triton_launch import kernel_sequence, per_stream
 from backends.triton_render import (
-    bias_args,
+    epilogue_args,
     dot_vars,
     epilogue_vars,
     even_k,
@@ -36,7 +36,7 @@ def _partial_spec(problem, name, cfg, split, reduce, even, kps):
     """The split kernel; with reduce "atomic" it applies the problem's epilogue, so decompose_k hands it the
     problem without one (its reduce launch applies it)."""
     args = gemm_args(problem)
-    pointers = 3 + len(bias_args(problem))            # a, b, c and the bias
+    pointers = 3 + len(epilogue_args(problem))        # a, b, c and the epilogue's tensors
     extra = [ptr("ws_ptr", _acc_dtype(problem))] + ([ptr("lock_ptr", "int32")] if reduce == "atomic" else [])
     # the split's K offset moves the operand pointers: assume 16-divisibility only when it holds
     args = args[:pointers] + extra + args[pointers:] + [int_arg(problem, "k_per_split", kps, "k")]
@@ -83,7 +83,7 @@ class SplitKFamily(TritonFamily):
             return ((a, b, out, *epi, ws[0], ws[1], m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps),)
 
         return kernel_sequence(handles, [(n_tiles, split, 1)], args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
-                               ldc_multiple(specs[0]), workspace, bias=problem.bias)
+                               ldc_multiple(specs[0]), workspace, epilogue=problem.epilogue_operands)
 
 
 class DecomposeKFamily(TritonFamily):
@@ -98,7 +98,7 @@ class DecomposeKFamily(TritonFamily):
     def specs(self, problem, choice):
         split = dict(choice.params)["split"]
         cfg = decompose_k_tile(problem, split)
-        reduce_args = [ptr("ws_ptr", _acc_dtype(problem)), ptr("c_ptr", problem.out_dtype), *bias_args(problem),
+        reduce_args = [ptr("ws_ptr", _acc_dtype(problem)), ptr("c_ptr", problem.out_dtype), *epilogue_args(problem),
                        int_arg(problem, "MN", problem.m * problem.n, "mn"), int_arg(problem, "N", problem.n, "n"),
                        int_arg(problem, "stride_cm", problem.n, "n")]
         reduce = make_spec("reduce.py.jinja", choice.name + "_reduce", reduce_args, 4, 1, block=REDUCE_BLOCK,
@@ -124,7 +124,7 @@ class DecomposeKFamily(TritonFamily):
             return (a, b, out, ws, m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps), (ws, out, *epi, m * n, n, ldc)
 
         return kernel_sequence(handles, grids, args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
-                               ldc_multiple(specs[0]), workspace, bias=problem.bias)
+                               ldc_multiple(specs[0]), workspace, epilogue=problem.epilogue_operands)
 
 
 SPLIT_K = SplitKFamily()

@@ -1,4 +1,4 @@
-"""triton_tma_mm / triton_tma_int8_mm: persistent kernel over tensor descriptors built on the device
+"""triton_tma_mm / triton_tma_int8_mm / triton_tma_scaled_mm: persistent kernel over tensor descriptors built on the device
 (templates/triton/tma_persistent.py.jinja). sm90+ (and the interpreter): TMA needs 16-byte aligned bases and
 row strides, and a unit stride in the last dimension of every operand."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 from backends.triton_launch import kernel_sequence
 from backends.triton_render import (
-    bias_args,
+    epilogue_args,
     dot_vars,
     epilogue_vars,
     int_arg,
@@ -20,6 +20,7 @@ from backends.triton_render import (
 from backends.triton_templates import TritonFamily
 from kernels.core.choice import Choice
 from kernels.core.problem import DTYPE_BYTES, DTYPES_BY_NAME, GemmProblem
+from kernels.space.families import TEMPLATE_CONFIG_LISTS
 from kernels.space.heuristics import (
     candidate_configs,
     config_list,
@@ -53,7 +54,7 @@ def epilogue_bytes(problem: GemmProblem, cfg, subtile: bool) -> int:
 
 
 class TmaFamily(TritonFamily):
-    templates = ("triton_tma_mm", "triton_tma_int8_mm")
+    templates = ("triton_tma_mm", "triton_tma_int8_mm", "triton_tma_scaled_mm")
 
     def choices(self, problem, template, space):
         why = tma_unsupported(problem)
@@ -66,8 +67,8 @@ class TmaFamily(TritonFamily):
     def specs(self, problem, choice):
         cfg = choice.config
         lead_a, lead_b = problem.leading_dim("a"), problem.leading_dim("b")
-        args = [ptr("a_ptr", problem.dtype), ptr("b_ptr", problem.dtype), ptr("c_ptr", problem.out_dtype),
-                *bias_args(problem), int_arg(problem, "M", problem.m, "m"), int_arg(problem, "N", problem.n, "n"),
+        args = [ptr("a_ptr", problem.dtype), ptr("b_ptr", problem.b_dtype), ptr("c_ptr", problem.out_dtype),
+                *epilogue_args(problem), int_arg(problem, "M", problem.m, "m"), int_arg(problem, "N", problem.n, "n"),
                 int_arg(problem, "K", problem.k, "k"), int_arg(problem, "stride_a", lead_a),
                 int_arg(problem, "stride_b", lead_b), int_arg(problem, "stride_cm", problem.n, "n")]
         dv = dot_vars(problem)
@@ -88,7 +89,7 @@ class TmaFamily(TritonFamily):
             return ((a, b, out, *epi, m, n, k, lead_a, lead_b, ldc),)
 
         return kernel_sequence(handles, [(programs, 1, 1)], args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
-                               ldc_multiple(specs[0], 16, problem.out_bytes), bias=problem.bias)
+                               ldc_multiple(specs[0], 16, problem.out_bytes), epilogue=problem.epilogue_operands)
 
 
 def tma_configs(problem: GemmProblem, template: str, space: str) -> list[tuple]:
@@ -115,7 +116,7 @@ def persistent_programs(problem: GemmProblem, cfg, device: torch.device) -> int:
 
 def _persistent(problem, template):
     seen, result = set(), []
-    for base in config_list("persistent_mm_configs"):
+    for base in config_list(TEMPLATE_CONFIG_LISTS[template]):
         cfg = scale_config(base, problem)
         if cfg not in seen and supports(problem, template, cfg)[0]:
             seen.add(cfg)

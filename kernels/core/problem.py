@@ -83,6 +83,11 @@ class GemmProblem:
         return "+".join(p for p in ("bias" if self.bias else "", self.activation) if p)
 
     @property
+    def epilogue_operands(self) -> int:
+        """How many tensors every launch takes between b and out: scaled_mm's two scales, then the bias."""
+        return (2 if self.scaling else 0) + (1 if self.bias else 0)
+
+    @property
     def layout_a(self) -> str:
         return layout_of((self.m, self.k), self.stride_a)
 

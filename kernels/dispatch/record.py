@@ -122,7 +122,8 @@ def replay(item: Listed) -> tuple[Selection, bool]:
     before = counters.snapshot()
     with _precision(problem.precision), torch._C.DisableTorchFunction():
         met = GemmProblem.from_tensors(problem.op, operands[0], operands[1], bias=problem.bias,
-                                       activation=problem.activation)
+                                       activation=problem.activation, scaling=problem.scaling,
+                                       out_dtype=problem.out_dtype)
         if problem.dynamic:
             sel = _dynamic.explain(met, _declared(item))
         else:

@@ -126,8 +126,9 @@ def validate(a, b, scale_a, scale_b, bias, out_dtype, out) -> str:
     for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
         if t.dtype != torch.float32:
             raise InputTypeError(f"kernels.scaled_mm: {name} must be float32, got {t.dtype}")
-        if not t.is_contiguous():
-            raise InputValueError(f"kernels.scaled_mm: {name} must be contiguous, got strides {t.stride()}")
+        if not t.is_contiguous() or (t.dim() == 2 and t.stride(1) != 1):
+            raise InputValueError(f"kernels.scaled_mm: {name} must be contiguous with a unit last stride, got "
+                                  f"strides {t.stride()} (torch._scaled_mm's rule too)")
     scaling = scaling_of(a, b, scale_a, scale_b)
     if bias is not None:
         if bias.dim() != 1 or bias.shape[0] != n:

@@ -65,8 +65,8 @@ def next_pow2(x: int) -> int:
 
 
 def scale_config(config: GemmConfig, problem: GemmProblem) -> GemmConfig:
-    """Clamp each block to the next power of two of its dimension (min 16; block_k min 32 for int8)."""
-    min_k = 32 if problem.dtype == "int8" else 16
+    """Clamp each block to the next power of two of its dimension (min 16; block_k min 32 for 8-bit inputs)."""
+    min_k = 32 if problem.elem_bytes == 1 else 16
     return GemmConfig(
         block_m=max(min(config.block_m, next_pow2(problem.m)), 16),
         block_n=max(min(config.block_n, next_pow2(problem.n)), 16),
@@ -101,8 +101,10 @@ def supports(problem: GemmProblem, template: str, config: GemmConfig | None) -> 
         return False, f"{template} needs int8 inputs"
     if min(config.block_m, config.block_n, config.block_k) < 16:
         return False, "tl.dot needs blocks of at least 16"
-    if problem.dtype == "int8" and config.block_k < 32:
-        return False, "int8 dot needs block_k >= 32"
+    if problem.elem_bytes == 1 and config.block_k < 32:
+        return False, f"{problem.dtype} dot needs block_k >= 32"
+    if problem.op == "scaled_mm" and (problem.layout_a != "row" or problem.layout_b != "col"):
+        return False, "fp8 tensor cores read A and B K-major only (A row-major, B column-major)"
     smem = shared_memory_bytes(config, problem)
     limit = shared_memory_limit(problem.arch)
     if smem > limit:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.core.problem import GemmProblem, precision_of
+from kernels.core.problem import OPS, GemmProblem, precision_of
 
 
 @dataclass(frozen=True)
@@ -73,14 +73,17 @@ def _strides(rows: int, cols: int, transposed: bool) -> tuple[int, int]:
 
 
 def problem_of(shape: Shape, dtype: str, layout: str, device: str = "cuda", arch: int = 90,
-               device_name: str = "") -> GemmProblem:
+               device_name: str = "", scaling: str = "tensor", out_dtype: str = "bf16") -> GemmProblem:
     """The problem of freshly allocated operands of this shape (16-byte aligned, dense) without making them: layout
-    'n' is row-major, 't' column-major (A then B); int8 is int_mm (int32 out)."""
+    'n' is row-major, 't' column-major (A then B); int8 is int_mm (int32 out); fp8 (e4m3, e5m2) is scaled_mm with
+    `scaling` and `out_dtype` (ignored for the other ops)."""
     if len(layout) != 2 or set(layout) - {"n", "t"}:
         raise ValueError(f"layout must be one of nn, nt, tn, tt, got {layout!r}")
-    op = "int_mm" if dtype == "int8" else "mm"
+    op = next(name for name, dtypes in OPS.items() if dtype in dtypes)
+    scaled = op == "scaled_mm"
     return GemmProblem(op=op, m=shape.m, n=shape.n, k=shape.k, dtype=dtype,
-                       out_dtype="int32" if op == "int_mm" else dtype,
+                       out_dtype=out_dtype if scaled else "int32" if op == "int_mm" else dtype,
                        stride_a=_strides(shape.m, shape.k, layout[0] == "t"),
                        stride_b=_strides(shape.k, shape.n, layout[1] == "t"), align_a=16, align_b=16, device=device,
-                       arch=arch, device_name=device_name, precision=precision_of(dtype))
+                       arch=arch, device_name=device_name, precision=precision_of(dtype),
+                       scaling=scaling if scaled else "")

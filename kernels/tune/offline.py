@@ -165,10 +165,12 @@ def _prebuild(report: Report, todo: list[Listed], log) -> None:
 
 # -- the report ----------------------------------------------------------------------------------------------------
 def label(problem: GemmProblem) -> str:
-    """'mm 64x48x32 fp16 nt bias+gelu': n/t per operand as bench.compare's --layout (s: strided)."""
+    """'mm 64x48x32 fp16 nt bias+gelu', 'scaled_mm 16x4096x4096 e4m3 nt row->bf16': n/t per operand as
+    bench.compare's --layout (s: strided)."""
     layout = "".join({"row": "n", "col": "t"}.get(lay, "s") for lay in (problem.layout_a, problem.layout_b))
     dtype = f"{problem.dtype}/{problem.precision}" if problem.precision else problem.dtype
-    parts = [problem.op, f"{problem.m}x{problem.n}x{problem.k}", dtype, layout, problem.epilogue,
+    scaled = f"{problem.scaling}->{problem.out_dtype}" if problem.scaling else ""
+    parts = [problem.op, f"{problem.m}x{problem.n}x{problem.k}", dtype, layout, scaled, problem.epilogue,
              f"dynamic {','.join(problem.dynamic)}" if problem.dynamic else ""]
     return " ".join(p for p in parts if p)
 

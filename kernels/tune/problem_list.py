@@ -2,9 +2,11 @@
 
 Three kinds of file, told apart by their suffix:
 - `.csv`: a header row, then one problem per row: `m, n, k, dtype, layout` and optionally `op` (implied by the
-  dtype: int8 is int_mm), `bias` (0/1, true/false, yes/no) and `activation` (relu, gelu, silu). `layout` is
-  bench.compare's: two letters for A then B, `n` row-major, `t` column-major (`nt` is nn.Linear's: the weight used
-  transposed). Blank lines and lines starting with `#` are skipped.
+  dtype: int8 is int_mm, e4m3 / e5m2 scaled_mm), `bias` (0/1, true/false, yes/no), `activation` (relu, gelu, silu;
+  mm only), and for scaled_mm `scaling` (tensor, the default, or row) and `out_dtype` (bf16, the default, fp16,
+  fp32). `layout` is bench.compare's: two letters for A then B, `n` row-major, `t` column-major (`nt` is
+  nn.Linear's: the weight used transposed; the only one scaled_mm takes). Blank lines and lines starting with `#`
+  are skipped.
 - `.json`: a list of objects with those keys.
 - `.jsonl`: a problem trace (KERNELS_RECORD, kernels.record()): one object per line, each a GemmProblem's own dict
   (strides, alignment, precision, epilogue, dynamic dims) and, for a dynamic problem, its `dynamic_spec`. Lines
@@ -24,18 +26,19 @@ from pathlib import Path
 
 from kernels.core.dynamic_spec import DIMS, MODES, parse_buckets, parse_dims
 from kernels.core.errors import KernelsError
-from kernels.core.problem import ACTIVATIONS, OPS, GemmProblem, precision_of
+from kernels.core.problem import ACTIVATIONS, OPS, SCALED_OUT_DTYPES, SCALINGS, GemmProblem, precision_of
 from kernels.space.shapes import Shape, problem_of
 
 SUFFIXES = (".csv", ".json", ".jsonl")
 LAYOUTS = ("nn", "nt", "tn", "tt")
 REQUIRED = ("m", "n", "k", "dtype", "layout")
-OPTIONAL = ("op", "bias", "activation")
+OPTIONAL = ("op", "bias", "activation", "scaling", "out_dtype")
 ALIGNMENTS = (1, 2, 4, 8, 16)
 PRECISIONS = ("ieee", "tf32")
 # a trace line: GemmProblem's fields, and for a dynamic problem how kernels.Dynamic declared it
 RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(GemmProblem))
-RECORD_DEFAULTS = {"precision": None, "dynamic": (), "bias": False, "activation": ""}     # older traces lack them
+RECORD_DEFAULTS = {"precision": None, "dynamic": (), "bias": False, "activation": "", "scaling": ""}  # older traces
+# lack them
 DYNAMIC_SPEC_KEYS = ("hints", "mode", "buckets", "pool")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
@@ -122,7 +125,7 @@ def _op_for(dtype: str) -> str:
     return next(op for op, dtypes in OPS.items() if dtype in dtypes)
 
 
-# -- the short form: m, n, k, dtype, layout [, op, bias, activation] ---------------------------------------------
+# -- the short form: m, n, k, dtype, layout [, op, bias, activation, scaling, out_dtype] ----------------------------
 def _short(values: dict[str, object], where: _Where, column) -> Listed:
     """values by column name; column(name) -> how an error names that column."""
     dtypes = tuple(d for ds in OPS.values() for d in ds)
@@ -136,12 +139,29 @@ def _short(values: dict[str, object], where: _Where, column) -> Listed:
             raise where.error(column("op"), f"{given} takes {', '.join(OPS[given])}, not {dtype}")
     bias = _flag(values.get("bias"), where, column("bias"))
     activation = _activation(values.get("activation"), where, column("activation"))
-    if op != "mm" and (bias or activation):
-        raise where.error(column("bias" if bias else "activation"), f"{op} has no epilogue (bias and activation are "
-                          "for fp16 / bf16 / fp32 products)")
-    problem = dataclasses.replace(problem_of(Shape(m, n, k), dtype, layout, device="cuda", arch=0, device_name=""),
-                                  bias=bias, activation=activation)
+    scaled = op == "scaled_mm"
+    if (op == "int_mm" and (bias or activation)) or (scaled and activation):
+        raise where.error(column("bias" if bias and not scaled else "activation"),
+                          f"{op} has no {'activation' if scaled else 'epilogue'} (bias and activation are for fp16 / "
+                          "bf16 / fp32 products; scaled_mm takes a bias)")
+    scaling = _given(values, "scaling", SCALINGS, "tensor", scaled, op, where, column)
+    out_dtype = _given(values, "out_dtype", SCALED_OUT_DTYPES, "bf16", scaled, op, where, column)
+    if scaled and layout != "nt":
+        raise where.error(column("layout"), f"{layout!r}: scaled_mm takes A row-major and B column-major (nt)")
+    problem = dataclasses.replace(problem_of(Shape(m, n, k), dtype, layout, device="cuda", arch=0, device_name="",
+                                             scaling=scaling, out_dtype=out_dtype), bias=bias, activation=activation)
     return Listed(problem, None, str(where))
+
+
+def _given(values, name: str, allowed: tuple[str, ...], default: str, scaled: bool, op: str, where: _Where,
+           column) -> str:
+    """scaled_mm's `scaling` / `out_dtype` column: one of `allowed` (default when empty); other ops leave it empty."""
+    value = values.get(name)
+    if value in (None, ""):
+        return default
+    if not scaled:
+        raise where.error(column(name), f"{value!r}: only scaled_mm (fp8) problems have a {name}, not {op}")
+    return _choice(value, allowed, where, column(name))
 
 
 # -- the trace form: GemmProblem's own dict ----------------------------------------------------------------------
@@ -202,9 +222,15 @@ def _record(obj: dict, where: _Where) -> Listed:
     key = lambda name: f"key {name!r}"      # noqa: E731
     op = _choice(values["op"], tuple(OPS), where, key("op"))
     dtype = _choice(values["dtype"], OPS[op], where, key("dtype"))
-    out_dtype = "int32" if op == "int_mm" else dtype
-    if values["out_dtype"] != out_dtype:
-        raise where.error(key("out_dtype"), f"{values['out_dtype']!r}: {op} of {dtype} gives {out_dtype}")
+    if op == "scaled_mm":
+        out_dtype = _choice(values["out_dtype"], SCALED_OUT_DTYPES, where, key("out_dtype"))
+        scaling = _choice(values["scaling"], SCALINGS, where, key("scaling"))
+    else:
+        out_dtype, scaling = "int32" if op == "int_mm" else dtype, ""
+        if values["out_dtype"] != out_dtype:
+            raise where.error(key("out_dtype"), f"{values['out_dtype']!r}: {op} of {dtype} gives {out_dtype}")
+        if values["scaling"] != "":
+            raise where.error(key("scaling"), f"{values['scaling']!r}: only scaled_mm problems have a scaling")
     precision = values["precision"]
     if precision is None:
         precision = precision_of(dtype)
@@ -222,10 +248,11 @@ def _record(obj: dict, where: _Where) -> Listed:
     if not isinstance(bias, bool):
         raise where.error(key("bias"), f"{bias!r} is not true or false")
     activation = _activation(values["activation"], where, key("activation"))
-    if op != "mm" and (bias or activation):
-        raise where.error(key("bias" if bias else "activation"), f"{op} has no epilogue")
-    if dynamic and (bias or activation):
-        raise where.error(key("dynamic"), "kernels.linear's problems (with an epilogue) are never dynamic")
+    if (op == "int_mm" and (bias or activation)) or (op == "scaled_mm" and activation):
+        raise where.error(key("bias" if bias and op == "int_mm" else "activation"),
+                          f"{op} has no {'epilogue' if op == 'int_mm' else 'activation'}")
+    if dynamic and (bias or activation or op == "scaled_mm"):
+        raise where.error(key("dynamic"), "kernels.linear's and scaled_mm's problems are never dynamic")
     if "dynamic_spec" in obj and not dynamic:
         raise where.error(key("dynamic_spec"), "given for a problem without dynamic dims")
     spec = None
@@ -241,7 +268,7 @@ def _record(obj: dict, where: _Where) -> Listed:
         align_b=_int(values["align_b"], where, key("align_b"), ALIGNMENTS), device=device,
         arch=_int(values["arch"], where, key("arch")), device_name=_text(values["device_name"], where,
                                                                          key("device_name")),
-        precision=precision, dynamic=dynamic, bias=bias, activation=activation)
+        precision=precision, dynamic=dynamic, bias=bias, activation=activation, scaling=scaling)
     return Listed(problem, spec, str(where))
 
 

@@ -44,3 +44,26 @@ def test_one_problem_measured_end_to_end():
 
     again = bs.measure_problem(spec, plan, RunProgress(1, quiet=True), device="cpu", runner=host_loop)
     assert not again.tuned and again.winner == result.winner          # served from this process's selection
+
+
+@pytest.mark.skipif(not interpret_mode(), reason="runs the interpreter on CPU tensors")
+def test_an_fp8_problem_through_the_command(capsys):
+    """`--problems e4m3:...:row` parsed, run (kernels.scaled_mm against torch._scaled_mm, then the finalists through
+    the launches the dispatcher builds, scales passed), each record emitted, and the table printed."""
+    args = bs.resolve(["--problems", "e4m3:32x48x64:nt:row", "--backends", "aten,triton", "--seconds", "0.02",
+                       "--heat", "0.01"])
+    kernels.config.only = ("_s3_w4_",)         # a few Triton candidates: the loops, not the search, are tested
+    records = []
+    header, results = bs.run(args, RunProgress(1, quiet=True), records.append, device="cpu", runner=host_loop)
+    (result,) = results
+    assert result.status == "ok", result.message
+    assert result.problem == "e4m3 32x48x64 nt row" and (result.dtype, result.scaling) == ("e4m3", "row")
+    assert result.tuned and len(result.kernels_rounds_ms) == len(result.torch_rounds_ms) == 2
+    assert result.winner in result.finalist_rounds_ms and not result.finalist_failures
+    assert "aten_scaled_mm" in result.finalist_rounds_ms       # torch._scaled_mm's launch, and a Triton one:
+    assert any(name.startswith("triton") for name in result.finalist_rounds_ms)   # user_call passed the scales
+    assert header["problems"] == ["e4m3 32x48x64 nt row"] and [r["kind"] for r in records] == ["run", "problem"]
+    assert records[1]["scaling"] == "row" and records[1]["speedup"] > 0
+    bs.print_table(results, br.table_title(header))
+    out = capsys.readouterr().out
+    assert "e4m3 32x48x64 nt row" in out and result.winner in out and "e4m3 row" in out    # its geomean group

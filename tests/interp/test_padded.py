@@ -20,6 +20,9 @@ def test_offered_only_for_misaligned_problems():
     inner = inner_problem(odd)
     assert (inner.k, inner.n, inner.stride_a, inner.stride_b) == (2048, 2048, (2048, 1), (2048, 1))
     assert inner_problem(problem(m=40, n=33, k=65, dtype="int8", op="int_mm")).n == 48
+    # no padded template for fp8 (its K and N are multiples of 16 anyway): said, even for a misaligned pointer
+    fp8 = problem(m=40, n=32, k=64, dtype="e4m3", op="scaled_mm", lb="col", align_a=1)
+    assert PaddedBackend().available(fp8) == (False, "no padded template for scaled_mm")
 
 
 def test_hoppers_largest_tiles_join_the_inner_configs_where_they_fill_a_wave():

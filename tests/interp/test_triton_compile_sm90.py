@@ -196,3 +196,33 @@ def test_a_stored_kernel_loads_from_its_checked_folder_as_tritons_cache_hit_woul
     assert kernel.asm["cubin"] == next(group.glob("*.cubin")).read_bytes()
     assert kernel.metadata.target.arch == 90 and kernel.metadata.num_warps == 4
     assert backend._from_store(p, dataclasses.replace(spec, kernel_name="another"), module, key) is None
+
+
+def test_fp8_families_compile_for_sm90_with_fp8_wgmma():
+    """Every family serving scaled_mm, both scalings, a bias, e5m2 x e4m3: Hopper's fp8 warpgroup MMA (QGMMA) in
+    the SASS of tiles with at least 64 rows (a warpgroup's MMA); Triton runs thinner tiles (split_k's 16-row ones,
+    for skinny, memory-bound problems) as mma.sync on values converted to fp16 (HMMA)."""
+    backend = TritonBackend()
+
+    def fp8(m, n, k, scaling, bias=False, dtype="e4m3", out_dtype="bf16"):
+        p = problem(m=m, n=n, k=k, dtype=dtype, op="scaled_mm", lb="col")
+        return dataclasses.replace(p, out_dtype=out_dtype, scaling=scaling, bias=bias)
+
+    cases = [(fp8(4096, 4096, 4096, "tensor"),
+              Choice("triton", "triton_scaled_mm", "e4m3", GemmConfig(128, 128, 128, 4, 8))),
+             (fp8(4096, 4096, 4096, "row", bias=True),
+              Choice("triton", "triton_tma_scaled_mm", "e4m3", GemmConfig(128, 256, 128, 3, 8), (("sub", 1),))),
+             (fp8(16, 12288, 4096, "row", out_dtype="fp16"),
+              Choice("triton", "split_k", "e4m3", GemmConfig(16, 128, 128, 4, 4), (("split", 4),))),
+             (fp8(64, 4096, 11008, "tensor", dtype="e5m2", out_dtype="fp32"),
+              Choice("triton", "triton_tma_scaled_mm", "e5m2", GemmConfig(128, 128, 128, 4, 8)))]
+    try:
+        results = compile_jobs(backend, cases)
+    finally:
+        backend.close()
+    assert all(r["ok"] for r in results), [r.get("error") for r in results]
+    if not cuobjdump():
+        return
+    for (p, choice), r in zip(cases, results):
+        sass = sass_of(backend, r)
+        assert ("QGMMA" if choice.config.block_m >= 64 else "HMMA") in sass, r["kernel"]

@@ -18,7 +18,33 @@ def test_parser_defaults_and_choices():
                                       "--layout", "tn", "--json", "x.json", "--csv", "x.csv", "--plot", "x.png"])
     assert args.only == ["a", "b"] and args.skip == ["c"] and args.keep_going and args.layout == "tn"
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["--dtype", "fp8"])
+        build_parser().parse_args(["--dtype", "fp4"])
+
+
+def test_fp8_defaults_its_shapes_layout_and_scaling():
+    gpu = resolve_defaults(build_parser().parse_args(["--dtype", "fp8"]), no_gpu=False)
+    assert (gpu.shapes, gpu.layout, gpu.scaling) == ("fp8", "nt", "tensor")
+    cpu = resolve_defaults(build_parser().parse_args(["--dtype", "fp8", "--scaling", "row"]), no_gpu=True)
+    assert (cpu.shapes, cpu.layout, cpu.scaling) == ("tiny-fp8", "nt", "row")
+    given = resolve_defaults(build_parser().parse_args(["--dtype", "fp8", "--layout", "nt", "--shapes", "square"]),
+                             no_gpu=False)
+    assert (given.shapes, given.layout) == ("square", "nt")
+    assert resolve_defaults(build_parser().parse_args(["--dtype", "int8"]), no_gpu=False).scaling == ""
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--dtype", "fp8", "--layout", "nn"], "--layout nn: fp8 takes A row-major and B column-major only (layout nt"),
+    (["--dtype", "fp8", "--layout", "tt"], "--layout tt:"),
+    (["--dtype", "bf16", "--scaling", "row"], "--scaling row: scales are for --dtype fp8 only, not bf16"),
+    (["--dtype", "int8", "--scaling", "tensor"], "not int8")])
+def test_what_fp8_does_not_take_is_a_usage_error_naming_the_option(argv, says, capsys):
+    from bench.compare import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and "No GPU" not in err            # refused before anything runs
 
 
 def test_aten_always_first_and_backends_deduped():

@@ -82,6 +82,30 @@ def test_int8_headers_say_tops():
     assert "TOPS" in rp.headers(rep) and "TFLOP/s" not in rp.headers(rep)
 
 
+def _fp8_report(mode="gpu") -> Report:
+    """_report's numbers on fp8 rows: scaled_mm with row-wise scales."""
+    rep = _report(mode)
+    for sr in rep.shapes:
+        sr.op, sr.dtype, sr.layout, sr.scaling = "scaled_mm", "fp8", "nt", "row"
+    rep.args["dtype"] = "fp8"
+    return rep
+
+
+def test_fp8_rows_name_the_scaling_and_kernels_scaled_mm(tmp_path):
+    rows = rp.rows(_fp8_report())
+    assert rows[0][0] == "4096x4096x4096 fp8 nt row" and rows[0][1] == "aten"
+    km = next(r for r in rows if r[1] == "kernels.scaled_mm" and "aten_mm [tuned" in r[2])
+    assert km[-2] == "1.000x"                         # against the row's aten: torch._scaled_mm's own call
+    text = rp.plain_table(_fp8_report())
+    assert "kernels.scaled_mm vs torch._scaled_mm" in text and "kernels.mm" not in text
+    assert "kernels.scaled_mm's torch._scaled_mm is the aten row" in rp.legend(_fp8_report())
+    assert "kernels.scaled_mm" in rp.plain_table(_fp8_report(mode="cpu-interpreter"))
+    assert "TFLOP/s" in rp.headers(_fp8_report())
+    rp.write_csv(_fp8_report(), tmp_path / "r.csv")
+    lines = [ln for ln in (tmp_path / "r.csv").read_text().splitlines() if not ln.startswith("#")]
+    assert {r["scaling"] for r in csv.DictReader(lines)} == {"row"}
+
+
 def test_json_round_trips_every_number(tmp_path):
     path = tmp_path / "r.json"
     rp.write_json(_report(), path)

@@ -2,6 +2,9 @@
 import json
 
 import pytest
+import torch
+
+import kernels
 
 from bench.shapes import CORE, SUITES, Shape, ShapesError, parse_shapes, suite
 
@@ -92,3 +95,46 @@ def test_a_shapes_problem_without_tensors_is_the_problem_of_real_tensors(dtype, 
 
     for shape in (Shape(64, 48, 32), Shape(1, 48, 32)):
         assert problem_of(shape, dtype, layout, "cpu", 0, "cpu") == problem_for(shape, dtype, layout, "cpu")
+
+
+def test_fp8_suites_are_issue30s_problems_and_tiny_ones_torch_scaled_mm_takes():
+    from bench.shapes import FP8_SUITES
+
+    assert suite("fp8") == [Shape(16, 12288, 4096), Shape(64, 4096, 11008), Shape(512, 12288, 4096),
+                            Shape(4096, 4096, 4096), Shape(8192, 8192, 8192), Shape(8192, 14336, 4096)]
+    assert all(s.k % 16 == 0 and s.n % 16 == 0 for name in FP8_SUITES for s in suite(name))
+    assert max(s.macs for s in suite("tiny-fp8")) <= 1 << 21          # bench.compare's interpreter limit
+    assert not set(suite("tiny-fp8")) & set(suite("all"))     # "all" stays the performance suites it was
+    assert parse_shapes("tiny-fp8") == suite("tiny-fp8")
+
+
+def test_fp8_problems_are_scaled_mm_in_the_nt_layout():
+    from bench.measure import layout_error, op_for, problem_for, shape_error, user_calls
+
+    assert [op_for(d) for d in ("bf16", "fp32", "int8", "fp8", "e4m3")] == ["mm", "mm", "int_mm", "scaled_mm",
+                                                                           "scaled_mm"]
+    tensor = problem_for(Shape(17, 32, 48), "fp8", "nt", "cpu")
+    assert (tensor.op, tensor.dtype, tensor.out_dtype, tensor.scaling, tensor.bias) == ("scaled_mm", "e4m3", "bf16",
+                                                                                        "tensor", False)
+    assert (tensor.layout_a, tensor.layout_b, tensor.epilogue_operands) == ("row", "col", 2)
+    assert problem_for(Shape(17, 32, 48), "e4m3", "nt", "cpu", "row").scaling == "row"
+    assert problem_for(Shape(17, 32, 48), "bf16", "nn", "cpu", "row").scaling == ""      # other dtypes: no scales
+    assert layout_error("fp8", "nt") == "" and "layout nt" in layout_error("fp8", "nn")
+    assert layout_error("int8", "tt") == "" and shape_error(Shape(8, 8, 8), "bf16") == ""
+    assert shape_error(Shape(8, 8, 8), "fp8") == "8x8x8: fp8 needs K and N multiples of 16 (torch._scaled_mm's rule)"
+    for args, says in (((Shape(16, 32, 48), "fp8", "tn", "cpu"), "not tn"), ((Shape(16, 8, 48), "fp8", "nt", "cpu"),
+                       "multiples of 16"), ((Shape(16, 32, 48), "fp8", "nt", "cpu", "col"), "scaling must be")):
+        with pytest.raises(ValueError, match=says):
+            problem_for(*args)
+    calls = user_calls(tensor)      # torch._scaled_mm(a, b, sa, sb, out_dtype=bf16), and kernels.scaled_mm alike
+    assert calls.torch.func is torch._scaled_mm and calls.torch.keywords == {"out_dtype": torch.bfloat16}
+    assert calls.kernels.func is kernels.scaled_mm and calls.kernels.keywords == {"out_dtype": torch.bfloat16}
+
+
+def test_compare_refuses_shapes_fp8_cannot_run_naming_them(tmp_path):
+    from bench import compare
+    from bench.progress import RunProgress
+
+    args = compare.resolve_defaults(compare.build_parser().parse_args(["--dtype", "fp8", "--shapes", "tiny"]), True)
+    with pytest.raises(ShapesError, match="--shapes tiny: 17x33x65: fp8 needs K and N multiples of 16"):
+        compare.run(args, no_gpu=True, progress=RunProgress(0, quiet=True))

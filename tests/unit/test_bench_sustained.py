@@ -2,6 +2,7 @@
 tuner-vs-loops ranking check, geomeans) and the table, on fake loop results. Its measurement through the
 interpreter: tests/interp/test_bench_sustained_runs.py."""
 import json
+import re
 
 import pytest
 import torch
@@ -25,11 +26,29 @@ def test_problems_parse_with_layout_default_nn():
 
 
 @pytest.mark.parametrize("text, says", [
-    ("fp8:8x8x8", "unknown dtype 'fp8'"), ("bf16:8x8x8:nx", "unknown layout 'nx'"), ("bf16:8x8", "MxNxK"),
-    ("bf16:8x0x8", "positive"), ("bf16", "dtype:MxNxK"), ("bf16:8x8x8:nn:x", "dtype:MxNxK"), (",", "no problem")])
+    ("fp4:8x8x8", "unknown dtype 'fp4'"), ("bf16:8x8x8:nx", "unknown layout 'nx'"), ("bf16:8x8", "MxNxK"),
+    ("bf16:8x0x8", "positive"), ("bf16", "dtype:MxNxK"), ("bf16:8x8x8:nn:x:y", "dtype:MxNxK"),
+    (",", "no problem"),
+    # fp8: its one layout, torch._scaled_mm's multiples of 16, a known scaling, and no scaling for other dtypes
+    ("e4m3:16x32x64:nn", "layout nt"), ("fp8:16x32x64:tn:row", "not tn"),
+    ("e4m3:16x24x64", "K and N multiples of 16"), ("e4m3:16x32x40:nt", "multiples of 16"),
+    ("e4m3:16x32x64:nt:col", "unknown scaling 'col'; allowed: tensor, row"),
+    ("bf16:8x8x8:nn:row", "a scaling ('row') is for e4m3 only"), ("e4m3:16x32x64:nt:row:x", "dtype:MxNxK")])
 def test_bad_problems_say_what_is_allowed(text, says):
-    with pytest.raises(bs.SpecError, match=says):
+    with pytest.raises(bs.SpecError, match=re.escape(says)) as e:
         bs.parse_problems(text)
+    assert text.strip(",") in str(e.value) or text == ","          # the message names the problem given
+
+
+def test_fp8_problems_default_to_nt_and_tensor_scales():
+    specs = bs.parse_problems("e4m3:16x12288x4096, fp8:64x4096x11008:nt:row,E4M3:32x48x64:NT:Row")
+    assert specs == [bs.ProblemSpec("e4m3", 16, 12288, 4096, "nt", "tensor"),
+                     bs.ProblemSpec("e4m3", 64, 4096, 11008, "nt", "row"),
+                     bs.ProblemSpec("e4m3", 32, 48, 64, "nt", "row")]
+    assert {s.op for s in specs} == {"scaled_mm"}
+    assert specs[1].label() == "e4m3 64x4096x11008 nt row"
+    assert bs.parse_problems("e4m3:16x32x64:nt:tensor,fp8:16x32x64") == [bs.ProblemSpec("e4m3", 16, 32, 64, "nt",
+                                                                                         "tensor")]
 
 
 def test_the_issue27_set():
@@ -45,6 +64,19 @@ def test_the_issue27_set():
         bs.problem_set("nope")
 
 
+def test_the_issue30_sets_are_bench_compares_fp8_suite_with_each_scaling():
+    from bench.shapes import FP8_SUITES
+
+    tensor, row = bs.problem_set("issue30-tensor"), bs.problem_set("issue30-row")
+    assert [(s.m, s.n, s.k) for s in tensor] == [(s.m, s.n, s.k) for s in FP8_SUITES["fp8"]] == [
+        (16, 12288, 4096), (64, 4096, 11008), (512, 12288, 4096), (4096, 4096, 4096), (8192, 8192, 8192),
+        (8192, 14336, 4096)]
+    assert {(s.dtype, s.layout, s.scaling, s.op) for s in tensor} == {("e4m3", "nt", "tensor", "scaled_mm")}
+    assert {(s.dtype, s.layout, s.scaling) for s in row} == {("e4m3", "nt", "row")}
+    assert bs.problem_set("issue30") == tensor + row and len(set(tensor + row)) == 12
+    assert bs.resolve(["--set", "issue30-row"]).specs == row
+
+
 def test_arguments_defaults_and_backends():
     args = bs.resolve([])
     assert args.specs == bs.problem_set("issue27")
@@ -57,7 +89,8 @@ def test_arguments_defaults_and_backends():
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--set", "nope"], "unknown set 'nope'"), (["--problems", "fp8:8x8x8"], "unknown dtype"),
+    (["--set", "nope"], "unknown set 'nope'"), (["--problems", "fp4:8x8x8"], "unknown dtype"),
+    (["--problems", "e4m3:16x16x16:nn"], "layout nt"), (["--problems", "e4m3:16x16x16:nt:rows"], "unknown scaling"),
     (["--problems", "bf16:8x8x8:xy"], "unknown layout"), (["--backends", "aten,bogus"], "unknown bogus"),
     (["--problems", "bf16:8x8x8", "--set", "smoke"], "not both"), (["--rounds", "1"], "at least 2 rounds"),
     (["--seconds", "0"], "positive"), (["--heat", "-1"], "non-negative"), (["--stat", "mean"], "invalid choice"),
@@ -224,3 +257,17 @@ def test_json_lines_round_trip_and_table_from(tmp_path, capsys):
     assert bs.main(["--table-from", str(bad)]) == 2
     assert "line 1 is not a bench.sustained record" in capsys.readouterr().err
     assert bs.main(["--table-from", str(tmp_path / "absent.jsonl")]) == 2
+
+
+def test_fp8_rows_geomean_per_scaling_and_every_speedup_recomputes_from_the_printed_times():
+    results = [_result("e4m3 16x12288x4096 nt tensor", "e4m3", [0.020498, 0.020502], [0.021549, 0.021551],
+                       scaling="tensor"),
+               _result("e4m3 16x12288x4096 nt row", "e4m3", [0.02210, 0.02212], [0.02301, 0.02303], scaling="row"),
+               _result("e4m3 4096x4096x4096 nt row", "e4m3", [0.2505, 0.2507], [0.2601, 0.2600], scaling="row")]
+    rows = [dict(zip(br.HEADERS, br.table_row(r))) for r in results]
+    assert rows[0]["kernels ms"] == "0.02050" and rows[0]["torch ms"] == "0.02155"     # 4 significant digits
+    for row in rows:
+        assert row["speedup"] == f"{float(row['torch ms']) / float(row['kernels ms']):.3f}x"
+    groups = {r[0]: r for r in br.geomean_rows(results)}
+    assert set(groups) == {"e4m3 tensor", "e4m3 row"} and groups["e4m3 row"][3] == "2"
+    assert br.ProblemResult.from_json(results[1].to_json()).scaling == "row"

@@ -72,6 +72,19 @@ def test_a_recorded_trace_round_trips_exactly(tmp_path):
     assert third.problem.m == 4                      # a short line in a trace is fine too
 
 
+def test_fp8_rows_are_scaled_mm_problems_and_their_trace_round_trips(tmp_path):
+    path = write(tmp_path, "p.csv", "m,n,k,dtype,layout,bias,scaling,out_dtype\n"
+                                    "16,4096,4096,e4m3,nt,,,\n"
+                                    "64,512,1024,e5m2,nt,1,row,fp16\n")
+    first, second = read(path)
+    p, q = first.problem, second.problem
+    assert (p.op, p.dtype, p.scaling, p.out_dtype, p.bias, p.layout_a, p.layout_b) == (
+        "scaled_mm", "e4m3", "tensor", "bf16", False, "row", "col")
+    assert (q.op, q.dtype, q.scaling, q.out_dtype, q.bias) == ("scaled_mm", "e5m2", "row", "fp16", True)
+    (again,) = read(write(tmp_path, "t.jsonl", trace_line(q) + "\n"))
+    assert again.problem == q
+
+
 def test_an_older_trace_line_without_the_epilogue_fields_still_reads(tmp_path):
     data = json.loads(trace_line(problem(m=8, n=8, k=8, dtype="fp16")))
     for key in ("bias", "activation", "dynamic", "precision"):
@@ -103,6 +116,15 @@ def test_duplicates_across_files_and_devices_are_one_problem(tmp_path):
     ("p.csv", "m,n,k,dtype,layout,activation\n8,8,8,int8,nn,relu\n",
      r"p.csv:2: column 6 \(activation\): int_mm has no epilogue"),
     ("p.csv", "m,n,k,dtype,layout,bias\n8,8,8,fp16,nn,maybe\n", r"p.csv:2: column 6 \(bias\): 'maybe' is not a flag"),
+    ("p.csv", "m,n,k,dtype,layout\n16,32,32,e4m3,nn\n", r"p.csv:2: column 5 \(layout\): 'nn': scaled_mm takes A row-major"),
+    ("p.csv", "m,n,k,dtype,layout,scaling\n16,32,32,e4m3,nt,block\n",
+     r"p.csv:2: column 6 \(scaling\): 'block' is not one of tensor, row"),
+    ("p.csv", "m,n,k,dtype,layout,scaling\n16,32,32,bf16,nt,row\n",
+     r"p.csv:2: column 6 \(scaling\): 'row': only scaled_mm \(fp8\) problems have a scaling, not mm"),
+    ("p.csv", "m,n,k,dtype,layout,out_dtype\n16,32,32,e4m3,nt,e4m3\n",
+     r"p.csv:2: column 6 \(out_dtype\): 'e4m3' is not one of bf16, fp16, fp32"),
+    ("p.csv", "m,n,k,dtype,layout,activation\n16,32,32,e4m3,nt,relu\n",
+     r"p.csv:2: column 6 \(activation\): scaled_mm has no activation"),
     ("p.json", '[\n{"m": 8, "n": 8, "k": 8, "dtype": "fp16", "layout": "nn", "colour": 1}]',
      r"p.json:2: key 'colour': not a known key"),
     ("p.json", '[{"m": 8, "n": 8,\n "k": 8, "dtype": "fp16", "layout": "nn",}]', r"p.json:2: column \d+: not valid JSON"),
@@ -131,13 +153,18 @@ def _trace_with(tmp_path, **change) -> str:
     ({"out_dtype": "fp32"}, r"key 'out_dtype': 'fp32': mm of fp16 gives fp16"),
     ({"precision": "tf32"}, r"key 'precision': 'tf32': only fp32 products have a precision"),
     ({"dynamic": ["q"]}, r"key 'dynamic': unknown dynamic dimension"),
-    ({"dynamic": ["m"], "activation": "gelu"}, r"key 'dynamic': kernels.linear's problems .* are never dynamic"),
+    ({"dynamic": ["m"], "activation": "gelu"}, r"key 'dynamic': kernels.linear's and scaled_mm's problems are never dynamic"),
     ({"dynamic": ["m"], "dynamic_spec": {"hints": {"m": [0]}, "mode": "benchmark", "buckets": "pow2", "pool": 3}},
      r"t.jsonl:2: key 'dynamic_spec.hints': .* is not one list of positive sizes per dynamic dim \(m\)"),
     ({"dynamic": ["m"], "dynamic_spec": {"hints": {"m": [4]}, "mode": "fast", "buckets": "pow2", "pool": 3}},
      r"key 'dynamic_spec.mode': 'fast' is not one of benchmark, similarity"),
     ({"dynamic_spec": {}}, r"key 'dynamic_spec': given for a problem without dynamic dims"),
     ({"bias": "yes"}, r"key 'bias': 'yes' is not true or false"),
+    ({"scaling": "row"}, r"key 'scaling': 'row': only scaled_mm problems have a scaling"),
+    ({"op": "scaled_mm", "dtype": "e4m3", "out_dtype": "bf16", "scaling": "block"},
+     r"key 'scaling': 'block' is not one of tensor, row"),
+    ({"op": "scaled_mm", "dtype": "e4m3", "out_dtype": "e4m3", "scaling": "row"},
+     r"key 'out_dtype': 'e4m3' is not one of bf16, fp16, fp32"),
 ])
 def test_bad_trace_lines_name_the_line_and_key(tmp_path, change, message):
     with pytest.raises(ProblemListError, match=message):
