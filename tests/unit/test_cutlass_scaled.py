@@ -1,6 +1,6 @@
 """The CUTLASS fp8 family (cutlass3x_sm90_scaled_mm) without a GPU: the epilogue visitor tree each scaling, bias and
 swap renders, the entry points' signature, what supports_cutlass() refuses and why, the pool, the launch's pointer
-order and the ninja edge. Compiles: tests/interp/test_cutlass_compile.py; GPU:
+order, the ninja edge and the (absent) default set. Compiles: tests/interp/test_cutlass_compile.py; GPU:
 tests/gpu/test_cutlass.py."""
 import re
 from dataclasses import replace
@@ -14,6 +14,7 @@ from backends.cutlass_render import BuildJob, build_key, ninja_text, render, spe
 from kernels.core.choice import Choice
 from kernels.core.problem import GemmProblem
 from kernels.space.heuristics_cutlass import CutlassConfig, config_pool, fit_alignment, ranked_configs, supports_cutlass
+from kernels.tune import warmup
 from tests.helpers import problem
 
 FP8 = "cutlass3x_sm90_scaled_mm"
@@ -285,3 +286,10 @@ def test_a_strided_scale_is_passed_as_a_contiguous_copy(monkeypatch):
     launch(torch.ones(16, 32), torch.ones(64, 32).t(), strided, torch.ones(1, 64))
     assert kernel.calls[-1][2] != strided.data_ptr()
 
+
+# -- the default set -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["e4m3", "e5m2"])
+def test_fp8_has_no_default_set_and_says_why(dtype):
+    cset = warmup.default_set(90, dtype)
+    assert cset.work == [] and not cset.kernels and "no default CUTLASS set for fp8" in cset.why_not
+    assert dtype not in warmup.DTYPES
