@@ -2,7 +2,8 @@
 launch on torch's current stream. Runners are isolated (CutlassBackend.isolated): verification and timing
 run in a child process (backends/isolated_child.py), so a faulting kernel cannot poison the caller's CUDA context.
 A problem with an epilogue (bias, activation) gets kernels that fuse it (backends.cutlass_render): their entry point
-takes the bias pointer after B, and the launch is launch(a, b, bias, out=None).
+takes the bias pointer after B, and the launch is launch(a, b, bias, out=None). A scaled fp8 product's (scaled_mm)
+takes the two scale pointers, then the bias's: launch(a, b, scale_a, scale_b[, bias], out=None).
 
 Artifacts: <cache_dir>/cutlass/sm<arch>/<key>/{kernel.cu, kernel.so, build.log, meta.json, failed.json}; key =
 source hash + nvcc version + flags + arch + CUTLASS version. `meta.json` is written last and records the binary's
@@ -40,14 +41,7 @@ from kernels.core.fsutil import atomic_write_text, file_lock, marker_claims, mar
 from kernels.core.fsutil import publish_marker as fs_publish_marker
 from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
 from kernels.core.toolchain import Toolchain, toolchain
-from kernels.space.heuristics_cutlass import (
-    SM80_TEMPLATES,
-    SM90_TEMPLATES,
-    CutlassConfig,
-    kernel_operands,
-    ranked_configs,
-    select,
-)
+from kernels.space.heuristics_cutlass import CutlassConfig, kernel_operands, ranked_configs, select, templates_for
 
 LOG_TAIL_CHARS = 1500
 # CUTLASS candidates built per problem in the default search space, the best-ranked by kernels.space.heuristics_cutlass
@@ -126,14 +120,15 @@ class LoadedKernel:
     run: object
 
 
-def load_library(path: Path, bias: bool = False) -> LoadedKernel:
-    """The entry points of a built kernel; `bias`: its run takes a bias pointer after B (problem.bias)."""
+def load_library(path: Path, epilogue_operands: int = 0) -> LoadedKernel:
+    """The entry points of a built kernel; `epilogue_operands`: how many pointers its run takes between B and D
+    (problem.epilogue_operands: the bias; scaled_mm's two scales, then the bias)."""
     lib = ctypes.CDLL(str(path))
     ws = lib.kernels_cutlass_workspace_size
     ws.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_size_t)]
     ws.restype = ctypes.c_int
     run = lib.kernels_cutlass_run
-    pointers = 4 if bias else 3         # A, B, [bias,] D
+    pointers = 3 + int(epilogue_operands)    # A, B, [scale_a, scale_b,] [bias,] D
     run.argtypes = [*[ctypes.c_void_p] * pointers, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                     ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     run.restype = ctypes.c_int
@@ -163,9 +158,17 @@ def _aligned_bias(bias: torch.Tensor) -> torch.Tensor:
     return bias.clone(memory_format=torch.contiguous_format)
 
 
+def _contiguous_scale(scale: torch.Tensor) -> torch.Tensor:
+    """A scale as the kernels read it: fp32 elements at unit stride (kernels.scaled_mm asks for contiguous scales; a
+    direct runner call with another gets a copy)."""
+    return scale if scale.is_contiguous() else scale.contiguous()
+
+
 def make_launcher(kernel: LoadedKernel, problem: GemmProblem, cfg: CutlassConfig):
-    """launch(a, b, out=None), or launch(a, b, bias, out=None) for a bias problem, for one problem: kernel-coordinate
-    M/N, operand order and leading dims fixed up front."""
+    """launch(a, b, out=None), launch(a, b, bias, out=None) for a bias problem, or launch(a, b, scale_a, scale_b[,
+    bias], out=None) for a scaled one, for one problem: kernel-coordinate M/N, operand order and leading dims fixed up
+    front. The epilogue's pointers go in the problem's order whether or not the kernel computes C^T: the kernel
+    knows which of its axes each vector runs along."""
     ops = kernel_operands(problem, cfg.swap)
     m, n, k = ops.m, ops.n, problem.k
     ld = {"a": _leading_dim(problem, "a"), "b": _leading_dim(problem, "b")}
@@ -181,30 +184,35 @@ def make_launcher(kernel: LoadedKernel, problem: GemmProblem, cfg: CutlassConfig
     run = kernel.run
     raw_stream = torch._C._cuda_getCurrentRawStream
 
-    def call(a, b, bias, out):
-        """`bias` None: the entry point takes no bias pointer."""
+    def call(a, b, epi, out):
+        """`epi`: the epilogue's tensors as the entry point takes them after B ((), (bias,) or the scales[, bias])."""
         if out is not None and _needs_staging(out, problem.n, cfg.align_c):
-            out.copy_(call(a, b, bias, None))
+            out.copy_(call(a, b, epi, None))
             return out
         device = a.device
         if out is None:
             out = torch.empty(shape, dtype=dtype, device=device)
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
         ptrs = {"a": a.data_ptr(), "b": b.data_ptr()}
-        operands = (ptrs[first], ptrs[second]) if bias is None else (ptrs[first], ptrs[second], bias.data_ptr())
         ldc = out.stride(0) if out.shape[0] > 1 else problem.n
-        status = run(*operands, out.data_ptr(), m, n, k, lda, ldb, ldc,
+        status = run(ptrs[first], ptrs[second], *[t.data_ptr() for t in epi], out.data_ptr(), m, n, k, lda, ldb, ldc,
                      ws.data_ptr() if ws is not None else None, swizzle, raw_stream(device.index))
         if status != 0:
             raise CutlassLaunchError(f"cutlass::Status {status} from {cfg.tag()} on {problem.short()}")
         return out
 
-    if problem.bias:
+    if problem.scaling and problem.bias:
+        def launch(a, b, scale_a, scale_b, bias, out=None):
+            return call(a, b, (_contiguous_scale(scale_a), _contiguous_scale(scale_b), _aligned_bias(bias)), out)
+    elif problem.scaling:
+        def launch(a, b, scale_a, scale_b, out=None):
+            return call(a, b, (_contiguous_scale(scale_a), _contiguous_scale(scale_b)), out)
+    elif problem.bias:
         def launch(a, b, bias, out=None):
-            return call(a, b, _aligned_bias(bias), out)
+            return call(a, b, (_aligned_bias(bias),), out)
     else:
         def launch(a, b, out=None):
-            return call(a, b, None, out)
+            return call(a, b, (), out)
     return launch
 
 
@@ -288,7 +296,7 @@ class CutlassBackend(Backend):
     def choices(self, problem, space="default"):
         skipped: dict[str, str] = {}
         ranked: dict[str, list[CutlassConfig]] = {}
-        for template in (SM90_TEMPLATES[problem.op], SM80_TEMPLATES[problem.op]):
+        for template in templates_for(problem.op):
             cfgs, rejected = ranked_configs(problem, template)
             ranked[template] = cfgs
             for tag, why in rejected.items():
@@ -454,7 +462,7 @@ class CutlassBackend(Backend):
         try:
             kernel = self._libraries.get(paths.binary)
             if kernel is None:
-                kernel = load_library(paths.binary, problem.bias)
+                kernel = load_library(paths.binary, problem.epilogue_operands)
                 self._libraries[paths.binary] = kernel
             if not compiled:
                 bump_stat("artifact_loads")

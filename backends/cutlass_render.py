@@ -16,7 +16,7 @@ from kernels.space.heuristics_cutlass import FAMILY, CutlassConfig, kernel_opera
 
 TEMPLATE_FILES = {"sm90": "cutlass/sm90_gemm.cu.jinja", "sm80": "cutlass/sm80_gemm.cu.jinja"}
 CUTLASS_TYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "int8": "int8_t", "int32": "int32_t",
-                 "fp32": "float"}
+                 "fp32": "float", "e4m3": "cutlass::float_e4m3_t", "e5m2": "cutlass::float_e5m2_t"}
 LAYOUT_TAGS = {"row": "cutlass::layout::RowMajor", "col": "cutlass::layout::ColumnMajor"}
 COMMON_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC", "-shared")
 # the epilogue contract's activations as CUTLASS functors (cutlass/epilogue/thread/activation.h), each applied to the
@@ -38,6 +38,14 @@ class CutlassKernelSpec:
     arch: int                   # device compute capability the binary is for
     bias: bool = False          # out = act(acc + bias), bias one value per output column (per kernel row if swapped)
     activation: str = ""        # "" or a key of ACTIVATION_FUNCTORS
+    scaling: str = ""           # scaled_mm: "tensor" | "row" (out = acc * scale_a * scale_b [+ bias]); "" otherwise
+    b_dtype: str = ""           # the problem's B dtype where it is not `dtype` (scaled_mm's e5m2 x e4m3)
+
+    @property
+    def kernel_dtypes(self) -> tuple[str, str]:
+        """The kernel's A and B element dtypes: the problem's, exchanged when the kernel computes C^T."""
+        a, b = self.dtype, self.b_dtype or self.dtype
+        return (b, a) if self.config.swap else (a, b)
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -60,8 +68,25 @@ def spec_for(problem: GemmProblem, choice: Choice) -> CutlassKernelSpec:
     ops = kernel_operands(problem, cfg.swap)
     if family == "sm90":
         cfg = replace(cfg, swizzle=1)
+    if problem.scaling and family != "sm90":
+        raise ValueError(f"{choice.name}: scaled fp8 products have sm90 kernels only")
     return CutlassKernelSpec(family, problem.dtype, problem.out_dtype, ops.layout_a, ops.layout_b, ops.layout_c,
-                             cfg, problem.arch, problem.bias, problem.activation)
+                             cfg, problem.arch, problem.bias, problem.activation, problem.scaling,
+                             "" if problem.b_dtype == problem.dtype else problem.b_dtype)
+
+
+def _scaled_substitutions(spec: CutlassKernelSpec) -> dict:
+    """scaled_mm's epilogue tree (templates/cutlass/sm90_gemm.cu.jinja): `scaling`, and which kernel axis each vector
+    runs along ("Row": one value per kernel row, M; "Col": per kernel column, N). scale_a is one value per row of the
+    problem's A and scale_b and the bias one per column of B: kernel rows and columns, exchanged when the kernel
+    computes C^T. The entry points take scale_a, scale_b (then the bias) in that order whatever the swap."""
+    swap = spec.config.swap
+    formula = "(A @ B) * scale_a * scale_b" + (" + bias" if spec.bias else "")
+    return {"scaling": spec.scaling, "bias": spec.bias, "activation_fn": "", "fusion_operation": "",
+            "epilogue": f"{formula} ({'per-tensor' if spec.scaling == 'tensor' else 'row-wise'} scales)",
+            "scale_a_along": "Col" if swap else "Row", "scale_b_along": "Row" if swap else "Col",
+            "bias_along": "Row" if swap else "Col",
+            "epilogue_pointers": ["scale_a", "scale_b"] + (["bias"] if spec.bias else [])}
 
 
 def _epilogue_substitutions(spec: CutlassKernelSpec) -> dict:
@@ -70,10 +95,13 @@ def _epilogue_substitutions(spec: CutlassKernelSpec) -> dict:
     the bias varies along the kernel's N (PerColBias) or, when the kernel computes C^T, along its M (PerRowBias);
     sm80 adds the bias as the C operand with leading dimension 0 (beta = 1), one vector read for every row (or
     column) of the output, and applies the activation with LinearCombinationGeneric."""
+    if spec.scaling:
+        return _scaled_substitutions(spec)
     act = spec.activation
     formula = "A @ B" + (" + bias" if spec.bias else "")
     subs = {"bias": spec.bias, "activation_fn": ACTIVATION_FUNCTORS[act] if act else "",
-            "epilogue": f"{act}({formula})" if act else formula}
+            "epilogue": f"{act}({formula})" if act else formula, "scaling": "",
+            "epilogue_pointers": ["bias"] if spec.bias else []}
     if spec.family == "sm90":
         along = "Row" if spec.config.swap else "Col"
         subs["fusion_operation"] = ("" if not (spec.bias or act) else
@@ -86,8 +114,10 @@ def _epilogue_substitutions(spec: CutlassKernelSpec) -> dict:
 def _substitutions(spec: CutlassKernelSpec) -> dict:
     cfg = spec.config
     int8 = spec.dtype == "int8"
+    kernel_a, kernel_b = spec.kernel_dtypes
     subs = {
         "element_ab": CUTLASS_TYPES[spec.dtype], "element_d": CUTLASS_TYPES[spec.out_dtype],
+        "element_a": CUTLASS_TYPES[kernel_a], "element_b": CUTLASS_TYPES[kernel_b],
         "element_acc": "int32_t" if int8 else "float",
         "layout_a": LAYOUT_TAGS[spec.layout_a], "layout_b": LAYOUT_TAGS[spec.layout_b],
         "layout_c": LAYOUT_TAGS[spec.layout_c],
@@ -96,9 +126,12 @@ def _substitutions(spec: CutlassKernelSpec) -> dict:
     }
     if spec.family == "sm90":
         coop = cfg.schedule == "coop"
+        # fp8: the fast-accumulation mainloops (no promotion of the wgmma accumulators into separate fp32 registers)
+        fast_accum = "FP8FastAccum" if spec.scaling else ""
         subs.update(
             cluster_m=cfg.cluster_m, cluster_n=cfg.cluster_n,
-            kernel_schedule="cutlass::gemm::KernelTmaWarpSpecialized" + ("Cooperative" if coop else "Pingpong"),
+            kernel_schedule="cutlass::gemm::KernelTmaWarpSpecialized" + ("Cooperative" if coop else "Pingpong")
+                            + fast_accum,
             epilogue_schedule="cutlass::epilogue::TmaWarpSpecialized" + ("Cooperative" if coop else ""),
             tile_scheduler="cutlass::gemm::StreamKScheduler" if cfg.stream_k else "cutlass::gemm::PersistentScheduler")
     else:

@@ -91,6 +91,10 @@ FAMILIES: tuple[TemplateFamily, ...] = (
     TemplateFamily("cutlass3x_sm90_int8_mm", "cutlass", ("int_mm",), 20, "CUTLASS 3.x for int8 (Hopper)",
                    implementation="backends.cutlass:CutlassBackend", kernel_files=("cutlass/sm90_gemm.cu.jinja",),
                    arch="sm90"),
+    TemplateFamily("cutlass3x_sm90_scaled_mm", "cutlass", ("scaled_mm",), 20,
+                   "CUTLASS 3.x for fp8 (Hopper): FP8 fast-accumulation mainloops, the scales (per tensor or row-wise) "
+                   "and bias in our epilogue visitor tree", implementation="backends.cutlass:CutlassBackend",
+                   kernel_files=("cutlass/sm90_gemm.cu.jinja",), arch="sm90"),
     TemplateFamily("cutlass2x_sm80_mm", "cutlass", ("mm",), 20, "CUTLASS 2.x multistage (Ampere and later)",
                    implementation="backends.cutlass:CutlassBackend", kernel_files=("cutlass/sm80_gemm.cu.jinja",),
                    arch="sm80"),

@@ -7,6 +7,10 @@ instead: the kernel's A is B^T, its B is A^T and its output is column-major, whi
 row-major C. That is exact (a relabelling, no data moves) and lets a small-M problem use the kernel's large M tile.
 The swap never changes which operand is K-contiguous, so it cannot rescue int8 layouts other than A row x B col.
 
+fp8 (scaled_mm) is sm90 only (cutlass3x_sm90_scaled_mm): Hopper's fp8 wgmma reads A and B K-major only, as int8's
+does. Its epilogue is the scales (problem.scaling) then the optional bias; the scales and out dtype come from the
+problem (as mm's out dtype does), so a config's tag carries only the bias, like mm's.
+
 Epilogues (problem.bias / problem.activation): a problem with one gets the same configs, each carrying the epilogue
 (`CutlassConfig.epilogue`, the tag's last part): it is a different binary and a different kernel name. The bias is one
 value per output column, so per kernel column, or per kernel row when the kernel computes C^T (swap).
@@ -17,15 +21,19 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from kernels.core.problem import ACTIVATIONS, GemmProblem
+from kernels.core.problem import ACTIVATIONS, SCALED_OUT_DTYPES, SCALINGS, GemmProblem
 from kernels.space.families import families_of
 from kernels.space.heuristics import shared_memory_limit
 
-# op -> template, per CUTLASS generation, and template -> generation (kernels/space/families.py is the one list)
+# op -> template, per CUTLASS generation, and template -> generation (kernels/space/families.py is the one list); an op
+# a generation has no template for is missing from its dict (scaled_mm has no sm80 kernels)
 SM90_TEMPLATES = {f.ops[0]: f.name for f in families_of("cutlass") if f.arch == "sm90"}
 SM80_TEMPLATES = {f.ops[0]: f.name for f in families_of("cutlass") if f.arch == "sm80"}
 FAMILY = {f.name: f.arch for f in families_of("cutlass")}
-CUTLASS_DTYPES = {"mm": ("fp16", "bf16"), "int_mm": ("int8",)}
+TEMPLATE_OP = {f.name: f.ops[0] for f in families_of("cutlass")}
+CUTLASS_DTYPES = {"mm": ("fp16", "bf16"), "int_mm": ("int8",), "scaled_mm": ("e4m3", "e5m2")}
+# the ops whose tensor cores read 8-bit operands, K-major only (A row-major, B column-major)
+EIGHT_BIT_OPS = ("int_mm", "scaled_mm")
 INT32_MAX = 2**31 - 1
 SM90_EPILOGUE_SMEM = 32_768          # upper bound of the TMA epilogue's shared storage; the rest feeds the mainloop
 ASSUMED_SMS = 132                    # H100/H200 SXM; only used to rank, never to decide correctness
@@ -83,8 +91,8 @@ class CutlassConfig:
 
 
 # -- the pools ----------------------------------------------------------------------------------------------------
-def _sm90_pool(int8: bool) -> list[CutlassConfig]:
-    k = 128 if int8 else 64          # 128 bytes of K per stage either way
+def _sm90_pool(eight_bit: bool) -> list[CutlassConfig]:
+    k = 128 if eight_bit else 64     # 128 bytes of K per stage either way
     coop = [(128, 256, 2, 1), (128, 256, 1, 2), (256, 128, 1, 2), (256, 128, 2, 1), (128, 128, 2, 1),
             (128, 128, 1, 2), (128, 128, 1, 1), (128, 64, 1, 1)]
     pool = [CutlassConfig(tm, tn, k, cm, cn, "coop") for tm, tn, cm, cn in coop]
@@ -104,10 +112,16 @@ def _sm80_pool(int8: bool) -> list[CutlassConfig]:
     return [CutlassConfig(tm, tn, tk, 1, 1, "", False, st, wm, wn) for tm, tn, tk, st, wm, wn in rows]
 
 
+def templates_for(op: str) -> tuple[str, ...]:
+    """The CUTLASS templates that implement `op`, sm90 first (scaled_mm has no sm80 one)."""
+    return tuple(t for t in (SM90_TEMPLATES.get(op), SM80_TEMPLATES.get(op)) if t is not None)
+
+
 def config_pool(template: str) -> list[CutlassConfig]:
-    """Every config the template is offered with, before alignment is fitted to a problem."""
-    int8 = "int8" in template
-    base = _sm90_pool(int8) if FAMILY[template] == "sm90" else _sm80_pool(int8)
+    """Every config the template is offered with, before alignment is fitted to a problem. 8-bit operands (int8,
+    fp8) take the same tiles with K doubled: 128 bytes of K per stage."""
+    eight_bit = TEMPLATE_OP[template] in EIGHT_BIT_OPS
+    base = _sm90_pool(eight_bit) if FAMILY[template] == "sm90" else _sm80_pool(eight_bit)
     swapped = [replace(c, swap=True) for c in base if c.tile_n <= 128]
     return base + swapped
 
@@ -174,12 +188,29 @@ def _smem_reason(problem: GemmProblem, template: str, cfg: CutlassConfig) -> str
     return f"shared memory {need} B > {limit} B" if need > limit else ""
 
 
+def _epilogue_reason(problem: GemmProblem, template: str) -> str:
+    """mm fuses any epilogue; scaled_mm needs its scaling and takes a bias but no activation; int_mm fuses none."""
+    if problem.op == "scaled_mm":
+        if problem.scaling not in SCALINGS:
+            return f"{template} needs the scales per tensor or row-wise ({'/'.join(SCALINGS)}), not {problem.scaling!r}"
+        if problem.out_dtype not in SCALED_OUT_DTYPES:
+            return f"{template} writes {'/'.join(SCALED_OUT_DTYPES)}, not {problem.out_dtype}"
+        if problem.activation:
+            return f"{template} fuses the scales and a bias, no activation ({problem.activation})"
+        return ""
+    if problem.scaling:
+        return f"{template} fuses no scales into {problem.op}"
+    if problem.epilogue and problem.op != "mm":
+        return f"{template} fuses no epilogue ({problem.epilogue}) into {problem.op}"
+    return ""
+
+
 def supports_cutlass(problem: GemmProblem, template: str, cfg: CutlassConfig | None) -> tuple[bool, str]:
     """Can CUTLASS `template` with `cfg` run `problem`? The reason names the first rule that fails."""
     family = FAMILY.get(template)
     if family is None:
         return False, f"unknown CUTLASS template {template}"
-    if template not in (SM90_TEMPLATES.get(problem.op), SM80_TEMPLATES.get(problem.op)):
+    if template not in templates_for(problem.op):
         return False, f"{template} does not implement {problem.op}"
     if problem.dtype not in CUTLASS_DTYPES[problem.op]:
         return False, f"{template} takes {'/'.join(CUTLASS_DTYPES[problem.op])}, not {problem.dtype}"
@@ -192,15 +223,16 @@ def supports_cutlass(problem: GemmProblem, template: str, cfg: CutlassConfig | N
     for which, layout in (("a", problem.layout_a), ("b", problem.layout_b)):
         if layout == "strided":
             return False, f"{which.upper()} has no unit-stride dimension"
-    if problem.dtype == "int8" and (problem.layout_a, problem.layout_b) != ("row", "col"):
-        return False, (f"int8 CUTLASS kernels need A row-major and B column-major (K contiguous in both), got "
-                       f"A {problem.layout_a} x B {problem.layout_b}; swapping operands keeps K's layout, so no")
+    if problem.op in EIGHT_BIT_OPS and (problem.layout_a, problem.layout_b) != ("row", "col"):
+        return False, (f"{problem.dtype} CUTLASS kernels need A row-major and B column-major (K contiguous in both), "
+                       f"got A {problem.layout_a} x B {problem.layout_b}; swapping operands keeps K's layout, so no")
     if max(problem.m, problem.n, problem.k) > INT32_MAX:
         return False, "a dimension exceeds 32-bit int"
     if problem.activation not in ("", *ACTIVATIONS):
         return False, f"unknown activation {problem.activation!r}"
-    if problem.epilogue and problem.op != "mm":
-        return False, f"{template} fuses no epilogue ({problem.epilogue}) into {problem.op}"
+    why = _epilogue_reason(problem, template)
+    if why:
+        return False, why
     if cfg is None:
         return True, ""
     if cfg.epilogue != problem.epilogue:

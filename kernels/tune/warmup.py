@@ -20,6 +20,11 @@ from kernels.space.shapes import COMPARE_LAYOUT, COMPARE_SUITE, LLAMA7B_LAYOUT, 
 from kernels.tune.autotune import candidates
 
 DTYPES = ("bf16", "fp16", "int8")
+# fp8 (kernels.scaled_mm) has no default set: its binaries differ by scaling (per tensor / row-wise), bias and output
+# dtype with no one combination the common case, and its operands have one layout of their own (B column-major). A
+# scaled problem's CUTLASS kernels are built when it is first tuned (inline, or by the background build)
+NO_DEFAULT_SET = {d: "no default CUTLASS set for fp8: a scaled_mm problem's kernels are built when it is first tuned "
+                     "(they differ by scaling, bias and output dtype)" for d in ("e4m3", "e5m2")}
 # the arch a machine without a GPU builds for (compile-only, as `kernels info` and bench.compare do)
 DEFAULT_ARCH = 90
 # why the other backends have nothing to build ahead
@@ -63,6 +68,8 @@ class CutlassSet:
 
 def default_set(arch: int, dtype: str, device_name: str = "") -> CutlassSet:
     """The default set of one dtype for an arch (never raises for a problem CUTLASS cannot serve: it adds nothing)."""
+    if dtype in NO_DEFAULT_SET:
+        return CutlassSet(arch, dtype, [], why_not=NO_DEFAULT_SET[dtype])
     backend = get_backend("cutlass")
     problems = default_problems(arch, dtype, device_name)
     ok, why = backend.available(problems[0])

@@ -1,10 +1,12 @@
 """GPU: every default CUTLASS choice vs torch over ragged shapes and layouts, isolation of a faulting kernel,
-shape-agnostic binaries, and CUTLASS inside kernels.mm. Run on the device: `pytest -m gpu tests/gpu/test_cutlass.py`.
+shape-agnostic binaries, CUTLASS inside kernels.mm, and the fp8 family (cutlass3x_sm90_scaled_mm) against the
+float64 reference and inside kernels.scaled_mm. Run on the device: `pytest -m gpu tests/gpu/test_cutlass.py`.
 
 Binaries are shared across the tests of this module (one artifact cache dir), so each is compiled once. `pytest -m
 gpu` (one device call, <= 5 min on the H100) keeps only what builds nothing: the layouts int8 excludes; `pytest -m gpu_sweep` builds every default choice over the shapes and layouts
 (about 125 binaries: CUTLASS's nvcc builds took over 3 min of the H100's 16 cores for the 41 the gpu set used to hold)."""
 import os
+import re
 import subprocess
 
 import pytest
@@ -13,9 +15,9 @@ import torch
 import kernels
 from backends import get_backend
 from backends.cutlass import publish_marker
-from kernels.core.problem import GemmProblem
+from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
 from kernels.measure.timing import Timing
-from kernels.measure.verify import reference
+from kernels.measure.verify import make_inputs, reference
 from tests.helpers import gpu_grid
 
 @pytest.fixture(scope="module")
@@ -237,3 +239,93 @@ def test_cutlass_epilogues_match_the_reference(epilogue_binaries, m, n, k, dtype
             out = o.runner.launch(*ops, None)
             torch.cuda.synchronize()
             assert _rel_err(out, ref) < 1e-2, (o.choice.name, bias is not None and bias.data_ptr() % 16)
+
+
+# -- fp8: cutlass3x_sm90_scaled_mm (kernels.scaled_mm) ---------------------------------------------------------------
+# (m, n, k, A dtype, scaling, bias, out dtype): both scalings, with and without the bias, every output dtype, odd M (1
+# and 17: the swapped kernels, scale_a along the kernel's columns) beside M=256 (the direct ones) and K = 4096 + 16
+# (a partial last k-block of 128). Each case builds its best swapped and best direct choice.
+SCALED_CASES = [
+    (1, 4096, 4096 + 16, "e4m3", "tensor", False, "bf16"),
+    (17, 4096, 4096 + 16, "e4m3", "row", True, "bf16"),
+    (256, 2048, 4096 + 16, "e4m3", "row", False, "fp16"),
+    (17, 2048, 4096 + 16, "e5m2", "tensor", True, "fp32"),
+    (1, 4096, 4096, "e4m3", "row", True, "fp32"),
+    (256, 4096, 4096 + 16, "e4m3", "tensor", True, "fp16"),
+]
+SCALED_REPRESENTATIVE = SCALED_CASES[:4]
+
+
+def _scaled_problem(m, n, k, dtype, scaling, bias, out):
+    """The problem kernels.scaled_mm makes for these operands (A row-major, B = w.t() column-major, fresh buffers)."""
+    a = torch.empty(m, k, device="cuda").to(DTYPES_BY_NAME[dtype])
+    b = torch.empty(n, k, device="cuda").to(torch.float8_e4m3fn).t()
+    return GemmProblem.from_tensors("scaled_mm", a, b, bias=bias, scaling=scaling, out_dtype=out)
+
+
+def _scaled_picks(backend, case):
+    """The problem and its best direct and best swapped CUTLASS choice (one of each where offered)."""
+    problem = _scaled_problem(*case)
+    chosen, skipped = backend.choices(problem)
+    picks = ([c for c in chosen if "_swap_" not in c.name][:1] + [c for c in chosen if "_swap_" in c.name][:1])
+    assert picks, skipped
+    return problem, picks
+
+
+@pytest.fixture
+def scaled_binaries(backend):
+    """The representative cases' picks (what `pytest -m gpu` runs: at most 8 binaries) compiled in one batch; a sweep
+    case builds its own in its test."""
+    backend.prebuild([_scaled_picks(backend, case) for case in SCALED_REPRESENTATIVE])
+    return backend
+
+
+@pytest.mark.parametrize("m,n,k,dtype,scaling,has_bias,out", gpu_grid(SCALED_CASES, SCALED_REPRESENTATIVE))
+def test_cutlass_scaled_mm_matches_the_reference(scaled_binaries, m, n, k, dtype, scaling, has_bias, out):
+    """Each pick verified and timed in the isolated child, then launched here against the float64 reference: into
+    a fresh output, a preallocated one and one whose rows are not 16-byte aligned (staged), with an aligned and a
+    misaligned bias."""
+    problem, picks = _scaled_picks(scaled_binaries, (m, n, k, dtype, scaling, has_bias, out))
+    outcomes = scaled_binaries.build(problem, picks)
+    failed = {o.choice.name: o.error for o in outcomes if o.runner is None}
+    assert not failed, failed
+    runners = [o.runner for o in outcomes]
+    measured = scaled_binaries.measure_isolated(problem, runners, 5.0)
+    bad = {name: r for name, r in measured.items() if not isinstance(r, Timing)}
+    assert not bad, bad
+    operands = make_inputs(problem, "cuda", seed=3)
+    variants = [operands]
+    if has_bias:      # the same bias one element off 16-byte alignment: the launcher hands the kernel a copy
+        storage = torch.empty(n + 1, dtype=operands[-1].dtype, device="cuda")
+        storage[1:].copy_(operands[-1])
+        variants.append(operands[:-1] + (storage[1:],))
+    ref = reference(problem, *operands)
+    for r in runners:
+        for ops in variants:
+            result = r.launch(*ops, None)
+            torch.cuda.synchronize()
+            assert result.dtype == DTYPES_BY_NAME[out] and result.shape == (m, n), r.choice.name
+            assert _rel_err(result, ref) < 1e-2, (r.choice.name, ops[-1].data_ptr() % 16)
+        wide = torch.full((m, n + 3), float("nan"), dtype=DTYPES_BY_NAME[out], device="cuda")
+        for given in (torch.empty(m, n, dtype=DTYPES_BY_NAME[out], device="cuda"), wide[:, :n]):
+            assert r.launch(*operands, given) is given
+            torch.cuda.synchronize()
+            assert _rel_err(given, ref) < 1e-2, r.choice.name
+
+
+@pytest.mark.gpu
+def test_kernels_scaled_mm_tunes_with_the_cutlass_family(scaled_binaries):
+    """kernels.scaled_mm with CUTLASS among the backends: the family's built picks are timed (verified in the child)
+    beside torch._scaled_mm, and the answer matches the float64 reference."""
+    case = SCALED_CASES[1]
+    problem, picks = _scaled_picks(scaled_binaries, case)
+    kernels.config.backends = ("aten", "cutlass")
+    kernels.config.only = "|".join("^" + re.escape(c.name) + "$" for c in picks)
+    a, b, scale_a, scale_b, bias = make_inputs(problem, "cuda", seed=5)
+    out = kernels.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=DTYPES_BY_NAME[problem.out_dtype])
+    assert _rel_err(out, reference(problem, a, b, scale_a, scale_b, bias)) < 1e-2
+    sel = kernels.explain(a, b, op="scaled_mm", scale_a=scale_a, scale_b=scale_b, bias=bias,
+                          out_dtype=DTYPES_BY_NAME[problem.out_dtype])
+    timed = {name for name, t in sel.timings.items() if name.startswith("cutlass3x_sm90_scaled_mm") and
+             isinstance(t, float)}
+    assert timed == {c.name for c in picks}, sel.failures()

@@ -1,9 +1,12 @@
-"""Compile-only with nvcc: one sm80 and one sm90 config through the backend's ninja path (no GPU needed), and per
-arch two fused epilogues (bias+gelu, silu without bias).
-An sm90 file takes ~30-40 s and ~3 GB on 2 cores, an sm80 one ~6 s: keep this set small."""
+"""Compile-only with nvcc: one sm80 and one sm90 config through the backend's ninja path (no GPU needed), per
+arch two fused epilogues (bias+gelu, silu without bias), and two fp8 scaled kernels (per-tensor; row-wise + bias,
+swapped) built in one ninja batch.
+An sm90 file takes ~30-40 s and ~3 GB on 2 cores, an sm80 one ~6 s: keep this set small. The fp8 pair takes
+~2.5 min (both at once, ~3.5 GB each): the epilogue visitor tree is heavier than mm's named fusion operations."""
 import ctypes
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +19,7 @@ from backends.cutlass import ArtifactPaths, CutlassBackend, load_library, run_ni
 from backends.cutlass_render import BuildJob, render, spec_for
 from kernels.core.choice import Choice
 from kernels.core.config import config
-from kernels.space.heuristics_cutlass import CutlassConfig
+from kernels.space.heuristics_cutlass import CutlassConfig, fit_alignment, supports_cutlass
 from kernels.core.toolchain import resolve
 from tests.helpers import REPO, problem
 
@@ -95,7 +98,7 @@ def test_compile_fused_epilogue(tmp_path, template, arch, bias, act, cfg):
     p = replace(problem(64 if cfg.swap else 1024, 1024, 1024, dtype="fp16" if arch == 80 else "bf16", la="row",
                         lb="col", arch=arch), bias=bias, activation=act)
     paths = build_one(tmp_path, p, template, replace(cfg, epilogue=p.epilogue))
-    kernel = load_library(paths.binary, bias)          # the run entry point takes the bias pointer after B
+    kernel = load_library(paths.binary, p.epilogue_operands)    # the run entry point takes the bias pointer after B
     size = ctypes.c_size_t(1)
     assert kernel.workspace_size(p.m, p.n, p.k, 1, ctypes.byref(size)) == 0
     tool = cuobjdump()
@@ -151,3 +154,58 @@ def test_warmup_builds_a_one_kernel_set_with_nvcc(tmp_path):
     assert second.returncode == 0 and "building 0" in second.stdout, second.stdout + second.stderr
     [library] = (tmp_path / "cache" / "cutlass" / "sm80").glob("*/kernel.so")
     assert ctypes.CDLL(str(library)).kernels_cutlass_run
+
+
+# fp8 (cutlass3x_sm90_scaled_mm), (scaling, bias, A dtype, out dtype, M, config): per-tensor scales (one
+# ScalarBroadcast of both), e4m3 x e4m3 -> bf16 on a cooperative 2x1 cluster; row-wise scales and a bias on a swapped
+# pingpong kernel (C^T: scale_a a kernel row vector, scale_b and the bias column vectors), e5m2 x e4m3 -> fp16
+SCALED_BUILDS = [
+    ("tensor", False, "e4m3", "bf16", 4096, CutlassConfig(128, 128, 128, 2, 1, "coop")),
+    ("row", True, "e5m2", "fp16", 17, CutlassConfig(64, 128, 128, 1, 1, "pingpong", swap=True)),
+]
+
+
+def scaled_problem(scaling, bias, dtype, out, m):
+    return replace(problem(m, 4096, 4096 + 16, dtype=dtype, op="scaled_mm", la="row", lb="col"), out_dtype=out,
+                   scaling=scaling, bias=bias)
+
+
+@pytest.fixture(scope="module")
+def scaled_binaries(tmp_path_factory):
+    """Both fp8 kernels compiled in one ninja batch (two compiles at once on two cores): index -> ArtifactPaths."""
+    root = tmp_path_factory.mktemp("scaled")
+    jobs, built = [], {}
+    for i, (scaling, bias, dtype, out, m, cfg) in enumerate(SCALED_BUILDS):
+        p = scaled_problem(scaling, bias, dtype, out, m)
+        cfg = fit_alignment(p, "cutlass3x_sm90_scaled_mm", cfg)
+        assert supports_cutlass(p, "cutlass3x_sm90_scaled_mm", cfg) == (True, "")
+        spec = spec_for(p, Choice("cutlass", "cutlass3x_sm90_scaled_mm", dtype, None, cfg.params()))
+        paths = ArtifactPaths(root / f"kernel{i}")
+        paths.root.mkdir()
+        paths.source.write_text(render(spec))
+        jobs.append(BuildJob(paths.source, paths.binary, paths.log, spec.flags, TOOLS.cutlass.include_dirs))
+        built[i] = paths
+    run_ninja(str(TOOLS.nvcc), jobs, root / "batches", 2)
+    return built
+
+
+@pytest.mark.parametrize("index", range(len(SCALED_BUILDS)),
+                         ids=[f"{b[0]}{'+bias' if b[1] else ''}-{b[2]}-{b[3]}{'-swap' if b[5].swap else ''}"
+                              for b in SCALED_BUILDS])
+def test_compile_scaled_fp8(scaled_binaries, index):
+    scaling, bias, dtype, out, m, cfg = SCALED_BUILDS[index]
+    paths = scaled_binaries[index]
+    assert paths.binary.exists(), paths.log.read_text()[-3000:]
+    p = scaled_problem(scaling, bias, dtype, out, m)
+    kernel = load_library(paths.binary, p.epilogue_operands)     # A, B, scale_a, scale_b[, bias], D, ...
+    assert len(kernel.run.argtypes) == 3 + p.epilogue_operands + 9
+    size = ctypes.c_size_t(1)
+    assert kernel.workspace_size(p.n if cfg.swap else p.m, p.m if cfg.swap else p.n, p.k, 1, ctypes.byref(size)) == 0
+    assert size.value == 0                                        # no stream-K: no workspace
+    tool = cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump to inspect the SASS")
+    sass = subprocess.run([tool, "--dump-sass", str(paths.binary)], capture_output=True, text=True).stdout
+    # the fp8 wgmma, QGMMA, with the kernel's A then B type (swapped: the problem's B is the kernel's A)
+    kernel_a, kernel_b = ("e4m3", dtype) if cfg.swap else (dtype, "e4m3")
+    assert re.search(rf"QGMMA\.\w+\.F32\.{kernel_a.upper()}\.{kernel_b.upper()}", sass), "no fp8 wgmma"

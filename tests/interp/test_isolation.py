@@ -87,3 +87,24 @@ def test_one_child_serves_every_tune_of_the_process(isolated_triton):
     assert pids[0] == pids[1] and isolated_child._worker.proc.poll() is None
     isolated_child.close_worker()
     assert isolated_child._worker is None
+
+
+def test_scaled_mm_candidates_are_verified_and_timed_with_their_operand_tuple(isolated_triton):
+    """scaled_mm's launches take (a, b, scale_a, scale_b[, bias], out): the child makes that tuple (make_inputs),
+    checks it against the float64 reference (scales and bias applied) and times it, as for CUTLASS's fp8 kernels."""
+    a = torch.randn(17, 64).to(torch.float8_e4m3fn).to(DEVICE)
+    b = torch.randn(32, 64).to(torch.float8_e4m3fn).to(DEVICE).t()
+    scale_a, scale_b = torch.rand(17, 1, device=DEVICE) + 0.5, torch.rand(1, 32, device=DEVICE) + 0.5
+    bias = torch.randn(32, device=DEVICE).to(torch.bfloat16)
+    problem = GemmProblem.from_tensors("scaled_mm", a, b, bias=True, scaling="row", out_dtype="bf16")
+    choices, _ = TritonBackend().choices(problem)
+    names = [c.name for c in choices if c.template == "triton_scaled_mm"][:2]
+    assert len(names) == 2
+    kernels.config.only = "|".join("^" + re.escape(n) + "$" for n in names)
+    out = kernels.scaled_mm(a, b, scale_a, scale_b, bias=bias)
+    ref = (a.double() @ b.double()) * scale_a.double() * scale_b.double() + bias.double()
+    assert float((out.double() - ref).norm() / ref.norm()) < 1e-2
+    sel = kernels.explain(a, b, op="scaled_mm", scale_a=scale_a, scale_b=scale_b, bias=bias)
+    for n in names:
+        assert isinstance(sel.timings[n], float), sel.timings[n]
+        assert sel.details[n]["measured_in"] == "child"
