@@ -170,17 +170,38 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
     details[baseline]["self_spread"] = round(result.self_spread, 5)
     notes.append(f"{why}; regime: heat {result.plan.heat_ms:.0f} ms, {result.plan.rounds} rounds of "
                  f"{result.plan.window_ms:.0f} ms windows, {result.seconds:.2f} s")
-    if winner != baseline:
+    if winner == baseline:
+        challenger = _closest_challenger(result)
+        if challenger is not None:
+            winner = _confirm(challenger, baseline, timings, calls, make_clock, device, details, notes, clock)
+    else:
         winner = _confirm(winner, baseline, timings, calls, make_clock, device, details, notes, clock)
     return winner, [n for n in top if n in result.timings]
+
+
+# A challenger that loses the short windows by less than this also meets the baseline in the long ones: short windows
+# alternated with aten also over-charge a kernel that draws less power. On the H200 (fp8, issue 30's problems) the
+# persistent TMA tile 128x256x128 ran 1.035-1.09x aten's time in the 25 ms windows and 0.935-0.96x it in its own
+# 1.5 s loops (4096^3, 8192^3, 8192x14336x4096, both scalings): 4-7% left on the table by keeping aten.
+CONFIRM_WITHIN = 0.10
+
+
+def _closest_challenger(result: SteadyResult) -> str | None:
+    """The challenger nearest the baseline in the short windows, when within CONFIRM_WITHIN of it."""
+    ratios = {n: t.ratio for n, t in result.timings.items() if n != result.baseline and t.ratios}
+    if not ratios:
+        return None
+    best = min(ratios, key=ratios.get)
+    return best if ratios[best] < 1 + CONFIRM_WITHIN else None
 
 
 def _confirm(challenger: str, baseline: str, timings, calls, make_clock, device, details, notes,
              clock: StageClock) -> str:
     """The challenger against the baseline alone, in windows long enough for the card's power control to settle on
-    each (kernels.measure.steady.confirm_plan): it keeps the win only if it beats the baseline there too. Short
-    windows alternated with aten under-charge a kernel that draws more power: on the H100 a CUTLASS 128x256 tile
-    ran 0.977x aten's time in 25 ms windows and 1.022x it in its own 1.5 s loops (bf16 8192^3)."""
+    each (kernels.measure.steady.confirm_plan): the winner there wins. Short windows alternated with aten
+    under-charge a kernel that draws more power: on the H100 a CUTLASS 128x256 tile ran 0.977x aten's time in 25 ms
+    windows and 1.022x it in its own 1.5 s loops (bf16 8192^3); and over-charge one that draws less
+    (CONFIRM_WITHIN)."""
     with clock("final_round"):
         result = measure_steady(make_clock({n: calls[n] for n in (baseline, challenger)}),
                                 {n: timings[n] for n in (baseline, challenger)}, baseline, confirm_plan(device))
