@@ -35,9 +35,10 @@
 #   bash bench/gpu_check.sh issue28    issue 28's GPU tests (every Triton family's epilogue, the tuned linear, patch
 #                                      forward/backward, torch.compile, enabled(), CUDA graphs; CUTLASS epilogues),
 #                                      then the warm host cost of linear / patched nn.Linear against F.linear
-#   bash bench/gpu_check.sh issue30    issue 30: the fp8 GPU tests (Triton families; CUTLASS's when built), the warm host
-#                                      cost of kernels.scaled_mm, then bench.sustained --set issue30 (ISSUE30_BACKENDS,
-#                                      default aten,triton; ISSUE30_SET) with CUTLASS built inline
+#   bash bench/gpu_check.sh issue30    issue 30: the fp8 GPU tests (Triton families; CUTLASS's with ISSUE30_CUTLASS_TESTS),
+#                                      the warm host cost of kernels.scaled_mm, optionally `kernels tune` of
+#                                      experiments/issue30_problems.csv (ISSUE30_PRETUNE=1), then bench.sustained --set
+#                                      issue30 (ISSUE30_BACKENDS, default aten,triton; ISSUE30_SET), CUTLASS built inline
 #   bash bench/gpu_check.sh issue29    issue 29's round trip: `kernels tune` of the llama-7B layer's forward problems
 #                                      (M=1..4096) in cache A, `cache export`, `cache import` into an empty cache B,
 #                                      then a fresh process's first call of every problem (experiments.bundle_first_calls)
@@ -100,14 +101,23 @@ issue28)
   gpu_tests 250 tests/gpu/test_cutlass.py -k epilogue | tee "$OUT/pytest_cutlass_epilogue.txt"
   ;;
 issue30)
+  # ISSUE30_TESTS=0 / ISSUE30_HOST=0 skip the GPU tests / the host cost; ISSUE30_PRETUNE=1 tunes the problem list
+  # first with `kernels tune` (CUTLASS candidates of every problem built in one batch), so the loops read the store
   export KERNELS_CACHE_DIR=/tmp/kernels_issue30; rm -rf "$KERNELS_CACHE_DIR"
+  backends=${ISSUE30_BACKENDS:-aten,triton}
   python3 -m kernels fastpath build > /dev/null 2>&1
-  gpu_tests ${ISSUE30_TEST_S:-150} tests/gpu/test_scaled_mm.py | tee "$OUT/pytest_scaled_mm.txt"
+  [ "${ISSUE30_TESTS:-1}" = 1 ] && gpu_tests ${ISSUE30_TEST_S:-150} tests/gpu/test_scaled_mm.py | tee "$OUT/pytest_scaled_mm.txt"
   [ -n "${ISSUE30_CUTLASS_TESTS:-}" ] && gpu_tests 200 tests/gpu/test_cutlass.py -k "scaled" | tee "$OUT/pytest_cutlass_scaled.txt"
-  timeout 120 python3 -m experiments.scaled_host_cost --json "$OUT/scaled_host_cost.json" 2>&1 | tee "$OUT/scaled_host_cost.txt"
+  [ "${ISSUE30_HOST:-1}" = 1 ] && timeout 120 python3 -m experiments.scaled_host_cost --json "$OUT/scaled_host_cost.json" 2>&1 | tee "$OUT/scaled_host_cost.txt"
+  if [ "${ISSUE30_PRETUNE:-0}" = 1 ]; then
+    s0=$SECONDS
+    timeout 330 python3 -m kernels tune experiments/issue30_problems.csv --backends "$backends" --time-limit 300 \
+      > "$OUT/tune_fp8.txt" 2>&1
+    echo "kernels tune: rc $? $((SECONDS - s0)) s"; grep -v "^\[" "$OUT/tune_fp8.txt" | tail -16
+  fi
   left=$((570 - SECONDS)); [ "$left" -gt 60 ] || { echo "issue30: no time left for bench.sustained"; exit 0; }
   KERNELS_CUTLASS_BUILD=inline timeout "$left" python3 -m bench.sustained --set "${ISSUE30_SET:-issue30}" \
-    --backends "${ISSUE30_BACKENDS:-aten,triton}" --json "$OUT/sustained_fp8.jsonl" --time-limit $((left - 50)) --quiet \
+    --backends "$backends" --json "$OUT/sustained_fp8.jsonl" --time-limit $((left - 50)) --quiet \
     > "$OUT/sustained_fp8.txt" 2>&1; echo "sustained: rc $? at $SECONDS s"; tail -30 "$OUT/sustained_fp8.txt"
   ;;
 issue29)
