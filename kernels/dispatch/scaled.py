@@ -199,10 +199,11 @@ def _cold(a, b, scale_a, scale_b, bias, out_dtype, out):
     if 0 in (a.shape[0], a.shape[1], b.shape[1]):
         return _trivial(a, b, bias, out_dtype, out)
     problem = problem_of(a, b, scaling, bias, out_dtype)
+    copy_bias = bias is not None and bias.stride(0) != 1
     if a.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         with _device_ctx(a):
             launch = selected.resolved(problem) or scaled_mm_launch(problem)
-            return launch(*operands, out)
+            return (_contiguous_bias(launch) if copy_bias else launch)(*operands, out)
     aten = a.device.type == "cpu" and not interpret_mode()
     if aten:
         launch = scaled_mm_launch(problem)
@@ -214,7 +215,9 @@ def _cold(a, b, scale_a, scale_b, bias, out_dtype, out):
     with selected.lock:
         if len(_dispatch) >= config.max_problems:
             clear()                 # rare (thousands of fp8 problems): looked up again, cheaply, from memory
-        _dispatch[_key(a, b, scale_a, scale_b, bias, out_dtype)] = launch
+        # this key's calls all have this bias stride (the Python table keys it; the C++ one serves unit strides only)
+        python_launch = _contiguous_bias(launch) if copy_bias else launch
+        _dispatch[_key(a, b, scale_a, scale_b, bias, out_dtype)] = python_launch
         # aten winners are called by the C++ table itself; other launches through their native launch if they have
         # one (Triton on a GPU), else as they are (CUTLASS, the interpreter)
         fast = (FAST_ATEN_KIND, launch) if aten else (FAST_PYTHON_KIND, getattr(launch, "native", launch))
@@ -223,7 +226,16 @@ def _cold(a, b, scale_a, scale_b, bias, out_dtype, out):
         if _table is not None:
             _table.add(key, *fast)
     with _device_ctx(a):
-        return launch(*operands, out)
+        return python_launch(*operands, out)
+
+
+def _contiguous_bias(launch):
+    """launch for calls whose bias is not a contiguous vector: the Triton kernels read bias[col] without a stride
+    (as for kernels.linear, such a bias is copied; CUTLASS launches copy it themselves, torch._scaled_mm takes it)."""
+    def launch_copying_bias(a, b, scale_a, scale_b, bias, out=None):
+        return launch(a, b, scale_a, scale_b, bias.contiguous(), out)
+
+    return launch_copying_bias
 
 
 def _aten_winner(problem: GemmProblem) -> bool:

@@ -108,6 +108,23 @@ def test_triton_winner_is_called_through_its_launch(fast, scaling, with_bias):
     assert rel_err(again, reference(a, b, sa2, sb2, bias)) < 1e-2
 
 
+@interpreted
+def test_a_strided_bias_is_declined_and_copied_for_a_triton_winner(fast):
+    """Triton kernels read bias[col] without a stride: the table declines a strided bias, and the Python path (cold
+    and warm) hands the launch a contiguous copy."""
+    kernels.config.backends = ("triton",)
+    kernels.config.only = (TRITON_CHOICE,)
+    a, b, sa, sb, bias = operands("row", True)
+    kernels.scaled_mm(a, b, sa, sb, bias=bias)
+    strided = torch.randn(2 * N).to(torch.bfloat16)[::2]
+    ref = reference(a, b, sa, sb, strided)
+    results = []
+    for _ in range(2):                                      # cold (a new Python key), then warm
+        assert served(lambda: results.append(kernels.scaled_mm(a, b, sa, sb, bias=strided))) == 0
+    assert all(rel_err(out, ref) < 1e-2 for out in results), [rel_err(out, ref) for out in results]
+    assert served(lambda: kernels.scaled_mm(a, b, sa, sb, bias=bias)) == 1       # the unit-stride entry is intact
+
+
 def test_cpu_fallback_entries_are_served_too(fast, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")             # CPU tensors: torch computes, nothing is tuned
     a, b, sa, sb, bias = operands("row", True, torch.float16)
