@@ -26,8 +26,8 @@
 // fixed for the problem except the operand pointers (a, b, out, and the epilogue's scales and bias), launched with
 // cuLaunchKernel from here. The Python path (launcher closure -> torch.empty -> Triton's C launcher parsing ~15
 // Python arguments) costs 10+ us of host time per call on the lent machines' hosts, more than many of these kernels
-// run on the GPU. The CUDA driver is reached
-// through dlopen, so this file builds against CPU-only torch too (where no NativeLaunch is ever made).
+// run on the GPU. The CUDA driver is reached through dlopen, so this file builds against CPU-only torch too (where no
+// NativeLaunch is ever made).
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
