@@ -231,11 +231,22 @@ def output_launch(shape: tuple[int, int], dtype: torch.dtype, device: torch.devi
 
 
 class Operand(enum.IntEnum):
-    """Kernel arguments that change from call to call: the operands' and the output's pointers."""
+    """Kernel arguments that change from call to call: the operands' and the output's pointers (the C++ table's
+    `Operand` enum)."""
     A = 0
     B = 1
     OUT = 2
     BIAS = 3        # the epilogue's (N,) vector, for problems with a bias
+    SCALE_A = 4     # scaled_mm's fp32 scales: one element each, or (M, 1) and (1, N)
+    SCALE_B = 5
+
+
+def epilogue_operands(epilogue: int, scaling: str) -> tuple[Operand, ...] | None:
+    """The epilogue tensors a launch takes, as Operands in the order launches take them (the scales, then the
+    bias), or None when `epilogue` (how many) and `scaling` disagree."""
+    scales = (Operand.SCALE_A, Operand.SCALE_B) if scaling else ()
+    bias = epilogue - len(scales)
+    return scales + (Operand.BIAS,) * bias if bias in (0, 1) else None
 
 
 @dataclass(frozen=True)
@@ -280,9 +291,12 @@ def _encode(call: KernelCall, layout) -> tuple[tuple, list]:
     return (function, *call.grid, threads, shared, values, operands), owned
 
 
-def native_launch(module, launch, shape: tuple[int, int], out_dtype: torch.dtype, calls: list[KernelCall]):
+def native_launch(module, launch, shape: tuple[int, int], out_dtype: torch.dtype, calls: list[KernelCall],
+                  scaling: str = ""):
     """A NativeLaunch of the loaded C++ table `module` running `calls` for the current stream (falling back to
-    `launch` elsewhere), or (None, why not): every handle must be compiled, with a launcher layout we know."""
+    `launch` elsewhere), or (None, why not): every handle must be compiled, with a launcher layout we know.
+    `scaling` ("", "tensor" or "row"): how many elements the calls' scales have (one, or M and N), which the C++
+    side checks on every call."""
     if not calls or not all(isinstance(c.handle, CompiledHandle) for c in calls):
         return None, "not a compiled kernel"
     device = calls[0].handle.device_index
@@ -301,19 +315,21 @@ def native_launch(module, launch, shape: tuple[int, int], out_dtype: torch.dtype
     owned += [arg for call in calls for arg in call.args if isinstance(arg, torch.Tensor)]
     stream = torch._C._cuda_getCurrentRawStream(device)
     m, n = shape
-    return module.native(device, stream, m, n, out_dtype, steps, launch, tuple(owned)), ""
+    return module.native(device, stream, m, n, out_dtype, steps, launch, tuple(owned), scaling), ""
 
 
-def attach_native(launch, shape: tuple[int, int], out_dtype: torch.dtype, calls: Callable[[], list[KernelCall]]):
+def attach_native(launch, shape: tuple[int, int], out_dtype: torch.dtype, calls: Callable[[], list[KernelCall]],
+                  scaling: str = ""):
     """Give `launch` a NativeLaunch as `.native` and `.direct` when one can be made (the dispatch table and the
-    tuner's timing call `.direct(a, b)`; verification calls `.native(a, b, out)`); `.native_why` says why not.
-    `calls()` describes the launches for the current stream; it is only called when the table is loaded."""
+    tuner's timing call `.direct(a, b[, epilogue tensors])`; verification calls `.native(..., out)`); `.native_why`
+    says why not. `calls()` describes the launches for the current stream; it is only called when the table is
+    loaded."""
 
     module = fastpath.loaded_module()
     if module is None:
         launch.native_why = "the C++ warm-call table is not loaded"
         return launch
-    native, why = native_launch(module, launch, shape, out_dtype, calls())
+    native, why = native_launch(module, launch, shape, out_dtype, calls(), scaling)
     if native is not None:
         launch.direct = launch.native = native
     launch.native_why = why
@@ -322,25 +338,27 @@ def attach_native(launch, shape: tuple[int, int], out_dtype: torch.dtype, calls:
 
 def kernel_sequence(handles: list, grids: list[tuple[int, int, int]], args, shape: tuple[int, int],
                     out_dtype: torch.dtype, ldc_multiple: int, buffers: Callable[[], object] = lambda: None,
-                    epilogue: int = 0):
+                    epilogue: int = 0, scaling: str = ""):
     """launch(a, b, out=None) (launch(a, b, *epi, out=None) when the epilogue takes `epilogue` tensors) for a choice
-    that launches its kernels in order, with a native launch attached where the C++ table can run it (it knows a,
-    b, out and a bias; scaled_mm's scales are served from Python). `args(a, b, out, ldc, bufs, epi)` gives one
-    argument tuple per kernel, `epi` being the epilogue's tensors for the kernels that take them; `buffers()` the
-    current stream's workspaces (per_stream), handed to `args` as `bufs`. The Python path and the native
-    description both come from `args`, so they cannot disagree."""
+    that launches its kernels in order, with a native launch attached where the C++ table can run it (a, b, out, a
+    bias, and scaled_mm's scales: `scaling` is the problem's, "" for unscaled ones). `args(a, b, out, ldc, bufs,
+    epi)` gives one argument tuple per kernel, `epi` being the epilogue's tensors for the kernels that take them;
+    `buffers()` the current stream's workspaces (per_stream), handed to `args` as `bufs`. The Python path and the
+    native description both come from `args`, so they cannot disagree."""
     runs = [h.bind(g) for h, g in zip(handles, grids)]
 
     def run_into(a, b, out, ldc, epi):
         for run, kernel_args in zip(runs, args(a, b, out, ldc, buffers(), epi)):
             run(*kernel_args)
 
+    epi = epilogue_operands(epilogue, scaling)
+
     def calls():
-        described = args(Operand.A, Operand.B, Operand.OUT, shape[1], buffers(), (Operand.BIAS,) if epilogue else ())
+        described = args(Operand.A, Operand.B, Operand.OUT, shape[1], buffers(), epi)
         return [KernelCall(h, g, x) for h, g, x in zip(handles, grids, described)]
 
     launch = output_launch(shape, out_dtype, handles[0].device, ldc_multiple, run_into, epilogue)
-    if epilogue > 1:
-        launch.native_why = "the C++ warm-call table serves a, b, out and a bias only"
+    if epi is None:
+        launch.native_why = f"{epilogue} epilogue tensors do not fit scaling {scaling!r}"
         return launch
-    return attach_native(launch, shape, out_dtype, calls)
+    return attach_native(launch, shape, out_dtype, calls, scaling)

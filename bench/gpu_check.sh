@@ -38,7 +38,8 @@
 #   bash bench/gpu_check.sh issue30    issue 30: the fp8 GPU tests (Triton families; CUTLASS's with ISSUE30_CUTLASS_TESTS),
 #                                      the warm host cost of kernels.scaled_mm, optionally `kernels tune` of
 #                                      experiments/issue30_problems.csv (ISSUE30_PRETUNE=1), then bench.sustained --set
-#                                      issue30 (ISSUE30_BACKENDS, default aten,triton; ISSUE30_SET), CUTLASS built inline
+#                                      issue30 (ISSUE30_BACKENDS, default aten,triton; ISSUE30_SET or ISSUE30_PROBLEMS),
+#                                      CUTLASS built inline; ISSUE30_FASTPATH_TESTS=1 adds the C++ table's fp8 GPU tests
 #   bash bench/gpu_check.sh issue29    issue 29's round trip: `kernels tune` of the llama-7B layer's forward problems
 #                                      (M=1..4096) in cache A, `cache export`, `cache import` into an empty cache B,
 #                                      then a fresh process's first call of every problem (experiments.bundle_first_calls)
@@ -108,6 +109,7 @@ issue30)
   python3 -m kernels fastpath build > /dev/null 2>&1
   [ "${ISSUE30_TESTS:-1}" = 1 ] && gpu_tests ${ISSUE30_TEST_S:-150} tests/gpu/test_scaled_mm.py | tee "$OUT/pytest_scaled_mm.txt"
   [ -n "${ISSUE30_CUTLASS_TESTS:-}" ] && gpu_tests 200 tests/gpu/test_cutlass.py -k "scaled" | tee "$OUT/pytest_cutlass_scaled.txt"
+  [ -n "${ISSUE30_FASTPATH_TESTS:-}" ] && gpu_tests 120 tests/gpu/test_fastpath.py -k "scaled" | tee "$OUT/pytest_fastpath_scaled.txt"
   [ "${ISSUE30_HOST:-1}" = 1 ] && timeout 120 python3 -m experiments.scaled_host_cost --json "$OUT/scaled_host_cost.json" 2>&1 | tee "$OUT/scaled_host_cost.txt"
   if [ "${ISSUE30_PRETUNE:-0}" = 1 ]; then
     s0=$SECONDS
@@ -116,7 +118,9 @@ issue30)
     echo "kernels tune: rc $? $((SECONDS - s0)) s"; grep -v "^\[" "$OUT/tune_fp8.txt" | tail -16
   fi
   left=$((570 - SECONDS)); [ "$left" -gt 60 ] || { echo "issue30: no time left for bench.sustained"; exit 0; }
-  KERNELS_CUTLASS_BUILD=inline timeout "$left" python3 -m bench.sustained --set "${ISSUE30_SET:-issue30}" \
+  if [ -n "${ISSUE30_PROBLEMS:-}" ]; then which="--problems $ISSUE30_PROBLEMS"; else which="--set ${ISSUE30_SET:-issue30}"; fi
+  # shellcheck disable=SC2086 - $which is two words
+  KERNELS_CUTLASS_BUILD=inline timeout "$left" python3 -m bench.sustained $which \
     --backends "$backends" --json "$OUT/sustained_fp8.jsonl" --time-limit $((left - 50)) --quiet \
     > "$OUT/sustained_fp8.txt" 2>&1; echo "sustained: rc $? at $SECONDS s"; tail -30 "$OUT/sustained_fp8.txt"
   ;;

@@ -28,7 +28,7 @@ _EXPORTS = {
     "fastpath_status": "kernels.dispatch.api", "load_fastpath": "kernels.dispatch.api",
     "patch": "kernels.dispatch.patch", "unpatch": "kernels.dispatch.patch", "enabled": "kernels.dispatch.mode",
     "Dynamic": "kernels.dispatch.dynamic", "record": "kernels.dispatch.record", "config": "kernels.core.config",
-    "preload": "kernels.dispatch.preload", "scaled_mm": "kernels.dispatch.scaled",
+    "preload": "kernels.dispatch.preload", "scaled_mm": "kernels.dispatch.api",
     "__version__": "kernels.core.version",
 }
 

@@ -72,7 +72,7 @@ def built_library(tmp_path_factory):
 def fast(built_library, monkeypatch):
     """The library in this test's cache dir, KERNELS_FASTPATH=auto, and a fresh Fastpath state (restored after)."""
     import kernels
-    from kernels.dispatch import api
+    from kernels.dispatch import api, scaled
     from kernels.native import fastpath
 
     where = fastpath.paths()
@@ -82,5 +82,7 @@ def fast(built_library, monkeypatch):
     monkeypatch.setenv("KERNELS_FASTPATH", "auto")
     monkeypatch.setattr(api, "_fast", fastpath.Fastpath())
     monkeypatch.setattr(api, "_fast_call", None)
+    monkeypatch.setattr(scaled, "_table", None)       # kernels.scaled_mm's view of the same table
+    monkeypatch.setattr(scaled, "_fast_call", None)
     kernels.config.backends = ("aten",)
     return where

@@ -40,7 +40,8 @@ class MatmulFamily(TritonFamily):
             return ((a, b, out, *epi, m, n, k, sa0, sa1, sb0, sb1, ldc, 1),)
 
         return kernel_sequence(handles, [(output_tiles(problem, cfg), 1, 1)], args, (m, n),
-                               DTYPES_BY_NAME[problem.out_dtype], ldc_multiple(specs[0]), epilogue=problem.epilogue_operands)
+                               DTYPES_BY_NAME[problem.out_dtype], ldc_multiple(specs[0]),
+                               epilogue=problem.epilogue_operands, scaling=problem.scaling)
 
 
 FAMILY = MatmulFamily()

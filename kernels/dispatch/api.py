@@ -1,4 +1,5 @@
-"""User entry points: mm, int_mm, linear, explain, stats. Validation, the warm dispatch table, and the cold path."""
+"""User entry points: mm, int_mm, linear, explain, stats (and scaled_mm, from kernels.dispatch.scaled). Validation,
+the warm dispatch tables (the C++ one, which api owns for every op, and the Python one), and the cold path."""
 from __future__ import annotations
 
 import contextlib
@@ -36,6 +37,9 @@ _FAST_OP = {"mm": 0, "int_mm": 1}
 _FAST_ATEN_KIND = {torch.mm: 0, torch._int_mm: 1}
 _FAST_PYTHON_KIND = 2
 _FAST_ADDMM_KIND = 4    # linear's aten_addmm, computed by the table itself (at::addmm / at::mm, the activation)
+
+# kernels.scaled_mm, exported from here: importing api connects it to the C++ table (_scaled.connect, at the end)
+scaled_mm = _scaled.scaled_mm
 
 
 _FP32 = torch.float32
@@ -461,6 +465,7 @@ def _shrink(limit: int) -> None:
         _fast.module.clear()
         for key, entry in _dispatch.items():
             _fast_register(_fast.module, key, entry)
+        _scaled.mirror(_fast.module)
     selected.trim(keep)
     _dynamic.trim(keep)
 
@@ -480,8 +485,15 @@ def _fast_loaded(module) -> None:
     with _lock:
         for key, entry in list(_dispatch.items()):
             _fast_register(module, key, entry)
+        _scaled.table_loaded(module)
         _fast_linear = module.call_linear
         _fast_call = module.call
+
+
+def _load_fast() -> None:
+    """Load the C++ table as config.fastpath says unless it is loaded (kernels.scaled_mm's cold calls ask)."""
+    if _fast_call is None:
+        _fast.try_load(_fast_loaded)
 
 
 def _device_ctx(t):
@@ -560,4 +572,4 @@ def clear_memory_cache() -> None:
         _scaled.clear()
 
 
-
+_scaled.connect(_load_fast)

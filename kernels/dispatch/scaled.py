@@ -5,9 +5,11 @@ takes: both K-major, as Hopper's fp8 tensor cores read them), fp32 scales per te
 (scale_a (M, 1), scale_b (1, N)), an optional (N,) bias of the output dtype, output bf16 / fp16 / fp32:
 out = (a @ b) * scale_a * scale_b + bias, accumulated in fp32, the scales applied once per output element.
 
-Warm calls go through this module's own table (the C++ table serves mm, int_mm and linear only). Not differentiable
-(inference: torch._scaled_mm has no backward either); under torch.compile the call is torch._scaled_mm itself, which
-Inductor lowers with its own templates.
+Warm calls without `out` go through the C++ table (kernels/native/csrc/fastpath.cpp: call_scaled_mm, keyed by a's
+and b's facts under an op code per scaling, bias and out dtype; it checks the scales and the bias on each call and
+runs at::_scaled_mm, a native Triton launch or the winner's Python launch), then this module's own table, then the
+cold path. Not differentiable (inference: torch._scaled_mm has no backward either); under torch.compile the call is
+torch._scaled_mm itself, which Inductor lowers with its own templates.
 """
 from __future__ import annotations
 
@@ -37,6 +39,21 @@ memory_hits = [0]
 _compiling = torch.compiler.is_compiling
 
 
+def _no_table() -> None:
+    return None
+
+
+# The C++ table is api's (one table for every op, loaded once per process): api connects this module when it is
+# imported (kernels.scaled_mm is exported through api so that it always is), calls table_loaded(module) when the
+# table loads and mirror(module) when it refills it.
+_fast_entries: dict[tuple, tuple[int, object]] = {}    # the C++ table's key -> (kind, launch): kept to refill it
+_table = None                   # the loaded C++ module, or None
+_fast_call = None               # its call_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype): the product or None
+_load_table = _no_table         # api's: load the table as config.fastpath says (it calls table_loaded when it has)
+FAST_PYTHON_KIND = 2            # the C++ table calls the launch (a NativeLaunch: launched there, without Python)
+FAST_ATEN_KIND = 5              # the C++ table calls at::_scaled_mm itself
+
+
 def _key(a, b, scale_a, scale_b, bias, out_dtype) -> tuple:
     # every fact validation reads and the problem is derived from: a warm hit is a call validation would pass
     return (a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.device, b.device, a.data_ptr() & 15,
@@ -53,6 +70,10 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
     torch._scaled_mm computes it, with the fastest verified kernel for this problem."""
     if _compiling():
         return torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, out=out)
+    if _fast_call is not None and out is None:
+        result = _fast_call(a, b, scale_a, scale_b, bias, out_dtype)
+        if result is not None:
+            return result
     try:
         launch = _dispatch.get(_key(a, b, scale_a, scale_b, bias, out_dtype))
     except (AttributeError, TypeError):
@@ -62,6 +83,14 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
         return (launch(a, b, scale_a, scale_b, out) if bias is None else
                 launch(a, b, scale_a, scale_b, bias, out))
     return _cold(a, b, scale_a, scale_b, bias, out_dtype, out)
+
+
+def _fast_key(a, b, scaling: str, bias, out_dtype) -> tuple:
+    """The C++ table's key of a validated call: api's mm key fields for (a, b) under op "scaled_mm" (no fp32
+    precision, no grad), then what picks the kernel besides (scaling, bias present, out dtype). The scales' and the
+    bias's own facts are checked on each call there, not keyed."""
+    return (("scaled_mm", a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.device, b.device,
+             a.data_ptr() & 15, b.data_ptr() & 15, None, False), scaling, bias is not None, out_dtype)
 
 
 def _out_ok(out, a, b, out_dtype) -> bool:
@@ -164,25 +193,54 @@ def problem_of(a, b, scaling: str, bias, out_dtype) -> GemmProblem:
 def _cold(a, b, scale_a, scale_b, bias, out_dtype, out):
     scaling = validate(a, b, scale_a, scale_b, bias, out_dtype, out)
     _check_finite(scale_a, scale_b)
+    if _table is None:
+        _load_table()
     operands = (a, b, scale_a, scale_b) + (() if bias is None else (bias,))
     if 0 in (a.shape[0], a.shape[1], b.shape[1]):
         return _trivial(a, b, bias, out_dtype, out)
     problem = problem_of(a, b, scaling, bias, out_dtype)
+    copy_bias = bias is not None and bias.stride(0) != 1
     if a.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         with _device_ctx(a):
             launch = selected.resolved(problem) or scaled_mm_launch(problem)
-            return launch(*operands, out)
-    if a.device.type == "cpu" and not interpret_mode():
+            return (_contiguous_bias(launch) if copy_bias else launch)(*operands, out)
+    aten = a.device.type == "cpu" and not interpret_mode()
+    if aten:
         launch = scaled_mm_launch(problem)
         _stats.bump("cpu_fallbacks")
     else:
         with _device_ctx(a):
             launch = resolve(problem)
-    if len(_dispatch) >= config.max_problems:
-        _dispatch.clear()           # rare (thousands of fp8 problems): looked up again, cheaply, from memory
-    _dispatch[_key(a, b, scale_a, scale_b, bias, out_dtype)] = launch
+        aten = _aten_winner(problem)
+    with selected.lock:
+        if len(_dispatch) >= config.max_problems:
+            clear()                 # rare (thousands of fp8 problems): looked up again, cheaply, from memory
+        # this key's calls all have this bias stride (the Python table keys it; the C++ one serves unit strides only)
+        python_launch = _contiguous_bias(launch) if copy_bias else launch
+        _dispatch[_key(a, b, scale_a, scale_b, bias, out_dtype)] = python_launch
+        # aten winners are called by the C++ table itself; other launches through their native launch if they have
+        # one (Triton on a GPU), else as they are (CUTLASS, the interpreter)
+        fast = (FAST_ATEN_KIND, launch) if aten else (FAST_PYTHON_KIND, getattr(launch, "native", launch))
+        key = _fast_key(a, b, scaling, bias, out_dtype)
+        _fast_entries[key] = fast
+        if _table is not None:
+            _table.add(key, *fast)
     with _device_ctx(a):
-        return launch(*operands, out)
+        return python_launch(*operands, out)
+
+
+def _contiguous_bias(launch):
+    """launch for calls whose bias is not a contiguous vector: the Triton kernels read bias[col] without a stride
+    (as for kernels.linear, such a bias is copied; CUTLASS launches copy it themselves, torch._scaled_mm takes it)."""
+    def launch_copying_bias(a, b, scale_a, scale_b, bias, out=None):
+        return launch(a, b, scale_a, scale_b, bias.contiguous(), out)
+
+    return launch_copying_bias
+
+
+def _aten_winner(problem: GemmProblem) -> bool:
+    sel = selected.selection(problem)
+    return sel is not None and sel.winner_choice.backend == "aten"
 
 
 def resolve(problem: GemmProblem):
@@ -223,5 +281,32 @@ def explain(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16) -> Sele
     return selected.selection(problem)
 
 
+def connect(load_table) -> None:
+    """api hands in how the C++ table is loaded (on a cold call, as its own cold calls do)."""
+    global _load_table
+    _load_table = load_table
+
+
+def table_loaded(module) -> None:
+    """The C++ table just loaded: copy this module's entries into it, then route warm calls through it."""
+    global _table, _fast_call
+    with selected.lock:
+        mirror(module)
+        _table, _fast_call = module, module.call_scaled_mm
+
+
+def mirror(module) -> None:
+    """Register every entry of this module in the C++ table `module` (after it loaded, or was emptied)."""
+    with selected.lock:
+        for key, (kind, launch) in _fast_entries.items():
+            module.add(key, kind, launch)
+
+
 def clear() -> None:
-    _dispatch.clear()
+    """Forget the warm entries, the C++ table's included."""
+    with selected.lock:
+        _dispatch.clear()
+        if _table is not None:
+            for key in _fast_entries:
+                _table.discard(key)
+        _fast_entries.clear()

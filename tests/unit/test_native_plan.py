@@ -4,10 +4,10 @@ Python path launches: same kernels, grids and arguments, with the operand pointe
 import pytest
 import torch
 
-from backends.triton_launch import CompiledHandle, KernelCall, Operand, native_launch
+from backends.triton_launch import CompiledHandle, KernelCall, Operand, epilogue_operands, native_launch
 from backends.triton_templates import family
 from kernels.native import fastpath
-from kernels.core.problem import GemmProblem
+from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
 
 HIDDEN_PARAMS = 2           # global and profile scratch pointers, appended to every kernel's arguments
 
@@ -35,9 +35,9 @@ class RecordingHandle(CompiledHandle):
 
 
 class FakeNative:
-    def __init__(self, device, stream, m, n, out_dtype, steps, fallback, keepalive):
+    def __init__(self, device, stream, m, n, out_dtype, steps, fallback, keepalive, scaling=""):
         self.device, self.stream, self.m, self.n, self.out_dtype = device, stream, m, n, out_dtype
-        self.steps, self.fallback, self.keepalive = steps, fallback, keepalive
+        self.steps, self.fallback, self.keepalive, self.scaling = steps, fallback, keepalive, scaling
 
 
 class FakeModule:
@@ -111,6 +111,65 @@ def test_native_steps_launch_what_the_python_path_launches(fake_table, template,
         # only the operands change between calls: every other pointer is a buffer the native launch keeps alive
         fixed = {x.data_ptr() for x in args if isinstance(x, torch.Tensor)} - set(pointers.values())
         assert fixed <= {t.data_ptr() for t in native.keepalive}
+
+
+SCALED_CASES = [  # template, (m, n, k), scaling, bias, out dtype
+    ("triton_scaled_mm", (20, 48, 64), "tensor", False, "bf16"),
+    ("triton_scaled_mm", (20, 48, 64), "row", True, "fp16"),
+    ("triton_tma_scaled_mm", (64, 64, 64), "row", False, "bf16"),
+    ("triton_tma_scaled_mm", (64, 64, 64), "tensor", True, "fp32"),
+    ("split_k", (32, 32, 4096), "row", True, "bf16"),
+]
+
+
+def scaled_operands(m, n, k, scaling, bias, out_dtype):
+    a = torch.randn(m, k).to(torch.float8_e4m3fn)
+    b = torch.randn(n, k).to(torch.float8_e4m3fn).t()
+    shapes = ((m, 1), (1, n)) if scaling == "row" else ((), ())
+    scales = tuple(torch.rand(shape) + 0.5 for shape in shapes)
+    epi = scales + ((torch.randn(n).to(DTYPES_BY_NAME[out_dtype]),) if bias else ())
+    return a, b, epi
+
+
+@pytest.mark.parametrize("template,shape,scaling,bias,out_dtype", SCALED_CASES)
+def test_scaled_plans_take_the_scales_where_the_python_path_passes_them(fake_table, template, shape, scaling, bias,
+                                                                        out_dtype):
+    m, n, k = shape
+    a, b, epi = scaled_operands(m, n, k, scaling, bias, out_dtype)
+    problem = GemmProblem.from_tensors("scaled_mm", a, b, bias=bias, scaling=scaling, out_dtype=out_dtype)
+    fam = family(template)
+    choices, skipped = fam.choices(problem, template, "default")
+    assert choices, skipped
+    specs = fam.specs(problem, choices[0])
+    handles = [RecordingHandle(i, tuple(arg.type for arg in spec.args)) for i, spec in enumerate(specs)]
+    launch = fam.launcher(problem, choices[0], specs, handles)
+    native = launch.native
+    assert launch.direct is native and launch.native_why == ""
+    assert (native.m, native.n, native.out_dtype, native.scaling) == (m, n, DTYPES_BY_NAME[out_dtype], scaling)
+
+    out = launch(a, b, *epi, None)                    # the Python path, recorded
+    pointers = {int(Operand.A): a.data_ptr(), int(Operand.B): b.data_ptr(), int(Operand.OUT): out.data_ptr(),
+                int(Operand.SCALE_A): epi[0].data_ptr(), int(Operand.SCALE_B): epi[1].data_ptr()}
+    if bias:
+        pointers[int(Operand.BIAS)] = epi[2].data_ptr()
+    taken = set()
+    for step, handle in zip(native.steps, handles):
+        _, _, _, _, _, _, values, operands = step
+        (_, args), = handle.launches
+        filled = list(values)
+        for param, operand in operands:
+            filled[param] = pointers[operand]
+            taken.add(operand)
+        assert filled == as_values(args) + [0] * HIDDEN_PARAMS
+    assert taken == set(pointers)                     # every scale (and the bias) comes from the call
+
+
+def test_epilogue_operands_follow_the_launch_order():
+    assert epilogue_operands(0, "") == ()
+    assert epilogue_operands(1, "") == (Operand.BIAS,)
+    assert epilogue_operands(2, "row") == (Operand.SCALE_A, Operand.SCALE_B)
+    assert epilogue_operands(3, "tensor") == (Operand.SCALE_A, Operand.SCALE_B, Operand.BIAS)
+    assert epilogue_operands(2, "") is None and epilogue_operands(1, "row") is None      # they disagree: no plan
 
 
 def test_scratch_is_allocated_per_program_and_kept_alive(fake_table):

@@ -15,11 +15,19 @@
 // given the rest of the key (x's dtype and device, length N, stride 1, 16-byte aligned), so call_linear checks them
 // on each call and declines any other bias (the Python path then validates it, or serves it with a copy).
 //
+// kernels.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype) is served by call_scaled_mm: mm's key for (a, b) under
+// an op code of its own per (scaling, bias present, out dtype), registered from kernels.dispatch.scaled's key
+// (mm-style key with op "scaled_mm", scaling, bias present, out dtype). As for linear's bias, the scales' and the
+// bias's facts are not keyed but checked on each call (fp32 scales on a's device, contiguous, of the scaling's
+// shapes; the bias as linear's, in the out dtype), and anything else is declined. Their values are never read: a
+// warm call must not sync the GPU (non-finite scales are refused on the cold path only).
+//
 // Native launches (type NativeLaunch): a compiled Triton choice as a list of kernel launches whose arguments are all
-// fixed for the problem except the three operand pointers, launched with cuLaunchKernel from here. The Python path
-// (launcher closure -> torch.empty -> Triton's C launcher parsing ~15 Python arguments) costs 10+ us of host time per
-// call on the lent machines' hosts, more than many of these kernels run on the GPU. The CUDA driver is reached
-// through dlopen, so this file builds against CPU-only torch too (where no NativeLaunch is ever made).
+// fixed for the problem except the operand pointers (a, b, out, and the epilogue's scales and bias), launched with
+// cuLaunchKernel from here. The Python path (launcher closure -> torch.empty -> Triton's C launcher parsing ~15
+// Python arguments) costs 10+ us of host time per call on the lent machines' hosts, more than many of these kernels
+// run on the GPU. The CUDA driver is reached through dlopen, so this file builds against CPU-only torch too (where no
+// NativeLaunch is ever made).
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
@@ -30,6 +38,7 @@
 #include <ATen/core/DimVector.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_int_mm.h>
+#include <ATen/ops/_scaled_mm.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
@@ -63,7 +72,7 @@ struct KeyHash {
   }
 };
 
-enum Kind : int { kAtenMm = 0, kAtenIntMm = 1, kPython = 2, kNative = 3, kAtenAddmm = 4 };
+enum Kind : int { kAtenMm = 0, kAtenIntMm = 1, kPython = 2, kNative = 3, kAtenAddmm = 4, kAtenScaledMm = 5 };
 
 // Op codes: the key's first field. Linear's: kOpLinear + 4 * (bias present) + activation.
 constexpr int64_t kOpMm = 0, kOpIntMm = 1, kOpLinear = 8;
@@ -72,6 +81,37 @@ enum Activation : int { kActNone = 0, kActRelu = 1, kActGelu = 2, kActSilu = 3 }
 int64_t linear_op(bool bias, int activation) { return kOpLinear + (bias ? 4 : 0) + activation; }
 bool is_linear_op(int64_t op) { return op >= kOpLinear && op < kOpLinear + 8; }
 bool linear_has_bias(int64_t op) { return ((op - kOpLinear) & 4) != 0; }
+
+// scaled_mm's op codes: kOpScaled + 8 * (row-wise scales) + 4 * (bias present) + the out dtype's index in
+// kScaledOut. A problem's scaling, bias and out dtype pick its kernel (they are part of GemmProblem), so they are
+// part of the key.
+constexpr int64_t kOpScaled = 16;
+enum Scaling : int { kNoScaling = 0, kTensorScaling = 1, kRowScaling = 2 };
+constexpr at::ScalarType kScaledOut[3] = {at::kBFloat16, at::kHalf, at::kFloat};
+
+int64_t scaled_op(int scaling, bool bias, int out_index) {
+  return kOpScaled + (scaling == kRowScaling ? 8 : 0) + (bias ? 4 : 0) + out_index;
+}
+bool is_scaled_op(int64_t op) { return op >= kOpScaled && op < kOpScaled + 16 && ((op - kOpScaled) & 3) != 3; }
+int scaled_op_scaling(int64_t op) { return ((op - kOpScaled) & 8) != 0 ? kRowScaling : kTensorScaling; }
+bool scaled_op_bias(int64_t op) { return ((op - kOpScaled) & 4) != 0; }
+at::ScalarType scaled_op_out(int64_t op) { return kScaledOut[(op - kOpScaled) & 3]; }
+
+// An out dtype's index in kScaledOut, or -1 (not one scaled_mm produces: Python raises).
+int scaled_out_index(at::ScalarType dtype) {
+  for (int i = 0; i < 3; ++i) {
+    if (kScaledOut[i] == dtype) return i;
+  }
+  return -1;
+}
+
+// "tensor" / "row" -> their code; anything else kNoScaling.
+int scaling_code(PyObject* name) {
+  if (!PyUnicode_Check(name)) return kNoScaling;
+  if (PyUnicode_CompareWithASCIIString(name, "tensor") == 0) return kTensorScaling;
+  if (PyUnicode_CompareWithASCIIString(name, "row") == 0) return kRowScaling;
+  return kNoScaling;
+}
 
 // None -> kActNone, "relu" / "gelu" / "silu" -> their code, anything else -1 (not served: Python validates it).
 int activation_code(PyObject* activation) {
@@ -147,10 +187,40 @@ bool key_from_linear(int64_t op, const at::Tensor& x, const at::Tensor& w, Key& 
   return true;
 }
 
-// The bias facts every entry with a bias assumes (see the top of this file).
-bool servable_bias(const at::Tensor& bias, const at::Tensor& x, int64_t n) {
+// The bias facts every entry with a bias assumes (see the top of this file): `dtype` is linear's x dtype or
+// scaled_mm's out dtype, `device` the product's.
+bool servable_bias(const at::Tensor& bias, at::ScalarType dtype, c10::Device device, int64_t n) {
   return bias.layout() == c10::kStrided && bias.dim() == 1 && bias.size(0) == n && bias.stride(0) == 1 &&
-         bias.scalar_type() == x.scalar_type() && bias.device() == x.device() && alignment(bias) == 0;
+         bias.scalar_type() == dtype && bias.device() == device && alignment(bias) == 0;
+}
+
+// kernels.scaled_mm's scaling_of on the scales' shapes for an (M, K) x (K, N) product: one element each (at most
+// 2-D) -> tensor-wise, (M, 1) and (1, N) -> row-wise, anything else kNoScaling (Python raises about it).
+int scaling_of(const at::Tensor& scale_a, const at::Tensor& scale_b, int64_t m, int64_t n) {
+  if (scale_a.numel() == 1 && scale_b.numel() == 1 && scale_a.dim() <= 2 && scale_b.dim() <= 2) return kTensorScaling;
+  if (scale_a.dim() == 2 && scale_b.dim() == 2 && scale_a.size(0) == m && scale_a.size(1) == 1 &&
+      scale_b.size(0) == 1 && scale_b.size(1) == n) {
+    return kRowScaling;
+  }
+  return kNoScaling;
+}
+
+// The scale facts every scaled entry assumes: fp32 on a's device, contiguous with a unit last stride (what
+// validation asks, and what lets a kernel index scale_a[row] and scale_b[col] without strides).
+bool servable_scale(const at::Tensor& scale, const at::Tensor& a) {
+  return scale.layout() == c10::kStrided && scale.scalar_type() == at::kFloat && scale.device() == a.device() &&
+         scale.is_contiguous() && (scale.dim() == 0 || scale.stride(scale.dim() - 1) == 1);
+}
+
+// The key of a scaled_mm call: mm's key for (a, b) under the op code of its scaling, bias and out dtype; false when
+// a scale or the bias is not one this table serves as is.
+bool key_from_scaled(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
+                     const at::Tensor* bias, int out_index, Key& k) {
+  if (a.layout() != c10::kStrided || b.layout() != c10::kStrided || a.dim() != 2 || b.dim() != 2) return false;
+  const int scaling = scaling_of(scale_a, scale_b, a.size(0), b.size(1));
+  if (scaling == kNoScaling || !servable_scale(scale_a, a) || !servable_scale(scale_b, a)) return false;
+  if (bias != nullptr && !servable_bias(*bias, kScaledOut[out_index], a.device(), b.size(1))) return false;
+  return key_from_tensors(scaled_op(scaling, bias != nullptr, out_index), a, b, k);
 }
 
 bool read_pair(PyObject* seq, int64_t& x, int64_t& y) {
@@ -189,17 +259,40 @@ bool bias_facts_servable(PyObject* facts, const Key& k) {
 
 bool product_key_from_python(PyObject* t, Key& k);
 
-// The Python key tuple -> Key; false (no error set) when the key is one this table does not serve. mm / int_mm:
-// api._fast_key's tuple; linear: (that tuple for ("mm", x2, weight.t()), activation, bias facts or None).
-bool key_from_python(PyObject* t, Key& k) {
-  if (!PyTuple_Check(t)) return false;
-  if (PyTuple_GET_SIZE(t) != 3) return product_key_from_python(t, k);
+// linear: (api._fast_key's tuple for ("mm", x2, weight.t()), activation, bias facts or None).
+bool linear_key_from_python(PyObject* t, Key& k) {
   if (!product_key_from_python(PyTuple_GET_ITEM(t, 0), k) || k[0] != kOpMm) return false;
   const int act = activation_code(PyTuple_GET_ITEM(t, 1));
   PyObject* bias = PyTuple_GET_ITEM(t, 2);
   if (act < 0 || (bias != Py_None && !bias_facts_servable(bias, k))) return false;
   k[0] = linear_op(bias != Py_None, act);
   return true;
+}
+
+// scaled_mm: (the mm-style tuple with op "scaled_mm", scaling "tensor" | "row", bias present, out dtype).
+bool scaled_key_from_python(PyObject* t, Key& k) {
+  if (!product_key_from_python(PyTuple_GET_ITEM(t, 0), k) || k[0] != kOpScaled) return false;
+  const int scaling = scaling_code(PyTuple_GET_ITEM(t, 1));
+  PyObject *bias = PyTuple_GET_ITEM(t, 2), *out_dtype = PyTuple_GET_ITEM(t, 3);
+  if (scaling == kNoScaling || (bias != Py_True && bias != Py_False) || !THPDtype_Check(out_dtype)) return false;
+  const int out_index = scaled_out_index(reinterpret_cast<THPDtype*>(out_dtype)->scalar_type);
+  if (out_index < 0) return false;
+  k[0] = scaled_op(scaling, bias == Py_True, out_index);
+  return true;
+}
+
+// The Python key tuple -> Key; false (no error set) when the key is one this table does not serve. mm / int_mm:
+// api._fast_key's tuple; linear's and scaled_mm's wrap an mm-style tuple (3 and 4 fields).
+bool key_from_python(PyObject* t, Key& k) {
+  if (!PyTuple_Check(t)) return false;
+  switch (PyTuple_GET_SIZE(t)) {
+    case 3:
+      return linear_key_from_python(t, k);
+    case 4:
+      return scaled_key_from_python(t, k);
+    default:
+      return product_key_from_python(t, k) && (k[0] == kOpMm || k[0] == kOpIntMm);
+  }
 }
 
 bool product_key_from_python(PyObject* t, Key& k) {
@@ -210,6 +303,8 @@ bool product_key_from_python(PyObject* t, Key& k) {
     op_code = kOpMm;
   } else if (PyUnicode_Check(op) && PyUnicode_CompareWithASCIIString(op, "int_mm") == 0) {
     op_code = kOpIntMm;
+  } else if (PyUnicode_Check(op) && PyUnicode_CompareWithASCIIString(op, "scaled_mm") == 0) {
+    op_code = kOpScaled;  // the scaling, bias and out dtype complete it (scaled_key_from_python)
   } else {
     return false;
   }
@@ -308,9 +403,11 @@ std::string ensure_context(const Driver& d, int device) {
 }
 
 // ---- NativeLaunch ----------------------------------------------------------------------------------------------------
-// backends/triton_launch.Operand: the pointers that change per call. A plan whose steps take kBias is called
-// (a, b, bias, out=None); one without, (a, b, out=None).
-enum Operand : int { kA = 0, kB = 1, kOut = 2, kBias = 3 };
+// backends/triton_launch.Operand: the pointers that change per call. A plan is called with a, b, then the epilogue
+// tensors its steps take, in the order kernels take them (scale_a, scale_b, bias), then out=None:
+// (a, b, out=None), (a, b, bias, out=None), (a, b, scale_a, scale_b[, bias], out=None).
+enum Operand : int { kA = 0, kB = 1, kOut = 2, kBias = 3, kScaleA = 4, kScaleB = 5 };
+constexpr int kOperands = 6;
 
 struct OperandSlot {
   size_t param;  // index of the kernel parameter that takes this operand's pointer
@@ -332,27 +429,41 @@ struct NativePlan {
   void* stream;  // the stream whose workspaces the fixed arguments point at
   int64_t m, n;
   at::ScalarType out_dtype;
-  bool bias;  // some step takes the bias pointer: the launch's operands are (a, b, bias)
+  bool bias;    // some step takes the bias pointer
+  int scaling;  // kNoScaling, or scaled_mm's scaling: the steps take both scale pointers, of 1 or M / N elements
   std::vector<KernelStep> steps;
 };
+
+// How many tensors a plan's call takes before `out`, and its signature for error messages.
+Py_ssize_t plan_inputs(const NativePlan& plan) {
+  return 2 + (plan.scaling != kNoScaling ? 2 : 0) + (plan.bias ? 1 : 0);
+}
+const char* plan_signature(const NativePlan& plan) {
+  if (plan.scaling == kNoScaling) return plan.bias ? "a, b, bias, out=None" : "a, b, out=None";
+  return plan.bias ? "a, b, scale_a, scale_b, bias, out=None" : "a, b, scale_a, scale_b, out=None";
+}
 
 struct NativeLaunch {
   PyObject_HEAD
   vectorcallfunc vectorcall;
   NativePlan* plan;
-  PyObject* fallback;   // launch(a, b[, bias], out): the Python path, for other streams and outputs we do not write
+  PyObject* fallback;   // the Python launch, called as the plan is: for other streams and outputs we do not write
   PyObject* keepalive;  // owns what the fixed pointers point at (workspaces, scratch)
 };
 
-// One call's operands: the tensors, and their Python objects where the caller has them (borrowed; nullptr: made
-// only if the fallback needs them). bias is nullptr for a plan without one.
+// One call's operands: the tensors, and their Python objects (borrowed). pa / pb may be nullptr (made only if the
+// fallback needs them); the epilogue's tensors and objects are nullptr exactly when the plan takes none.
 struct Operands {
   const at::Tensor& a;
   const at::Tensor& b;
-  const at::Tensor* bias;
-  PyObject* pa;
-  PyObject* pb;
-  PyObject* pbias;
+  const at::Tensor* scale_a = nullptr;
+  const at::Tensor* scale_b = nullptr;
+  const at::Tensor* bias = nullptr;
+  PyObject* pa = nullptr;
+  PyObject* pb = nullptr;
+  PyObject* pscale_a = nullptr;
+  PyObject* pscale_b = nullptr;
+  PyObject* pbias = nullptr;
 };
 
 PyObject* new_ref(PyObject* given, const at::Tensor& t) {
@@ -362,13 +473,19 @@ PyObject* new_ref(PyObject* given, const at::Tensor& t) {
 }
 
 PyObject* call_fallback(NativeLaunch* self, const Operands& ops, PyObject* pout) {
-  PyObject* out = pout != nullptr ? pout : Py_None;
   PyObject* pa = new_ref(ops.pa, ops.a);
   PyObject* pb = pa != nullptr ? new_ref(ops.pb, ops.b) : nullptr;
   PyObject* result = nullptr;
   if (pb != nullptr) {
-    result = self->plan->bias ? PyObject_CallFunctionObjArgs(self->fallback, pa, pb, ops.pbias, out, nullptr)
-                              : PyObject_CallFunctionObjArgs(self->fallback, pa, pb, out, nullptr);
+    PyObject* args[6] = {pa, pb};
+    size_t n = 2;
+    if (self->plan->scaling != kNoScaling) {
+      args[n++] = ops.pscale_a;
+      args[n++] = ops.pscale_b;
+    }
+    if (self->plan->bias) args[n++] = ops.pbias;
+    args[n++] = pout != nullptr ? pout : Py_None;
+    result = PyObject_Vectorcall(self->fallback, args, n, nullptr);
   }
   Py_XDECREF(pa);
   Py_XDECREF(pb);
@@ -388,12 +505,25 @@ bool readable_bias(const NativePlan& plan, const at::Tensor& bias) {
          (bias.stride(0) == 1 || plan.n <= 1) && bias.scalar_type() == plan.out_dtype && alignment(bias) == 0;
 }
 
+// A scale a kernel reads: fp32 on the plan's device, contiguous, with `count` elements (1 per tensor, M or N per
+// row): the kernels read scale[0], or scale_a[row] and scale_b[col], with no stride and no bounds beyond M and N.
+bool readable_scale(const NativePlan& plan, const at::Tensor& scale, int64_t count) {
+  return scale.is_cuda() && scale.device().index() == plan.device && scale.scalar_type() == at::kFloat &&
+         scale.numel() == count && scale.is_contiguous();
+}
+
+bool readable_scales(const NativePlan& plan, const Operands& ops) {
+  const bool row = plan.scaling == kRowScaling;
+  return readable_scale(plan, *ops.scale_a, row ? plan.m : 1) && readable_scale(plan, *ops.scale_b, row ? plan.n : 1);
+}
+
 // The product, or nullptr with a Python error set. pout may be nullptr (allocate) or a tensor to write into.
 PyObject* run_native(NativeLaunch* self, const Operands& ops, PyObject* pout) {
   const NativePlan& plan = *self->plan;
   const at::Tensor &a = ops.a, &b = ops.b;
   if (!a.is_cuda() || a.device().index() != plan.device || !b.is_cuda() || a.dim() != 2 || b.dim() != 2 ||
-      a.size(0) != plan.m || b.size(1) != plan.n || (plan.bias && !readable_bias(plan, *ops.bias))) {
+      a.size(0) != plan.m || b.size(1) != plan.n || (plan.bias && !readable_bias(plan, *ops.bias)) ||
+      (plan.scaling != kNoScaling && !readable_scales(plan, ops))) {
     return call_fallback(self, ops, pout);  // not the problem this plan was made for: the Python path decides
   }
   const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(plan.device));
@@ -418,9 +548,14 @@ PyObject* run_native(NativeLaunch* self, const Operands& ops, PyObject* pout) {
     return nullptr;
   }
   if (!out.defined()) out = at::empty({plan.m, plan.n}, at::TensorOptions().dtype(plan.out_dtype).device(device));
-  const uint64_t pointers[4] = {reinterpret_cast<uint64_t>(a.data_ptr()), reinterpret_cast<uint64_t>(b.data_ptr()),
-                                reinterpret_cast<uint64_t>(out.data_ptr()),
-                                plan.bias ? reinterpret_cast<uint64_t>(ops.bias->data_ptr()) : 0};
+  auto address = [](const at::Tensor* t) { return t != nullptr ? reinterpret_cast<uint64_t>(t->data_ptr()) : 0; };
+  uint64_t pointers[kOperands];
+  pointers[kA] = address(&a);
+  pointers[kB] = address(&b);
+  pointers[kOut] = address(&out);
+  pointers[kBias] = address(ops.bias);
+  pointers[kScaleA] = address(ops.scale_a);
+  pointers[kScaleB] = address(ops.scale_b);
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     auto& step = self->plan->steps[i];
     if (step.grid[0] == 0 || step.grid[1] == 0 || step.grid[2] == 0) continue;
@@ -440,28 +575,36 @@ PyObject* run_native(NativeLaunch* self, const Operands& ops, PyObject* pout) {
   return THPVariable_Wrap(std::move(out));
 }
 
-// native(a, b, out=None), or native(a, b, bias, out=None) for a plan with a bias
+// native(a, b[, scale_a, scale_b][, bias], out=None): the tensors its plan takes (plan_signature)
 PyObject* native_vectorcall(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   HANDLE_TH_ERRORS
   auto* self = reinterpret_cast<NativeLaunch*>(callable);
+  const NativePlan& plan = *self->plan;
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-  const Py_ssize_t inputs = self->plan->bias ? 3 : 2;
+  const Py_ssize_t inputs = plan_inputs(plan);
   if (kwnames != nullptr || nargs < inputs || nargs > inputs + 1) {
-    PyErr_SetString(PyExc_TypeError, self->plan->bias
-                                         ? "NativeLaunch(a, b, bias, out=None) takes 3 or 4 positional arguments"
-                                         : "NativeLaunch(a, b, out=None) takes 2 or 3 positional arguments");
+    PyErr_Format(PyExc_TypeError, "NativeLaunch(%s) takes %zd or %zd positional arguments", plan_signature(plan),
+                 inputs, inputs + 1);
     return nullptr;
   }
   PyObject* pout = nargs > inputs ? args[inputs] : nullptr;
-  PyObject* pbias = self->plan->bias ? args[2] : nullptr;
+  const bool scaled = plan.scaling != kNoScaling;
+  PyObject* pscale_a = scaled ? args[2] : nullptr;
+  PyObject* pscale_b = scaled ? args[3] : nullptr;
+  PyObject* pbias = plan.bias ? args[inputs - 1] : nullptr;
   for (Py_ssize_t i = 0; i < inputs; ++i) {
     if (!THPVariable_Check(args[i])) {
       static const at::Tensor undefined;
-      return call_fallback(self, Operands{undefined, undefined, nullptr, args[0], args[1], pbias}, pout);
+      return call_fallback(self,
+                           Operands{.a = undefined, .b = undefined, .pa = args[0], .pb = args[1],
+                                    .pscale_a = pscale_a, .pscale_b = pscale_b, .pbias = pbias},
+                           pout);
     }
   }
-  const Operands ops{THPVariable_Unpack(args[0]), THPVariable_Unpack(args[1]),
-                     pbias != nullptr ? &THPVariable_Unpack(pbias) : nullptr, args[0], args[1], pbias};
+  auto tensor = [](PyObject* o) -> const at::Tensor* { return o != nullptr ? &THPVariable_Unpack(o) : nullptr; };
+  const Operands ops{.a = THPVariable_Unpack(args[0]), .b = THPVariable_Unpack(args[1]), .scale_a = tensor(pscale_a),
+                     .scale_b = tensor(pscale_b), .bias = tensor(pbias), .pa = args[0], .pb = args[1],
+                     .pscale_a = pscale_a, .pscale_b = pscale_b, .pbias = pbias};
   return run_native(self, ops, pout);
   END_HANDLE_TH_ERRORS
 }
@@ -491,9 +634,10 @@ int native_clear(PyObject* obj) {
 
 PyObject* native_repr(PyObject* obj) {
   const NativePlan& plan = *reinterpret_cast<NativeLaunch*>(obj)->plan;
-  return PyUnicode_FromFormat("<NativeLaunch %zd launch(es), %lldx%lld%s on cuda:%d>",
+  const char* scales = plan.scaling == kNoScaling ? "" : plan.scaling == kRowScaling ? " row-scaled" : " tensor-scaled";
+  return PyUnicode_FromFormat("<NativeLaunch %zd launch(es), %lldx%lld%s%s on cuda:%d>",
                               static_cast<Py_ssize_t>(plan.steps.size()), static_cast<long long>(plan.m),
-                              static_cast<long long>(plan.n), plan.bias ? " + bias" : "", plan.device);
+                              static_cast<long long>(plan.n), scales, plan.bias ? " + bias" : "", plan.device);
 }
 
 PyTypeObject NativeLaunchType = [] {
@@ -507,7 +651,7 @@ PyTypeObject NativeLaunchType = [] {
   t.tp_traverse = native_traverse;
   t.tp_clear = native_clear;
   t.tp_repr = native_repr;
-  t.tp_doc = "A compiled Triton choice launched from C++: call(a, b[, bias], out=None) -> out";
+  t.tp_doc = "A compiled Triton choice launched from C++: call(a, b[, scale_a, scale_b][, bias], out=None) -> out";
   return t;
 }();
 
@@ -517,7 +661,7 @@ bool read_u64(PyObject* o, uint64_t& v) {
 }
 
 // One step: (function, gx, gy, gz, block_threads, shared_bytes, values, operands) with operands a sequence of
-// (parameter index, operand code 0=a 1=b 2=out 3=bias).
+// (parameter index, operand code 0=a 1=b 2=out 3=bias 4=scale_a 5=scale_b).
 bool read_step(PyObject* item, KernelStep& step) {
   if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 8) {
     PyErr_SetString(PyExc_TypeError, "native: each step is (function, gx, gy, gz, block, shared, values, operands)");
@@ -551,9 +695,9 @@ bool read_step(PyObject* item, KernelStep& step) {
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(ops); ++i) {
     PyObject* pair = PySequence_Fast_GET_ITEM(ops, i);
     int64_t param = 0, operand = 0;
-    if (!read_pair(pair, param, operand) || param < 0 || param >= nv || operand < kA || operand > kBias) {
+    if (!read_pair(pair, param, operand) || param < 0 || param >= nv || operand < 0 || operand >= kOperands) {
       Py_DECREF(ops);
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "native: an operand is (parameter index, 0|1|2|3)");
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "native: an operand is (parameter index, 0..5)");
       return false;
     }
     step.operands.push_back(OperandSlot{static_cast<size_t>(param), static_cast<int>(operand)});
@@ -564,11 +708,32 @@ bool read_step(PyObject* item, KernelStep& step) {
   return true;
 }
 
-// native(device, stream, m, n, out_dtype, steps, fallback, keepalive) -> NativeLaunch
+// Sets the plan's bias and scaling from what its steps take; false with an error set when the steps take scale
+// pointers and `scaling` ("", "tensor" or "row") does not say how many elements they read, or the reverse.
+bool read_epilogue(PyObject* scaling, NativePlan& plan) {
+  bool bias = false, scales = false;
+  for (const auto& step : plan.steps) {
+    for (const auto& slot : step.operands) {
+      bias = bias || slot.operand == kBias;
+      scales = scales || slot.operand == kScaleA || slot.operand == kScaleB;
+    }
+  }
+  plan.bias = bias;
+  plan.scaling = scaling == nullptr ? kNoScaling : scaling_code(scaling);
+  const bool named = scaling == nullptr || plan.scaling != kNoScaling ||
+                     (PyUnicode_Check(scaling) && PyUnicode_GetLength(scaling) == 0);
+  if (!named || scales != (plan.scaling != kNoScaling)) {
+    PyErr_SetString(PyExc_ValueError, "native: scaling must be 'tensor' or 'row' exactly when the steps take scales");
+    return false;
+  }
+  return true;
+}
+
+// native(device, stream, m, n, out_dtype, steps, fallback, keepalive[, scaling]) -> NativeLaunch
 PyObject* make_native(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (nargs != 8) {
-    PyErr_SetString(PyExc_TypeError, "native(device, stream, m, n, out_dtype, steps, fallback, keepalive)");
+  if (nargs != 8 && nargs != 9) {
+    PyErr_SetString(PyExc_TypeError, "native(device, stream, m, n, out_dtype, steps, fallback, keepalive[, scaling])");
     return nullptr;
   }
   if (!THPDtype_Check(args[4]) || !PyCallable_Check(args[6])) {
@@ -594,10 +759,7 @@ PyObject* make_native(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
   }
   Py_DECREF(steps);
-  plan->bias = false;
-  for (const auto& step : plan->steps) {
-    for (const auto& slot : step.operands) plan->bias = plan->bias || slot.operand == kBias;
-  }
+  if (!read_epilogue(nargs == 9 ? args[8] : nullptr, *plan)) return nullptr;
   auto* self = PyObject_GC_New(NativeLaunch, &NativeLaunchType);
   if (self == nullptr) return nullptr;
   self->vectorcall = native_vectorcall;
@@ -648,7 +810,7 @@ PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (e.kind == kNative || e.kind == kPython) {
     Py_INCREF(e.launch);
     PyObject* result = e.kind == kNative ? run_native(reinterpret_cast<NativeLaunch*>(e.launch),
-                                                      Operands{a, b, nullptr, pa, pb, nullptr}, nullptr)
+                                                      Operands{.a = a, .b = b, .pa = pa, .pb = pb}, nullptr)
                                          : PyObject_CallFunctionObjArgs(e.launch, pa, pb, nullptr);
     Py_DECREF(e.launch);
     return result;
@@ -721,7 +883,7 @@ PyObject* call_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Key k;
   try {
     if (!key_from_linear(linear_op(has_bias, act), x, w, k)) Py_RETURN_NONE;
-    if (has_bias && !servable_bias(*bias, x, k[6])) Py_RETURN_NONE;
+    if (has_bias && !servable_bias(*bias, x.scalar_type(), x.device(), k[6])) Py_RETURN_NONE;
   } catch (const c10::Error&) {
     Py_RETURN_NONE;  // a tensor without strides or data (sparse, nested, batched): Python decides about it
   }
@@ -738,7 +900,8 @@ PyObject* call_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyObject* result = nullptr;
     if (kind == kNative) {
       result = run_native(reinterpret_cast<NativeLaunch*>(launch),
-                          Operands{x2, wt, bias, x.dim() == 2 ? px : nullptr, nullptr, pbias}, nullptr);
+                          Operands{.a = x2, .b = wt, .bias = bias, .pa = x.dim() == 2 ? px : nullptr, .pbias = pbias},
+                          nullptr);
     } else {
       PyObject* px2 = x.dim() == 2 ? (Py_INCREF(px), px) : THPVariable_Wrap(x2);
       PyObject* pwt = px2 != nullptr ? THPVariable_Wrap(wt) : nullptr;
@@ -769,8 +932,79 @@ PyObject* call_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
-// Whether an entry of this kind computes the op: an aten kind names the product it runs, a native launch takes a
-// bias exactly when the op has one.
+at::Tensor aten_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
+                          const at::Tensor& scale_b, const at::Tensor* bias, at::ScalarType out_dtype) {
+  // torch._scaled_mm as backends/aten.scaled_mm_launch calls it: no result scale, no fast accumulation
+  return at::_scaled_mm(a, b, scale_a, scale_b, bias != nullptr ? std::optional<at::Tensor>(*bias) : std::nullopt,
+                        std::nullopt, out_dtype, false);
+}
+
+// call_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype) -> kernels.scaled_mm's product, or None when this table
+// does not serve the call (kernels.dispatch.scaled's Python path then runs, and validates).
+PyObject* call_scaled_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError, "call_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype) takes 6 arguments");
+    return nullptr;
+  }
+  PyObject *pa = args[0], *pb = args[1], *pscale_a = args[2], *pscale_b = args[3], *pbias = args[4];
+  const bool has_bias = pbias != Py_None;
+  if (!THPVariable_CheckExact(pa) || !THPVariable_CheckExact(pb) || !THPVariable_CheckExact(pscale_a) ||
+      !THPVariable_CheckExact(pscale_b) || (has_bias && !THPVariable_CheckExact(pbias)) || !THPDtype_Check(args[5])) {
+    Py_RETURN_NONE;  // subclasses go through __torch_function__ in Python; anything else is Python's to reject
+  }
+  if (at::impl::torch_function_mode_enabled()) Py_RETURN_NONE;  // the launch's torch calls must see the mode
+  const int out_index = scaled_out_index(reinterpret_cast<THPDtype*>(args[5])->scalar_type);
+  if (out_index < 0) Py_RETURN_NONE;
+  const at::Tensor& a = THPVariable_Unpack(pa);
+  const at::Tensor& b = THPVariable_Unpack(pb);
+  const at::Tensor& scale_a = THPVariable_Unpack(pscale_a);
+  const at::Tensor& scale_b = THPVariable_Unpack(pscale_b);
+  const at::Tensor* bias = has_bias ? &THPVariable_Unpack(pbias) : nullptr;
+  if (at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad() || scale_a.requires_grad() ||
+                                     scale_b.requires_grad() || (has_bias && bias->requires_grad()))) {
+    Py_RETURN_NONE;  // not differentiable: Python raises
+  }
+  Key k;
+  try {
+    if (!key_from_scaled(a, b, scale_a, scale_b, bias, out_index, k)) Py_RETURN_NONE;
+  } catch (const c10::Error&) {
+    Py_RETURN_NONE;  // a tensor without strides or data (sparse, nested, batched): Python decides about it
+  }
+  auto& t = table();
+  auto it = t.find(k);
+  if (it == t.end()) Py_RETURN_NONE;
+  ++g_hits;
+  const Entry e = it->second;  // a copy: a launch's Python code may change the table
+  if (e.kind == kNative || e.kind == kPython) {
+    Py_INCREF(e.launch);
+    PyObject* result = nullptr;
+    if (e.kind == kNative) {
+      const Operands ops{.a = a, .b = b, .scale_a = &scale_a, .scale_b = &scale_b, .bias = bias, .pa = pa, .pb = pb,
+                         .pscale_a = pscale_a, .pscale_b = pscale_b, .pbias = has_bias ? pbias : nullptr};
+      result = run_native(reinterpret_cast<NativeLaunch*>(e.launch), ops, nullptr);
+    } else {
+      result = has_bias ? PyObject_CallFunctionObjArgs(e.launch, pa, pb, pscale_a, pscale_b, pbias, nullptr)
+                        : PyObject_CallFunctionObjArgs(e.launch, pa, pb, pscale_a, pscale_b, nullptr);
+    }
+    Py_DECREF(e.launch);
+    return result;
+  }
+  const at::ScalarType out_dtype = kScaledOut[out_index];
+  at::Tensor result;
+  if (a.device().is_cpu()) {
+    ReleaseGil no_gil;
+    result = aten_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype);
+  } else {
+    c10::OptionalDeviceGuard guard(a.device());
+    result = aten_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype);
+  }
+  return THPVariable_Wrap(std::move(result));
+  END_HANDLE_TH_ERRORS
+}
+
+// Whether an entry of this kind computes the op: an aten kind names the product it runs, a native launch takes the
+// op's epilogue (scales of its scaling, a bias exactly when the op has one) and writes its out dtype.
 bool kind_serves(long kind, int64_t op, PyObject* launch) {
   switch (kind) {
     case kAtenMm:
@@ -779,8 +1013,16 @@ bool kind_serves(long kind, int64_t op, PyObject* launch) {
       return op == kOpIntMm;
     case kAtenAddmm:
       return is_linear_op(op);
-    case kNative:
-      return reinterpret_cast<NativeLaunch*>(launch)->plan->bias == (is_linear_op(op) && linear_has_bias(op));
+    case kAtenScaledMm:
+      return is_scaled_op(op);
+    case kNative: {
+      const NativePlan& plan = *reinterpret_cast<NativeLaunch*>(launch)->plan;
+      if (is_scaled_op(op)) {
+        return plan.scaling == scaled_op_scaling(op) && plan.bias == scaled_op_bias(op) &&
+               plan.out_dtype == scaled_op_out(op);
+      }
+      return plan.scaling == kNoScaling && plan.bias == (is_linear_op(op) && linear_has_bias(op));
+    }
     default:
       return true;
   }
@@ -799,7 +1041,7 @@ PyObject* add(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "add: a native entry's launch must be a NativeLaunch");
     return nullptr;
   }
-  if (kind != kAtenMm && kind != kAtenIntMm && kind != kPython && kind != kNative && kind != kAtenAddmm) {
+  if (kind < kAtenMm || kind > kAtenScaledMm) {
     PyErr_Format(PyExc_ValueError, "unknown entry kind %ld", kind);
     return nullptr;
   }
@@ -840,6 +1082,19 @@ PyObject* clear(PyObject*, PyObject*) {
   Py_RETURN_NONE;
 }
 
+// discard(key) -> True when an entry was removed (kernels.scaled_mm drops its entries when it empties its own table).
+PyObject* discard(PyObject*, PyObject* key) {
+  Key k;
+  if (!key_from_python(key, k)) Py_RETURN_FALSE;
+  auto& t = table();
+  auto it = t.find(k);
+  if (it == t.end()) Py_RETURN_FALSE;
+  PyObject* old = it->second.launch;
+  t.erase(it);
+  Py_XDECREF(old);  // after the table is consistent: a destructor may call back into us
+  Py_RETURN_TRUE;
+}
+
 PyObject* hits(PyObject*, PyObject*) { return PyLong_FromLongLong(g_hits); }
 
 PyObject* kind_of(PyObject*, PyObject* key) {
@@ -856,14 +1111,18 @@ PyMethodDef methods[] = {
      "call(op, a, b): the product for a registered problem, else None (op 0 = mm, 1 = int_mm)"},
     {"call_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call_linear)), METH_FASTCALL,
      "call_linear(x, weight, bias, activation): kernels.linear for a registered problem, else None"},
+    {"call_scaled_mm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call_scaled_mm)), METH_FASTCALL,
+     "call_scaled_mm(a, b, scale_a, scale_b, bias, out_dtype): kernels.scaled_mm for a registered problem, else None"},
     {"add", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(add)), METH_FASTCALL,
      "add(key, kind, launch): register a warm entry under the Python dispatch key (kind 0 = at::mm, 1 = "
-     "at::_int_mm, 2 = the launch, called from here, 4 = at::addmm / at::mm and the activation, for linear)"},
+     "at::_int_mm, 2 = the launch, called from here, 4 = at::addmm / at::mm and the activation, for linear, "
+     "5 = at::_scaled_mm, for scaled_mm)"},
     {"native", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(make_native)), METH_FASTCALL,
-     "native(device, stream, m, n, out_dtype, steps, fallback, keepalive): a NativeLaunch"},
+     "native(device, stream, m, n, out_dtype, steps, fallback, keepalive[, scaling]): a NativeLaunch"},
     {"driver_status", driver_status, METH_NOARGS, "'' when the CUDA driver's entry points resolved, else why not"},
     {"kind", kind_of, METH_O, "the table's entry kind for this key (-1: not registered)"},
     {"clear", clear, METH_NOARGS, "forget every entry"},
+    {"discard", discard, METH_O, "forget this key's entry; True when there was one"},
     {"hits", hits, METH_NOARGS, "calls served since load"},
     {"size", size, METH_NOARGS, "entries registered"},
     {nullptr, nullptr, 0, nullptr}};
