@@ -2,7 +2,6 @@
 the warm dispatch tables (the C++ one, which api owns for every op, and the Python one), and the cold path."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 
@@ -160,7 +159,7 @@ def _linear_cold(x, weight, bias, activation, route: bool = True):
     problem = GemmProblem.from_tensors("mm", x2, wt, bias=bias is not None, activation=act)
     operands = (x2, wt) if bias is None else (x2, wt, bias)
     if x.device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
-        with _device_ctx(x):
+        with selected.device_context(x):
             launch = selected.resolved(problem) or _linear_aten(problem)
             return launch(*operands, None).view(shape)
     aten = _cpu_fallback(x)
@@ -168,9 +167,9 @@ def _linear_cold(x, weight, bias, activation, route: bool = True):
         launch = _linear_aten(problem)
         _stats.bump("cpu_fallbacks")
     else:
-        with _device_ctx(x):
-            launch = _resolve(problem)
-        aten = _aten_winner(problem)
+        with selected.device_context(x):
+            launch = _record.resolve(problem)
+        aten = selected.aten_winner(problem)
     direct = _direct(launch, len(operands))
     if bias is not None and bias.stride(0) != 1:        # kernels read the bias as a contiguous vector
         contiguous = direct
@@ -184,23 +183,8 @@ def _linear_cold(x, weight, bias, activation, route: bool = True):
             _fast_register(_fast.module, key, entry)
         if len(_dispatch) > config.max_problems:
             _shrink(config.max_problems)
-    with _device_ctx(x):
+    with selected.device_context(x):
         return direct(*operands).view(shape)
-
-
-def _resolve(problem: GemmProblem, dyn=None):
-    """The problem's launcher (tuning or loading it), with torch-function modes and subclasses off meanwhile: the
-    torch calls a tune makes (timing aten, the float64 reference) are its own, and neither a user's mode nor
-    kernels.enabled() may see or reroute them (a rerouted torch.mm inside a tune would start a nested tune).
-    The problem trace (KERNELS_RECORD, kernels.record()) is written here: on cold lookups only."""
-    _record.note(problem, dyn)
-    with torch._C.DisableTorchFunction():
-        return selected.launcher_for(problem) if dyn is None else _dynamic.launcher_for(problem, dyn)
-
-
-def _aten_winner(problem: GemmProblem) -> bool:
-    sel = selected.selection(problem)
-    return sel is not None and sel.winner_choice.backend == "aten"
 
 
 def _linear_aten(problem: GemmProblem):
@@ -382,15 +366,15 @@ def _cold(op: str, a, b, out, dynamic=None, route: bool = True):
         _stats.bump("cpu_fallbacks")
     else:
         problem = GemmProblem.from_tensors(op, a, b)
-        with _device_ctx(a):
-            launch = _resolve(problem, dyn)
+        with selected.device_context(a):
+            launch = _record.resolve(problem, dyn)
     with _lock:
         _dispatch[key] = entry = (_two_arg(launch), launch)
         if dynamic is None and _fast.module is not None:
             _fast_register(_fast.module, key, entry)
         if len(_dispatch) > config.max_problems:
             _shrink(config.max_problems)
-    with _device_ctx(a):
+    with selected.device_context(a):
         return launch(a, b, out)
 
 
@@ -449,7 +433,7 @@ def _under_capture(op: str, a, b, out):
     served by its launcher; anything else (a tune, or a stored winner not yet verified here: both sync and allocate)
     by aten for this call, and resolved on a later call outside the capture."""
     problem = GemmProblem.from_tensors(op, a, b)
-    with _device_ctx(a):
+    with selected.device_context(a):
         launch = selected.resolved(problem) or _aten_launch(op)
         return launch(a, b, out)
 
@@ -496,10 +480,6 @@ def _load_fast() -> None:
         _fast.try_load(_fast_loaded)
 
 
-def _device_ctx(t):
-    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
-
-
 # -- introspection ---------------------------------------------------------------------------------------------
 _TORCH_NAME = {"aten_mm": "torch.mm", "aten_int_mm": "torch._int_mm", "aten_addmm": "torch.addmm and the activation"}
 
@@ -529,13 +509,13 @@ def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None, *, b
         return Selection(problem=problem, winner=name, choices={name: Choice("aten", name, problem.dtype)},
                          timings={}, source="cpu-fallback" if _cpu_fallback(a) else "trivial", notes=[why])
     if dyn is not None:
-        with _device_ctx(a):
+        with selected.device_context(a):
             return _dynamic.explain(problem, dyn)
     sel = selected.selection(problem)
     if sel is not None:
         return dataclasses.replace(sel, source="memory")
-    with _device_ctx(a):
-        _resolve(problem)
+    with selected.device_context(a):
+        _record.resolve(problem)
     return selected.selection(problem)
 
 

@@ -79,6 +79,16 @@ def _append(path: str, line: str) -> None:
                   "recorded there", stacklevel=3)
 
 
+def resolve(problem: GemmProblem, dyn=None):
+    """A cold lookup: the problem's launcher (tuning or loading it), noted in the active traces first, with
+    torch-function modes and subclasses off meanwhile: the torch calls a tune makes (timing aten, the float64
+    reference) are its own, and neither a user's mode nor kernels.enabled() may see or reroute them (a rerouted
+    torch.mm inside a tune would start a nested tune). The api's and scaled_mm's cold paths both call it."""
+    note(problem, dyn)
+    with torch._C.DisableTorchFunction():
+        return selected.launcher_for(problem) if dyn is None else _dynamic.launcher_for(problem, dyn)
+
+
 @contextlib.contextmanager
 def record(path: str | os.PathLike) -> Iterator[str]:
     """Append each distinct problem looked up while the block runs to the JSON-lines file `path` (as
@@ -114,7 +124,7 @@ def stored(problem: GemmProblem) -> Selection | None:
 
 def replay(item: Listed) -> tuple[Selection, bool]:
     """Look the problem up as a user's first call does: fresh operands on its device with its strides and alignment,
-    its fp32 precision set meanwhile, then memory -> store -> tune (what the api's cold path, api._resolve, runs).
+    its fp32 precision set meanwhile, then memory -> store -> tune (what the api's cold path, `resolve` above, runs).
     Returns the Selection and whether this tuned (or benchmarked a dynamic bucket) rather than read the store."""
     problem = item.problem
     device = "cuda" if problem.device == "cuda" else "cpu"

@@ -13,7 +13,6 @@ torch._scaled_mm itself, which Inductor lowers with its own templates.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import torch
@@ -201,7 +200,7 @@ def _cold(a, b, scale_a, scale_b, bias, out_dtype, out):
     problem = problem_of(a, b, scaling, bias, out_dtype)
     copy_bias = bias is not None and bias.stride(0) != 1
     if a.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        with _device_ctx(a):
+        with selected.device_context(a):
             launch = selected.resolved(problem) or scaled_mm_launch(problem)
             return (_contiguous_bias(launch) if copy_bias else launch)(*operands, out)
     aten = a.device.type == "cpu" and not interpret_mode()
@@ -209,9 +208,9 @@ def _cold(a, b, scale_a, scale_b, bias, out_dtype, out):
         launch = scaled_mm_launch(problem)
         _stats.bump("cpu_fallbacks")
     else:
-        with _device_ctx(a):
-            launch = resolve(problem)
-        aten = _aten_winner(problem)
+        with selected.device_context(a):
+            launch = _record.resolve(problem)
+        aten = selected.aten_winner(problem)
     with selected.lock:
         if len(_dispatch) >= config.max_problems:
             clear()                 # rare (thousands of fp8 problems): looked up again, cheaply, from memory
@@ -225,7 +224,7 @@ def _cold(a, b, scale_a, scale_b, bias, out_dtype, out):
         _fast_entries[key] = fast
         if _table is not None:
             _table.add(key, *fast)
-    with _device_ctx(a):
+    with selected.device_context(a):
         return python_launch(*operands, out)
 
 
@@ -238,27 +237,11 @@ def _contiguous_bias(launch):
     return launch_copying_bias
 
 
-def _aten_winner(problem: GemmProblem) -> bool:
-    sel = selected.selection(problem)
-    return sel is not None and sel.winner_choice.backend == "aten"
-
-
-def resolve(problem: GemmProblem):
-    """As api._resolve: the trace note, then the lookup with torch-function modes off."""
-    _record.note(problem)
-    with torch._C.DisableTorchFunction():
-        return selected.launcher_for(problem)
-
-
 def _trivial(a, b, bias, out_dtype, out):
     result = torch.zeros(a.shape[0], b.shape[1], dtype=out_dtype, device=a.device)
     if bias is not None:
         result += bias
     return result if out is None else out.copy_(result)
-
-
-def _device_ctx(t):
-    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
 def explain(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16) -> Selection:
@@ -276,8 +259,8 @@ def explain(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16) -> Sele
     if sel is not None:
         return dataclasses.replace(sel, source="memory")
     _check_finite(scale_a, scale_b)
-    with _device_ctx(a):
-        resolve(problem)
+    with selected.device_context(a):
+        _record.resolve(problem)
     return selected.selection(problem)
 
 

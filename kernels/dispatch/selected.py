@@ -3,6 +3,7 @@ selection store -> shared store (KERNELS_STORE) -> tune, once across processes (
 machines (the shared store's lock). The api's warm table and dynamic dispatch both resolve problems here."""
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -203,6 +204,17 @@ def selection(problem: GemmProblem) -> Selection | None:
     """The Selection this process holds for the problem, or None (nothing looked up yet)."""
     with lock:
         return _selections.get(problem)
+
+
+def aten_winner(problem: GemmProblem) -> bool:
+    """Whether the problem's selection in this process picked aten (the C++ table then calls aten itself)."""
+    sel = selection(problem)
+    return sel is not None and sel.winner_choice.backend == "aten"
+
+
+def device_context(t: torch.Tensor):
+    """The tensor's CUDA device made current (tunes and launches run there), or nothing for a CPU tensor."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
 def clear() -> None:
