@@ -22,7 +22,7 @@ from kernels.tune.autotune import fingerprint, tune
 from kernels.store.selections import SelectionStore, store_key
 from kernels.core.config import config
 from kernels.core.errors import NoCandidateError
-from kernels.core.problem import DTYPES_BY_NAME, OPS, SCALINGS, GemmProblem
+from kernels.core.problem import DTYPES_BY_NAME, SCALINGS, GemmProblem, op_of
 from kernels.core.selection import Selection
 from kernels.dispatch.scaled import MULTIPLE as FP8_MULTIPLE
 from kernels.measure.timing import Call, user_call
@@ -43,8 +43,7 @@ def operand_dtype(dtype: str) -> str:
 
 def op_for(dtype: str) -> str:
     """mm, int_mm or scaled_mm: the op whose operands have this dtype (kernels.core.problem.OPS)."""
-    name = operand_dtype(dtype)
-    return next(op for op, dtypes in OPS.items() if name in dtypes)
+    return op_of(operand_dtype(dtype))
 
 
 def layout_error(dtype: str, layout: str) -> str:

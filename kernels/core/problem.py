@@ -14,6 +14,11 @@ DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "int8": 1, "int32": 4, "e4m3": 1
 # scaled_mm's dtype names A's type: "e4m3" is e4m3 x e4m3, "e5m2" is e5m2 x e4m3 (the one mixed pair cuBLAS runs)
 OPS = {"mm": ("fp16", "bf16", "fp32"), "int_mm": ("int8",), "scaled_mm": ("e4m3", "e5m2")}
 SCALED_OUT_DTYPES = ("bf16", "fp16", "fp32")
+
+
+def op_of(dtype: str) -> str:
+    """mm, int_mm or scaled_mm: the op whose inputs have this dtype name (OPS)."""
+    return next(op for op, dtypes in OPS.items() if dtype in dtypes)
 # scaled_mm's scales: "tensor" (one fp32 each) or "row" (scale_a (M, 1) per row of A, scale_b (1, N) per column of B)
 SCALINGS = ("tensor", "row")
 # epilogue activations (kernels.linear): applied in fp32 to acc + bias, before the one cast to the output dtype.

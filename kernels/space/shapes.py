@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.core.problem import OPS, GemmProblem, precision_of
+from kernels.core.problem import GemmProblem, op_of, precision_of
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def problem_of(shape: Shape, dtype: str, layout: str, device: str = "cuda", arch
     `scaling` and `out_dtype` (ignored for the other ops)."""
     if len(layout) != 2 or set(layout) - {"n", "t"}:
         raise ValueError(f"layout must be one of nn, nt, tn, tt, got {layout!r}")
-    op = next(name for name, dtypes in OPS.items() if dtype in dtypes)
+    op = op_of(dtype)
     scaled = op == "scaled_mm"
     return GemmProblem(op=op, m=shape.m, n=shape.n, k=shape.k, dtype=dtype,
                        out_dtype=out_dtype if scaled else "int32" if op == "int_mm" else dtype,

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from kernels.core.dynamic_spec import DIMS, MODES, parse_buckets, parse_dims
 from kernels.core.errors import KernelsError
-from kernels.core.problem import ACTIVATIONS, OPS, SCALED_OUT_DTYPES, SCALINGS, GemmProblem, precision_of
+from kernels.core.problem import (ACTIVATIONS, OPS, SCALED_OUT_DTYPES, SCALINGS, GemmProblem, op_of,
+                                  precision_of)
 from kernels.space.shapes import Shape, problem_of
 
 SUFFIXES = (".csv", ".json", ".jsonl")
@@ -121,10 +122,6 @@ def _activation(value, where: _Where, column: str) -> str:
     return _choice(value, ACTIVATIONS, where, column)
 
 
-def _op_for(dtype: str) -> str:
-    return next(op for op, dtypes in OPS.items() if dtype in dtypes)
-
-
 # -- the short form: m, n, k, dtype, layout [, op, bias, activation, scaling, out_dtype] ----------------------------
 def _short(values: dict[str, object], where: _Where, column) -> Listed:
     """values by column name; column(name) -> how an error names that column."""
@@ -132,7 +129,7 @@ def _short(values: dict[str, object], where: _Where, column) -> Listed:
     m, n, k = (_positive(values[d], where, column(d)) for d in ("m", "n", "k"))
     dtype = _choice(values["dtype"], dtypes, where, column("dtype"))
     layout = _choice(values["layout"], LAYOUTS, where, column("layout"))
-    op = _op_for(dtype)
+    op = op_of(dtype)
     if values.get("op") not in (None, ""):
         given = _choice(values["op"], tuple(OPS), where, column("op"))
         if given != op:
