@@ -241,12 +241,10 @@ class Operand(enum.IntEnum):
     SCALE_B = 5
 
 
-def epilogue_operands(epilogue: int, scaling: str) -> tuple[Operand, ...] | None:
-    """The epilogue tensors a launch takes, as Operands in the order launches take them (the scales, then the
-    bias), or None when `epilogue` (how many) and `scaling` disagree."""
-    scales = (Operand.SCALE_A, Operand.SCALE_B) if scaling else ()
-    bias = epilogue - len(scales)
-    return scales + (Operand.BIAS,) * bias if bias in (0, 1) else None
+def epilogue_operands(scaling: str, bias: bool) -> tuple[Operand, ...]:
+    """The epilogue tensors a launch takes, as Operands in the order launches take them: scaled_mm's scales, then
+    the bias."""
+    return ((Operand.SCALE_A, Operand.SCALE_B) if scaling else ()) + ((Operand.BIAS,) if bias else ())
 
 
 @dataclass(frozen=True)
@@ -338,11 +336,11 @@ def attach_native(launch, shape: tuple[int, int], out_dtype: torch.dtype, calls:
 
 def kernel_sequence(handles: list, grids: list[tuple[int, int, int]], args, shape: tuple[int, int],
                     out_dtype: torch.dtype, ldc_multiple: int, buffers: Callable[[], object] = lambda: None,
-                    epilogue: int = 0, scaling: str = ""):
-    """launch(a, b, out=None) (launch(a, b, *epi, out=None) when the epilogue takes `epilogue` tensors) for a choice
-    that launches its kernels in order, with a native launch attached where the C++ table can run it (a, b, out, a
-    bias, and scaled_mm's scales: `scaling` is the problem's, "" for unscaled ones). `args(a, b, out, ldc, bufs,
-    epi)` gives one argument tuple per kernel, `epi` being the epilogue's tensors for the kernels that take them;
+                    bias: bool = False, scaling: str = ""):
+    """launch(a, b, out=None) (launch(a, b, *epi, out=None) when the problem has an epilogue: scaled_mm's scales for
+    its `scaling`, then the bias) for a choice that launches its kernels in order, with a native launch attached
+    where the C++ table can run it (a, b, out, the bias and the scales). `args(a, b, out, ldc, bufs, epi)` gives one
+    argument tuple per kernel, `epi` being the epilogue's tensors for the kernels that take them;
     `buffers()` the current stream's workspaces (per_stream), handed to `args` as `bufs`. The Python path and the
     native description both come from `args`, so they cannot disagree."""
     runs = [h.bind(g) for h, g in zip(handles, grids)]
@@ -351,14 +349,11 @@ def kernel_sequence(handles: list, grids: list[tuple[int, int, int]], args, shap
         for run, kernel_args in zip(runs, args(a, b, out, ldc, buffers(), epi)):
             run(*kernel_args)
 
-    epi = epilogue_operands(epilogue, scaling)
+    epi = epilogue_operands(scaling, bias)
 
     def calls():
         described = args(Operand.A, Operand.B, Operand.OUT, shape[1], buffers(), epi)
         return [KernelCall(h, g, x) for h, g, x in zip(handles, grids, described)]
 
-    launch = output_launch(shape, out_dtype, handles[0].device, ldc_multiple, run_into, epilogue)
-    if epi is None:
-        launch.native_why = f"{epilogue} epilogue tensors do not fit scaling {scaling!r}"
-        return launch
+    launch = output_launch(shape, out_dtype, handles[0].device, ldc_multiple, run_into, len(epi))
     return attach_native(launch, shape, out_dtype, calls, scaling)

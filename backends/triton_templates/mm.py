@@ -41,7 +41,7 @@ class MatmulFamily(TritonFamily):
 
         return kernel_sequence(handles, [(output_tiles(problem, cfg), 1, 1)], args, (m, n),
                                DTYPES_BY_NAME[problem.out_dtype], ldc_multiple(specs[0]),
-                               epilogue=problem.epilogue_operands, scaling=problem.scaling)
+                               bias=problem.bias, scaling=problem.scaling)
 
 
 FAMILY = MatmulFamily()

@@ -89,7 +89,7 @@ class PaddedTritonFamily(TritonFamily):
             return pad_args(a, b, bufs), (ap, bp, out, *epi, m, np_, kp, kp, 1, sbp0, sbp1, ldc, 1, n)
 
         return kernel_sequence(handles, grids, args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
-                               ldc_multiple(specs[1]), buffers, epilogue=problem.epilogue_operands)
+                               ldc_multiple(specs[1]), buffers, bias=problem.bias)
 
 
 class PaddedTmaFamily(TritonFamily):
@@ -138,7 +138,7 @@ class PaddedTmaFamily(TritonFamily):
             return pad_args(a, b, bufs), (ap, bp, out, *epi, m, inner.n, inner.k, lead_a, lead_b, ldc, n)
 
         return kernel_sequence(handles, grids, args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
-                               ldc_multiple(specs[1]), buffers, epilogue=problem.epilogue_operands)
+                               ldc_multiple(specs[1]), buffers, bias=problem.bias)
 
 
 def pad_spec(problem: GemmProblem):

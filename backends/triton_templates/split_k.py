@@ -83,7 +83,7 @@ class SplitKFamily(TritonFamily):
             return ((a, b, out, *epi, ws[0], ws[1], m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps),)
 
         return kernel_sequence(handles, [(n_tiles, split, 1)], args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
-                               ldc_multiple(specs[0]), workspace, epilogue=problem.epilogue_operands,
+                               ldc_multiple(specs[0]), workspace, bias=problem.bias,
                                scaling=problem.scaling)
 
 
@@ -125,7 +125,7 @@ class DecomposeKFamily(TritonFamily):
             return (a, b, out, ws, m, n, k, sa0, sa1, sb0, sb1, ldc, 1, kps), (ws, out, *epi, m * n, n, ldc)
 
         return kernel_sequence(handles, grids, args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
-                               ldc_multiple(specs[0]), workspace, epilogue=problem.epilogue_operands,
+                               ldc_multiple(specs[0]), workspace, bias=problem.bias,
                                scaling=problem.scaling)
 
 

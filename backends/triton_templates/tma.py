@@ -89,7 +89,7 @@ class TmaFamily(TritonFamily):
             return ((a, b, out, *epi, m, n, k, lead_a, lead_b, ldc),)
 
         return kernel_sequence(handles, [(programs, 1, 1)], args, (m, n), DTYPES_BY_NAME[problem.out_dtype],
-                               ldc_multiple(specs[0], 16, problem.out_bytes), epilogue=problem.epilogue_operands,
+                               ldc_multiple(specs[0], 16, problem.out_bytes), bias=problem.bias,
                                scaling=problem.scaling)
 
 

@@ -165,11 +165,10 @@ def test_scaled_plans_take_the_scales_where_the_python_path_passes_them(fake_tab
 
 
 def test_epilogue_operands_follow_the_launch_order():
-    assert epilogue_operands(0, "") == ()
-    assert epilogue_operands(1, "") == (Operand.BIAS,)
-    assert epilogue_operands(2, "row") == (Operand.SCALE_A, Operand.SCALE_B)
-    assert epilogue_operands(3, "tensor") == (Operand.SCALE_A, Operand.SCALE_B, Operand.BIAS)
-    assert epilogue_operands(2, "") is None and epilogue_operands(1, "row") is None      # they disagree: no plan
+    assert epilogue_operands("", False) == ()
+    assert epilogue_operands("", True) == (Operand.BIAS,)
+    assert epilogue_operands("row", False) == (Operand.SCALE_A, Operand.SCALE_B)
+    assert epilogue_operands("tensor", True) == (Operand.SCALE_A, Operand.SCALE_B, Operand.BIAS)
 
 
 def test_scratch_is_allocated_per_program_and_kept_alive(fake_table):
