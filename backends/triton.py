@@ -28,7 +28,7 @@ from kernels.core import counters
 from kernels.core.cache_root import cache_root
 from kernels.core.choice import Choice
 from kernels.core.config import config, interpret_mode
-from kernels.core.fsutil import atomic_write_text, file_sha256, read_json
+from kernels.core.fsutil import atomic_write_text, build_each_once, file_sha256, read_json
 from kernels.core.problem import GemmProblem
 from kernels.space.families import TEMPLATE_OPS
 
@@ -163,31 +163,36 @@ class TritonBackend(Backend):
 
     def _compiled(self, problem, kernels) -> tuple[dict[str, object], set[str]]:
         """(build key -> CompiledHandle or the failure text, the keys compiled now). Compiles what the artifact store
-        lacks, in parallel."""
+        lacks, in parallel; a kernel another process is compiling at the same time (a tuning worker on the host's
+        other GPU) is waited for rather than compiled twice."""
         handles: dict[str, object] = {}
-        compiled_now: set[str] = set()
-        to_compile = []
-        for key, (spec, path, _) in kernels.items():
-            if not self._stored(key, spec, problem.arch):
-                job = self._job(problem, spec, path)
-                job["id"] = len(to_compile)
-                to_compile.append((key, job))
-        if to_compile:
-            results = self._get_pool().map([job for _, job in to_compile])
-            counters.bump("compiles", len(to_compile))
-            for (key, job), res in zip(to_compile, results):
-                compiled_now.add(key)
-                if not res.get("ok"):
-                    log = self.root / "logs" / f"{key}.log"
-                    atomic_write_text(log, f"{job}\n\n{res.get('trace') or res.get('error')}\n")
-                    handles[key] = (f"compile failed: {res.get('error', '?')[-300:]} "
-                                    f"(source {job['module_path']}, log {log})")
+        missing = [key for key, (spec, _, _) in kernels.items() if not self._stored(key, spec, problem.arch)]
+
+        def compile_these(keys: list[str]) -> None:
+            jobs = []
+            for key in keys:
+                spec, path, _ = kernels[key]
+                jobs.append(dict(self._job(problem, spec, path), id=len(jobs)))
+            results = self._get_pool().map(jobs)
+            counters.bump("compiles", len(jobs))
+            for key, job, res in zip(keys, jobs, results):
+                if res.get("ok"):
+                    atomic_write_text(self.root / "artifacts" / f"{key}.json",
+                                      _json({"kernel": job["kernel_name"], "triton_hash": res["hash"],
+                                             "cache_group": res["cache_group"], "triton": triton_version(),
+                                             "arch": problem.arch, "compile_seconds": res.get("seconds"),
+                                             "files": self._group_hashes(res["cache_group"])}))
                     continue
-                atomic_write_text(self.root / "artifacts" / f"{key}.json",
-                                  _json({"kernel": job["kernel_name"], "triton_hash": res["hash"],
-                                         "cache_group": res["cache_group"], "triton": triton_version(),
-                                         "arch": problem.arch, "compile_seconds": res.get("seconds"),
-                                         "files": self._group_hashes(res["cache_group"])}))
+                log = self.root / "logs" / f"{key}.log"
+                atomic_write_text(log, f"{job}\n\n{res.get('trace') or res.get('error')}\n")
+                handles[key] = (f"compile failed: {res.get('error', '?')[-300:]} "
+                                f"(source {job['module_path']}, log {log})")
+
+        compiled_now: set[str] = set()
+        if missing:
+            compiled_now = set(build_each_once(
+                missing, lambda key: self.root / "locks" / f"{key}.lock",
+                lambda key: self._stored(key, kernels[key][0], problem.arch), compile_these))
         for key, (spec, path, _) in kernels.items():
             if key not in handles:
                 handles[key] = self._load(problem, spec, path, key, from_store=key not in compiled_now)

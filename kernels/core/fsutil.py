@@ -142,6 +142,36 @@ def load_or_build(load: Callable[[], T | None], lock: Callable[[], contextlib.Ab
         return build()
 
 
+def build_each_once(keys: list[str], lock_for: Callable[[str], Path], built: Callable[[str], bool],
+                    build: Callable[[list[str]], None]) -> list[str]:
+    """Build each key at most once across processes when several need the same ones at once (tuning workers on
+    one host): the keys no other process holds are built here in one batch, under their locks; then each key another
+    process holds is waited for, and whatever it left unbuilt (its build failed, it died) is built here. Returns
+    the keys built here. Locks are taken without waiting while this process holds others, and waited for in sorted
+    order, so two processes never wait on each other."""
+    mine, theirs = [], []
+    with contextlib.ExitStack() as held:
+        for key in keys:
+            try:
+                held.enter_context(file_lock(lock_for(key), timeout_s=0))
+            except TimeoutError:
+                theirs.append(key)
+                continue
+            if not built(key):                  # checked under the lock: another process may have just finished it
+                mine.append(key)
+        if mine:
+            build(mine)
+    if not theirs:
+        return mine
+    with contextlib.ExitStack() as held:
+        for key in sorted(theirs):
+            held.enter_context(file_lock(lock_for(key)))
+        left = [key for key in theirs if not built(key)]
+        if left:
+            build(left)
+    return mine + left
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -65,7 +65,7 @@ class Sampler:
     def plan(self, target_sample_ms: float = 1.0, warmup: int = 3) -> float:
         if self.device == "cuda":
             self._run(warmup)
-            torch.cuda.synchronize()
+            torch.cuda.current_stream().synchronize()    # not the device's: see verify_launch
             probe = 5
             self.estimate_ms = self._timed(probe) / probe
             self.calls_per_sample = int(min(1000, max(1, math.ceil(target_sample_ms / max(self.estimate_ms, 1e-4)))))

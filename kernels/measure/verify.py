@@ -133,7 +133,9 @@ def verify_launch(launch, problem: GemmProblem, operands: tuple[torch.Tensor, ..
         try:
             call(*operands, out)
             if device == "cuda":
-                torch.cuda.synchronize()
+                # this stream only: under DDP a device-wide sync would also wait on a pending all-reduce whose peer
+                # rank waits for this tune (through the selection lock): a deadlock
+                torch.cuda.current_stream().synchronize()
         except Exception as e:  # noqa: BLE001
             return f"{label}crashed: {type(e).__name__}: {str(e)[:300]}"
         result = check(problem, out, ref)
