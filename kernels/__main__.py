@@ -7,7 +7,7 @@
     fastpath build [--force]      compile the C++ warm-call table for this torch/Python (retries a failed build)
     lut export [-o FILE]          a lookup table from the selection store (top-k per problem)
     lut check FILE                validate a lookup table and report what is used and what is skipped
-    tune PROBLEMS... [--time-limit S] [--jobs N] [--backends ...] [--dry-run]
+    tune PROBLEMS... [--gpus all|0,1,...] [--time-limit S] [--jobs N] [--backends ...] [--dry-run]
                                   tune a CSV / JSON problem list or a recorded .jsonl trace ahead of time
     cache list | show KEY | export FILE [--problems P ...] | import FILE [--partial] | verify [--fix] |
           prune [--older-than DAYS] [--stale] | clear [--yes]
@@ -39,7 +39,7 @@ from kernels.native import fastpath
 from kernels.space import lut
 from kernels.space.families import families_of
 from kernels.store import bundle, cache_admin
-from kernels.tune import background_build, build_queue, offline, problem_list, warmup
+from kernels.tune import background_build, build_queue, gpu_pool, offline, on_gpus, problem_list, warmup
 from kernels.tune.autotune import fingerprint
 
 
@@ -279,11 +279,25 @@ def _tune(args) -> int:
         return 2
     if config.cutlass_build == "background":
         config.cutlass_build = "inline"     # a kernel left to a background build would leave its problem to re-tune
-    report = offline.run(problem_list.retarget(listed, *where), record.stored, record.replay, args.time_limit)
+    if args.gpus is not None:
+        try:
+            devices = gpu_pool.parse_gpus(args.gpus, torch.cuda.device_count() if where[0] == "cuda" else 0)
+            where = on_gpus.same_model(devices, _describe_gpu)
+        except gpu_pool.GpuListError as e:
+            print(f"python -m kernels tune: error: {e}", file=sys.stderr)
+            return 2
+        report = on_gpus.run(problem_list.retarget(listed, *where), devices, record.stored, args.time_limit)
+    else:
+        report = offline.run(problem_list.retarget(listed, *where), record.stored, record.replay, args.time_limit)
     print(offline.summary(report))
     if report.stopped == "interrupted":
         return 130
     return 1 if report.count(offline.FAILED) else 0
+
+
+def _describe_gpu(index: int) -> tuple[int, str]:
+    cap = torch.cuda.get_device_capability(index)
+    return cap[0] * 10 + cap[1], torch.cuda.get_device_name(index)
 
 
 def _seconds(text: str) -> float:
@@ -453,6 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
     tn.add_argument("--jobs", type=_positive, default=None, help="parallel compiles (default MAX_JOBS: the CPU count)")
     tn.add_argument("--backends", type=_names("backend", ALL_BACKENDS), default=None,
                     help="comma list (default KERNELS_BACKENDS): the selections are stored for this backend set")
+    tn.add_argument("--gpus", default=None, metavar="all|0,1,...",
+                    help="spread the problems over these GPUs of this host: one worker process per device (default: "
+                         "tune in this process, on the current GPU)")
     tn.add_argument("--dry-run", action="store_true", help="list the problems and which the store has; tune nothing")
 
     _cache_parser(sub)

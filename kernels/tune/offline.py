@@ -107,10 +107,10 @@ def run(items: list[Listed], stored: Callable[[GemmProblem], Selection | None], 
     done, todo = split(items, stored)
     report = Report(done)
     if todo and time_limit is not None and time_limit <= 0:
-        report.stopped = _leave(report, todo, f"--time-limit {time_limit:g} s reached")
+        report.stopped = leave(report, todo, f"--time-limit {time_limit:g} s reached")
         todo = []
     if todo:
-        _prebuild(report, todo, log)
+        prebuild_listed(report, todo, log)
         _tune_each(report, todo, replay, start, time_limit, log)
     order = {item.same(): i for i, item in enumerate(items)}
     report.outcomes.sort(key=lambda o: order[o.item.same()])
@@ -122,12 +122,12 @@ def _tune_each(report: Report, todo: list[Listed], replay, start: float, time_li
     with progress.held_by_caller(), progress.bar(len(todo), "problems tuned") as advance:
         for index, item in enumerate(todo):
             if time_limit is not None and time.perf_counter() - start >= time_limit:
-                report.stopped = _leave(report, todo[index:], f"--time-limit {time_limit:g} s reached")
+                report.stopped = leave(report, todo[index:], f"--time-limit {time_limit:g} s reached")
                 return
             try:
-                outcome = _one(item, replay)
+                outcome = tune_one(item, replay)
             except KeyboardInterrupt:
-                report.stopped = _leave(report, todo[index:], "interrupted")
+                report.stopped = leave(report, todo[index:], "interrupted")
                 return
             report.outcomes.append(outcome)
             advance(index + 1)
@@ -135,7 +135,8 @@ def _tune_each(report: Report, todo: list[Listed], replay, start: float, time_li
                 print(f"[{index + 1}/{len(todo)}] {line(outcome)}", file=log, flush=True)
 
 
-def _one(item: Listed, replay) -> Outcome:
+def tune_one(item: Listed, replay) -> Outcome:
+    """One problem looked up through `replay`: TUNED or IN_STORE with its Selection, or FAILED with the reason."""
     start = time.perf_counter()
     try:
         sel, tuned = replay(item)
@@ -144,12 +145,12 @@ def _one(item: Listed, replay) -> Outcome:
     return Outcome(item, TUNED if tuned else IN_STORE, sel, time.perf_counter() - start)
 
 
-def _leave(report: Report, rest: list[Listed], why: str) -> str:
+def leave(report: Report, rest: list[Listed], why: str) -> str:
     report.outcomes.extend(Outcome(item, LEFT, reason=why) for item in rest)
     return why
 
 
-def _prebuild(report: Report, todo: list[Listed], log) -> None:
+def prebuild_listed(report: Report, todo: list[Listed], log) -> None:
     static = [item.problem for item in todo if not item.problem.dynamic]
     if BATCHED not in config.backends or not static:
         return

@@ -395,3 +395,19 @@ def retarget(listed: list[Listed], device: str, arch: int, device_name: str) -> 
     device), distinct again: two devices' records of one product are one problem here."""
     return distinct([dataclasses.replace(item, problem=dataclasses.replace(
         item.problem, device=device, arch=arch, device_name=device_name)) for item in listed])
+
+
+def line_of(item: Listed) -> str:
+    """The item as one trace line (what parse_jsonl reads back as the same problem): how a problem travels to a
+    tuning worker on another GPU (kernels.tune.gpu_pool)."""
+    data = dataclasses.asdict(item.problem)
+    data["dynamic"] = list(item.problem.dynamic)
+    if item.dynamic is not None:
+        data["dynamic_spec"] = item.dynamic.as_dict()
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def from_line(line: str, where: str) -> Listed:
+    """line_of's inverse; `where` is where the problem was first listed (kept for the report)."""
+    (item,) = parse_jsonl(line, where)
+    return dataclasses.replace(item, where=where)

@@ -1,0 +1,50 @@
+"""`python -m kernels.dispatch.tune_worker`: one GPU's worker for `python -m kernels tune --gpus` (kernels.tune.gpu_pool
+starts it with CUDA_VISIBLE_DEVICES naming its one device).
+
+It reads jobs from stdin, one JSON line each ({"index", "job": {"line", "where"}}: the problem as a trace line),
+looks each up exactly as the single-process run does (kernels.dispatch.record.replay: memory -> store -> tune) and
+answers on stdout with gpu_pool's tagged lines: {"ready": true} once torch and CUDA are up, then per job
+{"index", "result": {"status", "seconds", "reason", "selection"}}. It exits at EOF on stdin.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+from kernels.dispatch import record
+from kernels.tune import offline, problem_list
+from kernels.tune.gpu_pool import emit
+
+
+def answer(item: problem_list.Listed) -> dict:
+    outcome = offline.tune_one(item, record.replay)
+    return {"status": outcome.status, "seconds": outcome.seconds, "reason": outcome.reason,
+            "selection": outcome.selection.to_dict() if outcome.selection is not None else None}
+
+
+def main() -> int:
+    where = offline.target()
+    if where is None:
+        print(f"kernels tune worker: no GPU visible here (CUDA_VISIBLE_DEVICES="
+              f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r})", file=sys.stderr)
+        return 2
+    if where[0] == "cuda":
+        torch.ones(1, device="cuda")              # the context now, so `ready` covers the start-up
+    emit({"ready": True, "device_name": where[2]})
+    for raw in sys.stdin:
+        try:
+            message = json.loads(raw)
+            index, job = message["index"], message["job"]
+            item = problem_list.retarget([problem_list.from_line(job["line"], job["where"])], *where)[0]
+        except (ValueError, KeyError, TypeError) as e:
+            print(f"kernels tune worker: bad job {raw[:200]!r}: {e}", file=sys.stderr)
+            return 2
+        emit({"index": index, "result": answer(item)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""`python -m kernels tune --gpus`: the offline run (kernels.tune.offline) spread over several GPUs of one host.
+
+What the store has is skipped and the CUTLASS candidates are compiled here first, in one batch on every core (as the
+one-GPU run does: a binary is built once for the host); then gpu_pool hands the rest to one worker per device
+(`python -m kernels.dispatch.tune_worker`), each replaying its problems exactly as the one-GPU run does and writing
+its selections through the same locked store. The report is offline's, with a line per device.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from backends.isolated_child import child_environment
+from kernels.core import progress
+from kernels.core.cache_root import cache_root
+from kernels.core.config import config
+from kernels.core.fsutil import make_private_dirs
+from kernels.core.selection import Selection
+from kernels.tune import gpu_pool, offline
+from kernels.tune.problem_list import Listed, line_of
+
+WORKER = [sys.executable, "-m", "kernels.dispatch.tune_worker"]
+
+
+def worker_env(device: int, devices: int) -> dict[str, str]:
+    """A worker's environment: its one GPU, this run's settings (the CLI may have changed them in this process),
+    its share of the compile cores, and NVLink multicast off."""
+    env = child_environment()
+    env.update(gpu_pool.MULTICAST_OFF)
+    env.update({"CUDA_VISIBLE_DEVICES": gpu_pool.physical_device(device, os.environ.get("CUDA_VISIBLE_DEVICES")),
+                "KERNELS_BACKENDS": ",".join(config.backends), "KERNELS_CUTLASS_BUILD": config.cutlass_build,
+                "KERNELS_RECORD": "", "MAX_JOBS": str(max(1, config.max_jobs // devices))})
+    return env
+
+
+def run(items: list[Listed], devices: list[int], stored, time_limit: float | None = None, log=None,
+        argv: list[str] | None = None) -> offline.Report:
+    """Tune the listed problems (already retargeted to these devices' model) the store lacks on `devices`.
+    `argv` starts a worker (tests start fake ones)."""
+    log = log or sys.stderr
+    start = time.perf_counter()
+    done, todo = offline.split(items, stored)
+    report = offline.Report(done)
+    if todo and time_limit is not None and time_limit <= 0:
+        report.stopped = offline.leave(report, todo, f"--time-limit {time_limit:g} s reached")
+        todo = []
+    if todo:
+        offline.prebuild_listed(report, todo, log)
+        deadline = None if time_limit is None else start + time_limit
+        _spread(report, todo, devices, deadline, f"--time-limit {time_limit or 0:g} s reached", log, argv or WORKER)
+    order = {item.same(): i for i, item in enumerate(items)}
+    report.outcomes.sort(key=lambda o: order[o.item.same()])
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _spread(report: offline.Report, todo: list[Listed], devices: list[int], deadline: float | None,
+            deadline_reason: str, log, argv: list[str]) -> None:
+    logs = cache_root() / "logs"
+    make_private_dirs(logs)
+    run_id = f"{os.getpid()}-{int(time.time())}"
+
+    def start(device: int, events):
+        return gpu_pool.Worker(device, argv, worker_env(device, len(devices)),
+                               logs / f"tune-gpu{device}-{run_id}.log", events)
+
+    jobs = {i: {"line": line_of(item), "where": item.where} for i, item in enumerate(todo)}
+    answered = [0]
+    with progress.held_by_caller(), progress.bar(len(todo), f"problems tuned on {len(devices)} GPUs") as advance:
+        def on_result(result: gpu_pool.Result) -> None:
+            outcome = _outcome(todo[result.index], result)
+            report.outcomes.append(outcome)
+            answered[0] += 1
+            advance(answered[0])
+            if not progress.shown():
+                gpu = f"GPU {result.device}: " if result.device is not None else ""
+                print(f"[{answered[0]}/{len(todo)}] {gpu}{offline.line(outcome)}", file=log, flush=True)
+
+        def on_note(text: str) -> None:
+            print(f"kernels tune: {text}", file=log, flush=True)
+
+        pool = gpu_pool.Pool(devices, start, on_result, on_note)
+        pool.run(jobs, deadline, deadline_reason)
+    report.stopped = pool.stopped
+    report.notes.extend(_device_lines(pool))
+    report.notes.extend(pool.notes)
+
+
+def _outcome(item: Listed, result: gpu_pool.Result) -> offline.Outcome:
+    if result.left:
+        return offline.Outcome(item, offline.LEFT, reason=result.left)
+    if result.failed:
+        return offline.Outcome(item, offline.FAILED, reason=result.failed)
+    answer = result.answer or {}
+    status = answer.get("status")
+    if status not in (offline.TUNED, offline.IN_STORE, offline.FAILED):
+        return offline.Outcome(item, offline.FAILED, reason=f"the worker on GPU {result.device} answered "
+                                                            f"{str(answer)[:200]}")
+    sel = None
+    if answer.get("selection") is not None:
+        try:
+            sel = Selection.from_dict(answer["selection"], source=f"GPU {result.device}")
+        except (KeyError, TypeError, ValueError) as e:
+            return offline.Outcome(item, offline.FAILED, reason=f"the worker on GPU {result.device} sent a bad "
+                                                                f"selection: {type(e).__name__}: {e}")
+    seconds = answer.get("seconds")
+    return offline.Outcome(item, status, sel, float(seconds) if isinstance(seconds, (int, float)) else 0.0,
+                           str(answer.get("reason") or ""))
+
+
+def _device_lines(pool: gpu_pool.Pool) -> list[str]:
+    lines = []
+    for device, share in pool.logs.items():
+        ready = ", ".join(f"{s:.1f}" for s in share.ready_s) or "-"
+        died = f", {len(share.deaths)} worker(s) died ({'; '.join(share.deaths)})" if share.deaths else ""
+        lines.append(f"GPU {device}: {share.jobs} problems, {share.busy_s:.1f} s busy, worker start {ready} s{died}")
+    return lines
+
+
+def same_model(devices: list[int], describe) -> tuple[str, int, str]:
+    """(device, arch, name) every listed GPU shares; `describe(i)` gives (arch, name) of device i. A host mixing
+    models is tuned one model at a time: a selection holds for one model only."""
+    seen = {i: describe(i) for i in devices}
+    models = sorted({name for _, name in seen.values()})
+    if len(models) > 1:
+        which = "; ".join(f"{i}: {name}" for i, (_, name) in seen.items())
+        raise gpu_pool.GpuListError(f"--gpus lists GPUs of different models ({which}): a selection holds for one "
+                                    "model; tune each model's GPUs in their own run")
+    arch, name = seen[devices[0]]
+    return "cuda", arch, name
