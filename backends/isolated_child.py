@@ -154,6 +154,15 @@ def close_worker() -> None:
 atexit.register(close_worker)
 
 
+def prestart() -> None:
+    """Start this process's child now, so its start-up (a Python process, torch) overlaps what the caller does next
+    rather than the first isolated tune (a tuning worker calls this as it starts)."""
+    global _worker
+    with _worker_lock:
+        if _worker is None:
+            _worker = _Worker()
+
+
 def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: float) -> dict:
     """name -> kernels.timing.Timing, or name -> failure text, for every choice of `backend`. Never raises for a
     kernel's fault."""

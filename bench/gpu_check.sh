@@ -43,6 +43,12 @@
 #   bash bench/gpu_check.sh issue29    issue 29's round trip: `kernels tune` of the llama-7B layer's forward problems
 #                                      (M=1..4096) in cache A, `cache export`, `cache import` into an empty cache B,
 #                                      then a fresh process's first call of every problem (experiments.bundle_first_calls)
+#   bash bench/gpu_check.sh issue31    issue 31 on a multi-GPU kind: `kernels tune --gpus` of experiments/issue31_problems.csv
+#                                      (llama-7B's four projection shapes x 8 M, bf16 nt): cold on every GPU, then from an
+#                                      empty selection store with the binaries built, on GPU 0 alone and on every GPU
+#                                      (ISSUE31_GPUS, default all); the winners compared (experiments.issue31_compare)
+#   bash bench/gpu_check.sh issue31ddp issue 31's multi-GPU tests, then bench.model_ddp on every GPU and on one, the first
+#                                      step from an empty selection store each (binaries built by a first run)
 # (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)
 set -u
 OUT=${OUT:-results/gpu_check}
@@ -123,6 +129,41 @@ issue30)
   KERNELS_CUTLASS_BUILD=inline timeout "$left" python3 -m bench.sustained $which \
     --backends "$backends" --json "$OUT/sustained_fp8.jsonl" --time-limit $((left - 50)) --quiet \
     > "$OUT/sustained_fp8.txt" 2>&1; echo "sustained: rc $? at $SECONDS s"; tail -30 "$OUT/sustained_fp8.txt"
+  ;;
+issue31)
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1     # NVLink multicast off
+  export KERNELS_CACHE_DIR=/tmp/kernels_issue31; rm -rf "$KERNELS_CACHE_DIR"
+  LIST=${ISSUE31_LIST:-experiments/issue31_problems.csv}
+  nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
+  python3 -m kernels fastpath build > /dev/null 2>&1
+  tune_run() {   # name timeout args...: one `kernels tune` run, its wall time, and a copy of the selections
+    local name=$1 t=$2; shift 2; local s0=$(date +%s%N)
+    timeout "$t" python3 -m kernels tune "$LIST" "$@" > "$OUT/tune_$name.txt" 2>&1; local rc=$?
+    echo "$name ($*): rc $rc, $(( ($(date +%s%N) - s0) / 1000000 )) ms" | tee -a "$OUT/issue31_times.txt"
+    grep -v "^\[" "$OUT/tune_$name.txt" | tail -8
+    cp -r "$KERNELS_CACHE_DIR/selections" "$OUT/sel_$name" 2>/dev/null
+  }
+  tune_run cold_all 330 --gpus "${ISSUE31_GPUS:-all}"
+  rm -rf "$KERNELS_CACHE_DIR/selections"
+  tune_run warm_one 240 --gpus 0
+  rm -rf "$KERNELS_CACHE_DIR/selections"
+  tune_run warm_all 150 --gpus "${ISSUE31_GPUS:-all}"
+  python3 -m experiments.issue31_compare "$OUT/sel_warm_one" "$OUT/sel_warm_all" --json "$OUT/compare.json" \
+    > "$OUT/compare.md" 2>&1; tail -1 "$OUT/compare.md"
+  ;;
+issue31ddp)
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  gpu_tests 200 tests/gpu/test_multi_gpu.py | tee "$OUT/multi_gpu_tests.txt"
+  export KERNELS_CACHE_DIR=/tmp/kernels_issue31ddp; rm -rf "$KERNELS_CACHE_DIR"
+  python3 -m kernels fastpath build > /dev/null 2>&1
+  common="--hidden 4096 --intermediate 11008 --layers 1 --dtype bf16 --tokens ${DDP_TOKENS:-4096} --seconds 1 --rounds 2"
+  timeout 200 python3 -m bench.model_ddp $common --gpus 1 --json "$OUT/ddp_build.jsonl" > "$OUT/ddp_build.txt" 2>&1
+  echo "binaries built: rc $?"; tail -5 "$OUT/ddp_build.txt"
+  for n in 1 ${DDP_GPUS:-2}; do
+    rm -rf "$KERNELS_CACHE_DIR/selections"
+    timeout 200 python3 -m bench.model_ddp $common --gpus "$n" --json "$OUT/ddp_$n.jsonl" > "$OUT/ddp_$n.txt" 2>&1
+    echo "ddp on $n GPU(s): rc $?"; tail -8 "$OUT/ddp_$n.txt"
+  done
   ;;
 issue29)
   # the bundle round trip, then the shared store: a redis-server carried in .device/bin (Debian's, with its libraries)

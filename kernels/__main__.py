@@ -32,7 +32,7 @@ from kernels.core import progress
 from kernels.core.cache_root import cache_root
 from kernels.core.config import ALL_BACKENDS, config, settings_markdown, with_readme_settings
 from kernels.core.errors import SettingError
-from kernels.core.problem import GemmProblem
+from kernels.core.problem import probe_problem
 from kernels.core.toolchain import toolchain
 from kernels.dispatch import record
 from kernels.native import fastpath
@@ -48,14 +48,6 @@ def _version(package: str) -> str:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return "not installed"
-
-
-def _probe_problem(arch: int, name: str):
-    """A plain aligned bf16 problem on the first device: what `available()` is asked about."""
-
-    device = "cuda" if arch else "cpu"
-    return GemmProblem(op="mm", m=1024, n=1024, k=1024, dtype="bf16", out_dtype="bf16", stride_a=(1024, 1),
-                       stride_b=(1024, 1), align_a=16, align_b=16, device=device, arch=arch, device_name=name)
 
 
 def _fastpath_line(mode: str) -> str:
@@ -93,7 +85,7 @@ def info_lines() -> list[str]:
     lines.append(f"cache dir: {cache_root()}")
     lines.append(f"fastpath:  {_fastpath_line(config.fastpath)}")
     lines.append(f"backends:  configured {','.join(config.backends)}")
-    problem = _probe_problem(arch, name)
+    problem = probe_problem(arch, name)
     for backend_name in ALL_BACKENDS:
         try:
             status = _backend_status(get_backend(backend_name), problem)

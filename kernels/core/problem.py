@@ -173,3 +173,11 @@ class GemmProblem:
                    align_a=pointer_alignment(a.data_ptr()), align_b=pointer_alignment(b.data_ptr()),
                    device=dev.type, arch=arch, device_name=name, precision=precision_of(dtype), bias=bias,
                    activation=activation, scaling=scaling)
+
+
+def probe_problem(arch: int, device_name: str) -> GemmProblem:
+    """A plain aligned bf16 problem on the first device (the CPU when arch is 0): what a backend's `available()` is
+    asked about when no real problem is at hand yet."""
+    return GemmProblem(op="mm", m=1024, n=1024, k=1024, dtype="bf16", out_dtype="bf16", stride_a=(1024, 1),
+                       stride_b=(1024, 1), align_a=16, align_b=16, device="cuda" if arch else "cpu", arch=arch,
+                       device_name=device_name)

@@ -14,6 +14,9 @@ import sys
 
 import torch
 
+from backends import get_backend, isolated_child
+from kernels.core.config import config
+from kernels.core.problem import probe_problem
 from kernels.dispatch import record
 from kernels.tune import offline, problem_list
 from kernels.tune.gpu_pool import emit
@@ -25,6 +28,17 @@ def answer(item: problem_list.Listed) -> dict:
             "selection": outcome.selection.to_dict() if outcome.selection is not None else None}
 
 
+def _prestart_isolated(arch: int, device_name: str) -> None:
+    """Start the isolated child now when a backend that benchmarks in it (CUTLASS) can serve this GPU: its start-up
+    then overlaps this worker's, instead of adding ~4 s to the first problem each worker tunes."""
+    probe = probe_problem(arch, device_name)
+    for name in config.backends:
+        backend = get_backend(name)
+        if backend.isolated and backend.available(probe)[0]:
+            isolated_child.prestart()
+            return
+
+
 def main() -> int:
     where = offline.target()
     if where is None:
@@ -32,6 +46,7 @@ def main() -> int:
               f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r})", file=sys.stderr)
         return 2
     if where[0] == "cuda":
+        _prestart_isolated(where[1], where[2])
         torch.ones(1, device="cuda")              # the context now, so `ready` covers the start-up
     emit({"ready": True, "device_name": where[2]})
     for raw in sys.stdin:

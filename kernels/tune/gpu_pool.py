@@ -183,13 +183,15 @@ class Pool:
         self.notes.append(text)
         self.on_note(text)
 
-    def run(self, jobs: dict[int, dict], deadline: float | None = None,
-            deadline_reason: str = "time limit reached") -> dict[int, Result]:
-        """Every job's Result. No job is handed out once time.perf_counter() passes `deadline` (the rest are left
+    def run(self, jobs: dict[int, dict], deadline: float | None = None, deadline_reason: str = "time limit reached",
+            prepare: Callable[[], None] | None = None) -> dict[int, Result]:
+        """Every job's Result; jobs are handed out in the dict's order (put the longest first: the last ones set
+        when the run ends). `prepare()` runs after the workers are started and before any job is handed out (their
+        start-up overlaps it). No job is handed out once time.perf_counter() passes `deadline` (the rest are left
         with `deadline_reason`); jobs in flight finish. ^C (KeyboardInterrupt) stops every worker and leaves what
         was not answered."""
         events: queue.Queue[tuple] = queue.Queue()
-        todo = deque(sorted(jobs))
+        todo = deque(jobs)
         attempts = {i: 0 for i in jobs}
         results: dict[int, Result] = {}
         restarts = {d: 0 for d in self.devices}
@@ -213,7 +215,10 @@ class Pool:
         try:
             for device in self.devices:
                 workers[device] = self.start(device, events)
-                give_work(workers[device])
+            if prepare is not None:
+                prepare()
+            for worker in list(workers.values()):
+                give_work(worker)
             while workers:
                 try:
                     kind, worker, payload = events.get(timeout=0.5)     # a timeout keeps ^C prompt

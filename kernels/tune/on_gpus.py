@@ -1,7 +1,8 @@
 """`python -m kernels tune --gpus`: the offline run (kernels.tune.offline) spread over several GPUs of one host.
 
-What the store has is skipped and the CUTLASS candidates are compiled here first, in one batch on every core (as the
-one-GPU run does: a binary is built once for the host); then gpu_pool hands the rest to one worker per device
+What the store has is skipped and the CUTLASS candidates are compiled here, in one batch on every core while the workers
+start (as the one-GPU run does: a binary is built once for the host); then gpu_pool hands the rest, largest first,
+to one worker per device
 (`python -m kernels.dispatch.tune_worker`), each replaying its problems exactly as the one-GPU run does and writing
 its selections through the same locked store. The report is offline's, with a line per device.
 """
@@ -16,6 +17,7 @@ from kernels.core import progress
 from kernels.core.cache_root import cache_root
 from kernels.core.config import config
 from kernels.core.fsutil import make_private_dirs
+from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
 from kernels.tune import gpu_pool, offline
 from kernels.tune.problem_list import Listed, line_of
@@ -46,7 +48,6 @@ def run(items: list[Listed], devices: list[int], stored, time_limit: float | Non
         report.stopped = offline.leave(report, todo, f"--time-limit {time_limit:g} s reached")
         todo = []
     if todo:
-        offline.prebuild_listed(report, todo, log)
         deadline = None if time_limit is None else start + time_limit
         _spread(report, todo, devices, deadline, f"--time-limit {time_limit or 0:g} s reached", log, argv or WORKER)
     order = {item.same(): i for i, item in enumerate(items)}
@@ -65,7 +66,10 @@ def _spread(report: offline.Report, todo: list[Listed], devices: list[int], dead
         return gpu_pool.Worker(device, argv, worker_env(device, len(devices)),
                                logs / f"tune-gpu{device}-{run_id}.log", events)
 
-    jobs = {i: {"line": line_of(item), "where": item.where} for i, item in enumerate(todo)}
+    # the largest products first: their tunes are the longest (a steady final round), and the last ones handed out
+    # set how long the run takes, so short ones at the end keep the GPUs evenly busy
+    biggest_first = sorted(range(len(todo)), key=lambda i: -_work(todo[i].problem))
+    jobs = {i: {"line": line_of(todo[i]), "where": todo[i].where} for i in biggest_first}
     answered = [0]
     with progress.held_by_caller(), progress.bar(len(todo), f"problems tuned on {len(devices)} GPUs") as advance:
         def on_result(result: gpu_pool.Result) -> None:
@@ -81,10 +85,16 @@ def _spread(report: offline.Report, todo: list[Listed], devices: list[int], dead
             print(f"kernels tune: {text}", file=log, flush=True)
 
         pool = gpu_pool.Pool(devices, start, on_result, on_note)
-        pool.run(jobs, deadline, deadline_reason)
+        # the CUTLASS batch compiles while the workers start; no problem is handed out before it is built
+        pool.run(jobs, deadline, deadline_reason, prepare=lambda: offline.prebuild_listed(report, todo, log))
     report.stopped = pool.stopped
     report.notes.extend(_device_lines(pool))
     report.notes.extend(pool.notes)
+
+
+def _work(problem: GemmProblem) -> int:
+    """How long a problem's tune will take, as an order: its multiply-adds."""
+    return problem.m * problem.n * problem.k
 
 
 def _outcome(item: Listed, result: gpu_pool.Result) -> offline.Outcome:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.__main__ import _backend_status, _probe_problem, info_lines
+from kernels.__main__ import _backend_status, info_lines
+from kernels.core.problem import probe_problem
 from kernels.core.config import interpret_mode
 from kernels.core.toolchain import resolve
 from tests.helpers import REPO
@@ -46,7 +47,7 @@ def test_cutlass_without_a_gpu_or_a_toolchain_gives_the_toolchain_reason():
             assert problem.device == "cuda" and problem.arch == 90      # asked about what a GPU would build
             return False, "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
 
-    status = _backend_status(NoToolchain(), _probe_problem(0, "cpu"))
+    status = _backend_status(NoToolchain(), probe_problem(0, "cpu"))
     assert status == "unavailable: no GPU, and cannot compile for one either: nvcc not found (set CUDA_HOME or " \
                      "put nvcc on PATH)"
 
