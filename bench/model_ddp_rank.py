@@ -58,12 +58,23 @@ class _Variant:
 
 @dataclass
 class _FirstStep:
-    """This rank's first step of a variant: what is gathered (all but `variant`) and what the loops run."""
+    """This rank's first step of a variant: the variant the loops run, and what the ranks gather (_Summary)."""
     variant: _Variant
     cold_s: float
     stats: dict
     loss: float
     grads: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class _Summary:
+    """One rank's first step as gathered: its wall time, counters, loss, and difference from eager's on that rank."""
+    cold_s: float
+    stats: dict
+    loss: float
+    loss_err: float | None
+    grad_err: float | None
+    grad_err_param: str
 
 
 class LoopError(RuntimeError):
@@ -161,14 +172,15 @@ def _differences(first: _FirstStep, ref: _Reference) -> tuple[float | None, floa
     return loss_err, grad_err, param
 
 
-def _record_first(result: DdpVariantResult, everyone: list[tuple]) -> None:
-    """Each rank's (cold s, stats, loss err, grad err, param) into the variant's record: worst rank's figures."""
-    result.cold_s_by_rank = [cold for cold, *_ in everyone]
+def _record_first(result: DdpVariantResult, summaries: list[_Summary]) -> None:
+    """The ranks' first steps into the variant's record: per rank, and the worst rank's figures."""
+    result.cold_s_by_rank = [s.cold_s for s in summaries]
     result.cold_s = max(result.cold_s_by_rank)
-    result.cold_stats_by_rank = [stats for _, stats, *_ in everyone]
-    losses = [loss for _, _, loss, _, _ in everyone if loss is not None]
+    result.cold_stats_by_rank = [s.stats for s in summaries]
+    result.loss_by_rank = [s.loss for s in summaries]
+    losses = [s.loss_err for s in summaries if s.loss_err is not None]
     result.loss_err = max(losses) if losses else None
-    grads = [(err, param) for *_, err, param in everyone if err is not None]
+    grads = [(s.grad_err, s.grad_err_param) for s in summaries if s.grad_err is not None]
     if grads:
         result.grad_err, result.grad_err_param = max(grads, key=lambda g: g[0])
 
@@ -187,7 +199,7 @@ def measure(world: World, comm: Comm, plan: DdpPlan) -> list[DdpVariantResult]:
         first, summary, error = None, None, ""
         try:
             first = _first_step(name, base, x, world)
-            summary = (first.cold_s, first.stats, *_differences(first, ref))
+            summary = _Summary(first.cold_s, first.stats, first.loss, *_differences(first, ref))
         except Exception as e:  # noqa: BLE001 - a variant that cannot run is recorded; the other still runs
             error = _failure(e)
             with contextlib.suppress(Exception):

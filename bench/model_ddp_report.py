@@ -26,6 +26,7 @@ class DdpVariantResult:
     cold_s: float | None = None                     # the first step's wall time, the slowest rank's
     cold_s_by_rank: list[float] = field(default_factory=list)
     cold_stats_by_rank: list[dict] = field(default_factory=list)   # kernels.stats() counters that moved, per rank
+    loss_by_rank: list[float] = field(default_factory=list)        # the first step's loss (each rank's own input)
     rounds_ms: list[float] = field(default_factory=list)           # ms per step, one value per round
     loops_s: list[float] = field(default_factory=list)             # each timing loop's length
     eager_ms: float | None = None
