@@ -110,7 +110,8 @@ def resolve(argv: list[str]) -> argparse.Namespace:
 
 
 def header(world: World, plan: DdpPlan, devices: list[str], fastpath: str, multicast: dict) -> dict:
-    nccl = ".".join(map(str, torch.cuda.nccl.version())) if world.device == "cuda" else "none"
+    nccl = torch.cuda.nccl.version() if world.device == "cuda" else "none"      # (2, 21, 5), or an int before
+    nccl = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
     return {"kind": "run", "world_size": world.size, "launcher": world.launcher, "backend": world.backend,
             "devices": devices, "device": plan.device, "hidden": plan.hidden, "intermediate": plan.intermediate,
             "layers": plan.layers, "head_dim": plan.head_dim, "dtype": plan.dtype, "tokens": plan.tokens,

@@ -56,6 +56,12 @@ def run_module(module: str, args: list[str], env: dict | None = None,
                           env=_child_env(env), timeout=timeout, cwd=str(REPO))
 
 
+def start_python(code: str, env: dict | None = None) -> subprocess.Popen:
+    """run_python without waiting: several interpreters at once (proc.communicate(timeout=...) collects each)."""
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_child_env(env), cwd=str(REPO))
+
+
 def gpu_grid(cases: list[tuple], representative: list[tuple]) -> list:
     """`cases` as pytest params: the `representative` ones marked `gpu` (what `pytest -m gpu` runs, one device call),
     the rest `gpu_sweep`. Every representative case must be in the grid, so the sweep is the grid's remainder."""
