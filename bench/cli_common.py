@@ -1,5 +1,5 @@
-"""What the bench commands share: argparse number types, rich tables with a plain-text fallback, and reading a
-saved JSON-lines run back (`--table-from`)."""
+"""What the bench commands share: argparse number types (positive, non-negative, positive integer), rich tables
+with a plain-text fallback, and reading a saved JSON-lines run back (`--table-from`)."""
 from __future__ import annotations
 
 import argparse
@@ -29,6 +29,12 @@ def positive(text: str) -> float:
 
 def non_negative(text: str) -> float:
     return _number(text, zero_ok=True)
+
+
+def positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive integer")
+    return int(text)
 
 
 def print_tables(title: str, sections: list[tuple[list[str], list[list[str]]]], plain: Callable[[], str],

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 import kernels
-from bench.cli_common import RunFileError, non_negative, positive
+from bench.cli_common import RunFileError, non_negative, positive, positive_int
 from bench.device import environment
 from bench.model_def import MODEL_DTYPES, ModelShapeError, build_model, check_shape, model_input
 from bench.model_report import (STATS, VariantResult, attach_eager, print_table, read_run,
@@ -214,12 +214,6 @@ class ArgumentsError(ValueError):
     """A flag's value that cannot run; the message names the flag."""
 
 
-def _count(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive integer")
-    return int(text)
-
-
 def parse_tokens(text: str) -> list[int]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
@@ -242,10 +236,10 @@ def parse_list(text: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.model", description=__doc__.split("\n\n")[0])
-    p.add_argument("--hidden", type=_count, default=4096, help="hidden size (default %(default)s)")
-    p.add_argument("--intermediate", type=_count, default=11008, help="MLP size (default %(default)s)")
-    p.add_argument("--layers", type=_count, default=1, help="decoder layers (default %(default)s)")
-    p.add_argument("--head-dim", type=_count, default=128, help="heads = hidden / head-dim (default %(default)s)")
+    p.add_argument("--hidden", type=positive_int, default=4096, help="hidden size (default %(default)s)")
+    p.add_argument("--intermediate", type=positive_int, default=11008, help="MLP size (default %(default)s)")
+    p.add_argument("--layers", type=positive_int, default=1, help="decoder layers (default %(default)s)")
+    p.add_argument("--head-dim", type=positive_int, default=128, help="heads = hidden / head-dim (default %(default)s)")
     p.add_argument("--tokens", default="1,16,128,2048,8192", help="comma list of M, tokens of one sequence (default "
                    "%(default)s)")
     p.add_argument("--dtype", default="bf16", choices=MODEL_DTYPES, help="(default %(default)s)")
@@ -255,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"add {' and '.join(CUDAGRAPH_VARIANTS)} (forward, M <= {CUDAGRAPH_MAX_TOKENS})")
     p.add_argument("--mode", default="fwd,fwdbwd", help="comma list of fwd, fwdbwd (default %(default)s)")
     p.add_argument("--seconds", type=positive, default=1.0, help="length of each timing loop (default %(default)s)")
-    p.add_argument("--rounds", type=_count, default=2, help="loops per variant, alternated (default %(default)s)")
+    p.add_argument("--rounds", type=positive_int, default=2, help="loops per variant, alternated (default %(default)s)")
     p.add_argument("--heat", type=non_negative, default=1.0,
                    help="seconds of eager before a group's first round (default %(default)s)")
     p.add_argument("--stat", choices=tuple(STATS), default="median",

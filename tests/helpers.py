@@ -1,6 +1,6 @@
-"""What many test modules share and that is not a fixture: problems described without tensors, running code in a
-fresh interpreter, a lookup table file, the C++ table's hit count, and the split of a GPU grid into the cases
-`pytest -m gpu` runs and the long sweep."""
+"""What many test modules share and that is not a fixture: problems described without tensors, running code or a
+module in a fresh interpreter, a lookup table file, the C++ table's hit count, and the split of a GPU grid into the
+cases `pytest -m gpu` runs and the long sweep."""
 import json
 import os
 import subprocess
@@ -31,8 +31,8 @@ def problem(m=4096, n=4096, k=4096, dtype="bf16", op=None, arch=90, la="row", lb
                        device_name="test", precision="tf32" if dtype == "fp32" else "")
 
 
-def run_python(code: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run code in a fresh interpreter with the repo importable; env entries set to None are removed."""
+def _child_env(env: dict | None) -> dict:
+    """os.environ with the repo importable and `env` applied (entries set to None removed)."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
     for k, v in (env or {}).items():
@@ -40,8 +40,26 @@ def run_python(code: str, env: dict | None = None, timeout: float = 600) -> subp
             full_env.pop(k, None)
         else:
             full_env[k] = v
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
+    return full_env
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run code in a fresh interpreter with the repo importable; env entries set to None are removed."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_child_env(env),
                           timeout=timeout, cwd=str(REPO))
+
+
+def run_module(module: str, args: list[str], env: dict | None = None,
+               timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m module args...` in a fresh interpreter, as run_python."""
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                          env=_child_env(env), timeout=timeout, cwd=str(REPO))
+
+
+def start_python(code: str, env: dict | None = None) -> subprocess.Popen:
+    """run_python without waiting: several interpreters at once (proc.communicate(timeout=...) collects each)."""
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_child_env(env), cwd=str(REPO))
 
 
 def gpu_grid(cases: list[tuple], representative: list[tuple]) -> list:
