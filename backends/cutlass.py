@@ -182,7 +182,7 @@ def make_launcher(kernel: LoadedKernel, problem: GemmProblem, cfg: CutlassConfig
     ws_bytes = size.value
     shape, dtype = (problem.m, problem.n), DTYPES_BY_NAME[problem.out_dtype]
     run = kernel.run
-    raw_stream = torch._C._cuda_getCurrentRawStream
+    raw_stream, current_device = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
 
     def call(a, b, epi, out):
         """`epi`: the epilogue's tensors as the entry point takes them after B ((), (bias,) or the scales[, bias])."""
@@ -195,8 +195,13 @@ def make_launcher(kernel: LoadedKernel, problem: GemmProblem, cfg: CutlassConfig
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
         ptrs = {"a": a.data_ptr(), "b": b.data_ptr()}
         ldc = out.stride(0) if out.shape[0] > 1 else problem.n
-        status = run(ptrs[first], ptrs[second], *[t.data_ptr() for t in epi], out.data_ptr(), m, n, k, lda, ldb, ldc,
-                     ws.data_ptr() if ws is not None else None, swizzle, raw_stream(device.index))
+        args = (ptrs[first], ptrs[second], *[t.data_ptr() for t in epi], out.data_ptr(), m, n, k, lda, ldb, ldc,
+                ws.data_ptr() if ws is not None else None, swizzle, raw_stream(device.index))
+        if current_device() == device.index:
+            status = run(*args)
+        else:       # the runtime launches into the current device's context: the operands' must be current
+            with torch.cuda.device(device.index):
+                status = run(*args)
         if status != 0:
             raise CutlassLaunchError(f"cutlass::Status {status} from {cfg.tag()} on {problem.short()}")
         return out

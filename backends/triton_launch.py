@@ -72,6 +72,21 @@ class CompiledHandle:
         return (int(self.kernel.function), 32 * num_warps, shared, int(scratch)), ""
 
     def bind(self, grid: tuple[int, int, int]) -> Run:
+        run = self._bind(grid)
+        dev, current = self.device_index, torch._C._cuda_getDevice
+
+        def run_on_its_device(*args):
+            # a launch goes to the current device's context: called with another device current (operands on
+            # cuda:1 while cuda:0 is current), the kernel's device is made current around it
+            if current() == dev:
+                run(*args)
+            else:
+                with torch.cuda.device(dev):
+                    run(*args)
+
+        return run_on_its_device
+
+    def _bind(self, grid: tuple[int, int, int]) -> Run:
         kernel, dev = self.kernel, self.device_index
         gx, gy, gz = grid
         if launch_hooks_installed():

@@ -47,8 +47,9 @@
 #                                      (llama-7B's four projection shapes x 8 M, bf16 nt): cold on every GPU, then from an
 #                                      empty selection store with the binaries built, on GPU 0 alone and on every GPU
 #                                      (ISSUE31_GPUS, default all); the winners compared (experiments.issue31_compare)
-#   bash bench/gpu_check.sh issue31ddp issue 31's multi-GPU tests, then bench.model_ddp on every GPU and on one, the first
-#                                      step from an empty selection store each (binaries built by a first run)
+#                                      then the multi-GPU tests (ISSUE31_TESTS=0 leaves them out)
+#   bash bench/gpu_check.sh issue31ddp bench.model_ddp (llama-7B's layer, M=4096 a rank) on one GPU and on DDP_GPUS (default
+#                                      2), the first step from an empty selection store each (binaries built by a first run)
 # (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)
 set -u
 OUT=${OUT:-results/gpu_check}
@@ -141,28 +142,34 @@ issue31)
     timeout "$t" python3 -m kernels tune "$LIST" "$@" > "$OUT/tune_$name.txt" 2>&1; local rc=$?
     echo "$name ($*): rc $rc, $(( ($(date +%s%N) - s0) / 1000000 )) ms" | tee -a "$OUT/issue31_times.txt"
     grep -v "^\[" "$OUT/tune_$name.txt" | tail -8
-    cp -r "$KERNELS_CACHE_DIR/selections" "$OUT/sel_$name" 2>/dev/null
+    rm -rf "/tmp/issue31_sel_$name"; cp -r "$KERNELS_CACHE_DIR/selections" "/tmp/issue31_sel_$name" 2>/dev/null
+    tar czf "$OUT/sel_$name.tgz" -C /tmp "issue31_sel_$name" 2>/dev/null
   }
   tune_run cold_all 330 --gpus "${ISSUE31_GPUS:-all}"
   rm -rf "$KERNELS_CACHE_DIR/selections"
   tune_run warm_one 240 --gpus 0
   rm -rf "$KERNELS_CACHE_DIR/selections"
   tune_run warm_all 150 --gpus "${ISSUE31_GPUS:-all}"
-  python3 -m experiments.issue31_compare "$OUT/sel_warm_one" "$OUT/sel_warm_all" --json "$OUT/compare.json" \
+  python3 -m experiments.issue31_compare /tmp/issue31_sel_warm_one /tmp/issue31_sel_warm_all --json "$OUT/compare.json" \
     > "$OUT/compare.md" 2>&1; tail -1 "$OUT/compare.md"
+  [ "${ISSUE31_TESTS:-1}" = 1 ] && gpu_tests 240 tests/gpu/test_multi_gpu.py -k "not model_ddp" \
+    | tee "$OUT/multi_gpu_tests.txt"
   ;;
 issue31ddp)
-  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-  gpu_tests 200 tests/gpu/test_multi_gpu.py | tee "$OUT/multi_gpu_tests.txt"
+  # the first step's tunes on one GPU and on every GPU, each from an empty selection store, with the binaries built
+  # by a first run (CUTLASS inline: a background build would leave the measured runs' problems pending)
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 KERNELS_CUTLASS_BUILD=inline
   export KERNELS_CACHE_DIR=/tmp/kernels_issue31ddp; rm -rf "$KERNELS_CACHE_DIR"
   python3 -m kernels fastpath build > /dev/null 2>&1
-  common="--hidden 4096 --intermediate 11008 --layers 1 --dtype bf16 --tokens ${DDP_TOKENS:-4096} --seconds 1 --rounds 2"
-  timeout 200 python3 -m bench.model_ddp $common --gpus 1 --json "$OUT/ddp_build.jsonl" > "$OUT/ddp_build.txt" 2>&1
-  echo "binaries built: rc $?"; tail -5 "$OUT/ddp_build.txt"
+  common="--hidden 4096 --intermediate 11008 --layers 1 --dtype bf16 --tokens ${DDP_TOKENS:-4096} --seconds 1"
+  s0=$SECONDS
+  timeout 240 python3 -m bench.model_ddp $common --rounds 1 --gpus "${DDP_GPUS:-2}" > "$OUT/ddp_build.txt" 2>&1
+  echo "binaries built (cold run on ${DDP_GPUS:-2} GPUs): rc $?, $((SECONDS - s0)) s"; tail -12 "$OUT/ddp_build.txt"
   for n in 1 ${DDP_GPUS:-2}; do
     rm -rf "$KERNELS_CACHE_DIR/selections"
-    timeout 200 python3 -m bench.model_ddp $common --gpus "$n" --json "$OUT/ddp_$n.jsonl" > "$OUT/ddp_$n.txt" 2>&1
-    echo "ddp on $n GPU(s): rc $?"; tail -8 "$OUT/ddp_$n.txt"
+    timeout 200 python3 -m bench.model_ddp $common --rounds 2 --gpus "$n" --json "$OUT/ddp_$n.jsonl" \
+      > "$OUT/ddp_$n.txt" 2>&1
+    echo "ddp on $n GPU(s): rc $?"; tail -12 "$OUT/ddp_$n.txt"
   done
   ;;
 issue29)

@@ -177,13 +177,13 @@ def _linear_cold(x, weight, bias, activation, route: bool = True):
         operands = (x2, wt, bias.contiguous())
     key = _linear_key(x2, wt, bias, activation)
     kind = _FAST_ADDMM_KIND if aten and problem.epilogue else _FAST_ATEN_KIND.get(direct, _FAST_PYTHON_KIND)
-    with _lock:
-        _dispatch[key] = entry = (direct, launch, kind)
-        if _fast.module is not None:
-            _fast_register(_fast.module, key, entry)
-        if len(_dispatch) > config.max_problems:
-            _shrink(config.max_problems)
-    with selected.device_context(x):
+    with selected.device_context(x):       # the C++ table's plan is made for the operands' device, not the current one
+        with _lock:
+            _dispatch[key] = entry = (direct, launch, kind)
+            if _fast.module is not None:
+                _fast_register(_fast.module, key, entry)
+            if len(_dispatch) > config.max_problems:
+                _shrink(config.max_problems)
         return direct(*operands).view(shape)
 
 
@@ -368,13 +368,13 @@ def _cold(op: str, a, b, out, dynamic=None, route: bool = True):
         problem = GemmProblem.from_tensors(op, a, b)
         with selected.device_context(a):
             launch = _record.resolve(problem, dyn)
-    with _lock:
-        _dispatch[key] = entry = (_two_arg(launch), launch)
-        if dynamic is None and _fast.module is not None:
-            _fast_register(_fast.module, key, entry)
-        if len(_dispatch) > config.max_problems:
-            _shrink(config.max_problems)
-    with selected.device_context(a):
+    with selected.device_context(a):       # the C++ table's plan is made for the operands' device, not the current one
+        with _lock:
+            _dispatch[key] = entry = (_two_arg(launch), launch)
+            if dynamic is None and _fast.module is not None:
+                _fast_register(_fast.module, key, entry)
+            if len(_dispatch) > config.max_problems:
+                _shrink(config.max_problems)
         return launch(a, b, out)
 
 

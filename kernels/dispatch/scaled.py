@@ -211,20 +211,21 @@ def _cold(a, b, scale_a, scale_b, bias, out_dtype, out):
         with selected.device_context(a):
             launch = _record.resolve(problem)
         aten = selected.aten_winner(problem)
-    with selected.lock:
-        if len(_dispatch) >= config.max_problems:
-            clear()                 # rare (thousands of fp8 problems): looked up again, cheaply, from memory
-        # this key's calls all have this bias stride (the Python table keys it; the C++ one serves unit strides only)
-        python_launch = _contiguous_bias(launch) if copy_bias else launch
-        _dispatch[_key(a, b, scale_a, scale_b, bias, out_dtype)] = python_launch
-        # aten winners are called by the C++ table itself; other launches through their native launch if they have
-        # one (Triton on a GPU), else as they are (CUTLASS, the interpreter)
-        fast = (FAST_ATEN_KIND, launch) if aten else (FAST_PYTHON_KIND, getattr(launch, "native", launch))
-        key = _fast_key(a, b, scaling, bias, out_dtype)
-        _fast_entries[key] = fast
-        if _table is not None:
-            _table.add(key, *fast)
-    with selected.device_context(a):
+    with selected.device_context(a):       # the C++ table's plan is made for the operands' device
+        with selected.lock:
+            if len(_dispatch) >= config.max_problems:
+                clear()                 # rare (thousands of fp8 problems): looked up again, cheaply, from memory
+            # this key's calls all have this bias stride (the Python table keys it; the C++ one serves unit strides
+            # only)
+            python_launch = _contiguous_bias(launch) if copy_bias else launch
+            _dispatch[_key(a, b, scale_a, scale_b, bias, out_dtype)] = python_launch
+            # aten winners are called by the C++ table itself; other launches through their native launch if they
+            # have one (Triton on a GPU), else as they are (CUTLASS, the interpreter)
+            fast = (FAST_ATEN_KIND, launch) if aten else (FAST_PYTHON_KIND, getattr(launch, "native", launch))
+            key = _fast_key(a, b, scaling, bias, out_dtype)
+            _fast_entries[key] = fast
+            if _table is not None:
+                _table.add(key, *fast)
         return python_launch(*operands, out)
 
 
