@@ -425,7 +425,8 @@ def _plain(op: str):
 
 
 # the routed calls' ops, around the plain products above (registered with torch.library on first use)
-_custom = _ops.CustomOps(_ops.Plain(mm=_plain("mm"), int_mm=_plain("int_mm"), linear=_plain_linear))
+_custom = _ops.CustomOps(_ops.Plain(mm=_plain("mm"), int_mm=_plain("int_mm"), linear=_plain_linear,
+                                    max_problems=lambda: config.max_problems))
 
 
 def _under_capture(op: str, a, b, out):

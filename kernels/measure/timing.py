@@ -217,9 +217,17 @@ def device_time_ms(call: Call, n_sets: int, reps: int = 20, replays: int = 10) -
                 call(i % max(1, n_sets))
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(reps):
-                call(i % max(1, n_sets))
+        # captured on this device's side stream, not through torch.cuda.graph: its default capture stream is made
+        # once per process on the device current then (a later capture for another GPU would go there: the likely
+        # source of 1 KB allocated on cuda:0 while tuning for cuda:1, seen on 2xH200), and it synchronizes the whole
+        # device first, which under DDP would wait on an all-reduce whose peer waits for this tune
+        with torch.cuda.stream(side):
+            graph.capture_begin()
+            try:
+                for i in range(reps):
+                    call(i % max(1, n_sets))
+            finally:
+                graph.capture_end()
         graph.replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -231,7 +239,7 @@ def device_time_ms(call: Call, n_sets: int, reps: int = 20, replays: int = 10) -
     except Exception:  # noqa: BLE001 - e.g. a launcher that synchronizes; capture is a refinement, not a requirement
         if torch.cuda.is_available():
             try:
-                torch.cuda.synchronize()      # drain what ran before the failure; a sticky error shows up later
+                torch.cuda.current_stream().synchronize()     # drain what ran before; a sticky error shows up
             except Exception:  # noqa: BLE001
                 pass
         return None

@@ -192,3 +192,37 @@ def test_model_ddp_two_gpus_tune_each_problem_once_as_one_gpu_does(tmp_path):
     print(f"\nfirst step, patch: 1 GPU {one['patch']['cold_s']:.2f} s, 2 GPUs {two['patch']['cold_s']:.2f} s "
           f"(by rank {two['patch']['cold_s_by_rank']}); {problems} problems; both runs "
           f"{time.perf_counter() - start:.0f} s")
+
+
+# -- a CUTLASS kernel launched for a GPU that is not current --------------------------------------------------------
+CUTLASS_ON_1 = textwrap.dedent("""
+    import json, torch
+    from backends import get_backend
+    from kernels.core.problem import GemmProblem
+    torch.cuda.set_device(0)
+    torch.manual_seed(0)
+    a = torch.randn(512, 1024, device="cuda:1", dtype=torch.bfloat16)
+    b = torch.randn(1024, 768, device="cuda:1", dtype=torch.bfloat16)
+    problem = GemmProblem.from_tensors("mm", a, b)
+    backend = get_backend("cutlass")
+    with torch.cuda.device(1):                  # built and loaded as a tune on cuda:1 would
+        choice = next(c for c in backend.choices(problem)[0] if "coop" in c.name)
+        backend.prebuild([(problem, [choice])])
+        outcome = backend.build(problem, [choice])[0]
+    assert outcome.runner is not None, outcome.error
+    ref = a.double() @ b.double()
+    errs = []
+    for _ in range(3):                          # launched as the warm table calls it: cuda:0 current
+        c = outcome.runner.launch(a, b)
+        torch.cuda.synchronize(1)
+        errs.append(float((c.double() - ref).norm() / ref.norm()))
+    print(json.dumps({"errs": errs, "out": str(c.device), "current": torch.cuda.current_device(),
+                      "choice": choice.name, "other": torch.cuda.max_memory_allocated(0)}))
+""")
+
+
+def test_a_cutlass_kernel_launches_on_its_gpu_when_another_is_current(tmp_path):
+    """The CUDA runtime launches into the current device's context: CUTLASS's launch makes its operands' current."""
+    out = _last_json(run_python(CUTLASS_ON_1, _env(tmp_path / "cache")))
+    assert out["out"] == "cuda:1" and out["current"] == 0 and out["other"] == 0, out
+    assert all(e < 1e-2 for e in out["errs"]), out

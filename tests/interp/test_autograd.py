@@ -158,3 +158,28 @@ def test_out_argument_under_autograd_is_refused_as_torch_refuses_it():
     a, b = leaves((4, 8), (8, 3), dtype=torch.float32)
     with pytest.raises(RuntimeError, match="out="):
         kernels.mm(a, b, out=torch.empty(4, 3))
+
+
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_backward_products_are_tuned_at_the_first_forward_so_the_backward_tunes_nothing(activation):
+    """Under DDP the backward runs beside in-flight all-reduces: its products are met ahead, in the forward."""
+    n = 7 if activation is None else 11                     # problems of their own: none met by an earlier test
+    x, w, bias = leaves((2, 5, 12), (n, 12), (n,), dtype=torch.float32)
+    before = kernels.stats()["tunes"]
+    out = kernels.linear(x, w, bias, activation=activation)
+    after_forward = kernels.stats()["tunes"]
+    # the forward (x·Wᵀ + b as 10xn, k=12; with an activation under autograd: the plain product, act applied after),
+    # dX = dY·W (10x12, k=n) and dW = dYᵀ·X (nx12, k=10)
+    assert after_forward - before == 3
+    (out.double() ** 2).sum().backward()
+    assert kernels.stats()["tunes"] == after_forward
+    want = reference_grads(lambda a, b, c: (ACT[activation](F.linear(a, b, c)) ** 2).sum(), [x, w, bias])
+    assert_grads_close([x.grad, w.grad, bias.grad], want, torch.float32)
+
+
+def test_only_the_grads_asked_for_are_met_ahead():
+    x = torch.randn(6, 9)                                   # an input that needs no grad: no dX product
+    (w,) = leaves((5, 9), dtype=torch.float32)
+    before = kernels.stats()["tunes"]
+    kernels.linear(x, w).sum().backward()
+    assert kernels.stats()["tunes"] - before == 2           # the forward and dW only
