@@ -73,6 +73,8 @@ class CompiledHandle:
 
     def bind(self, grid: tuple[int, int, int]) -> Run:
         run = self._bind(grid)
+        if torch.cuda.device_count() == 1:
+            return run                          # one device: always the current one, no check per launch
         dev, current = self.device_index, torch._C._cuda_getDevice
 
         def run_on_its_device(*args):

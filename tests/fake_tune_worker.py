@@ -7,7 +7,9 @@ tests (kernels.tune.gpu_pool). Run as `python tests/fake_tune_worker.py DIR`; DI
 - `grandchild`: each worker starts a `sleep 600` child first and appends its pid to `grandchildren` (what ^C must not
   leave behind);
 - `artifacts`: every job builds the keys listed there through kernels.core.fsutil.build_each_once, appending each key
-  it built to `builds`.
+  it built to `builds`;
+- `hang-on-<where>`: a worker given that problem sleeps for good (once, as `die-on-`);
+- `no-start`: every worker exits with status 1 before it is ready; `no-ready`: it never says it is ready.
 Each answer names the worker's CUDA_VISIBLE_DEVICES in its reason, and every job is appended to `jobs`.
 """
 import json
@@ -48,7 +50,12 @@ def main() -> int:
         child = subprocess.Popen(["sleep", "600"])
         with open(base / "grandchildren", "a") as f:
             f.write(f"{child.pid}\n")
+    if (base / "no-start").exists():
+        return 1
+    if (base / "no-ready").exists():
+        time.sleep(600)
     print("noise on stdout that is not a message")
+    sys.stdout.write("noise without its newline, then the message on the same line: ")
     emit({"ready": True})
     for raw in sys.stdin:
         job = json.loads(raw)
@@ -61,6 +68,10 @@ def main() -> int:
             if not (die.read_text().strip() == "once" and marker.exists()):
                 marker.write_text("x")
                 os.kill(os.getpid(), signal.SIGKILL)
+        hang = base / f"hang-on-{where.replace('/', '_').replace(':', '_')}"
+        if hang.exists() and not Path(str(hang) + ".hung").exists():
+            Path(str(hang) + ".hung").write_text("x")
+            time.sleep(600)
         if (base / "slow").exists():
             time.sleep(float((base / "slow").read_text()))
         if (base / "artifacts").exists():

@@ -148,7 +148,7 @@ def build_each_once(keys: list[str], lock_for: Callable[[str], Path], built: Cal
     one host): the keys no other process holds are built here in one batch, under their locks; then each key another
     process holds is waited for, and whatever it left unbuilt (its build failed, it died) is built here. Returns
     the keys built here. Locks are taken without waiting while this process holds others, and waited for in sorted
-    order, so two processes never wait on each other."""
+    order, so two processes never wait on each other; one held past the lock timeout is built here anyway."""
     mine, theirs = [], []
     with contextlib.ExitStack() as held:
         for key in keys:
@@ -164,8 +164,11 @@ def build_each_once(keys: list[str], lock_for: Callable[[str], Path], built: Cal
     if not theirs:
         return mine
     with contextlib.ExitStack() as held:
-        for key in sorted(theirs):
-            held.enter_context(file_lock(lock_for(key)))
+        try:
+            for key in sorted(theirs):
+                held.enter_context(file_lock(lock_for(key)))
+        except TimeoutError:
+            pass        # a holder stuck past the lock timeout: build here rather than fail its candidates
         left = [key for key in theirs if not built(key)]
         if left:
             build(left)

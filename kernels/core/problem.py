@@ -160,18 +160,25 @@ class GemmProblem:
     def from_tensors(cls, op: str, a: torch.Tensor, b: torch.Tensor, bias: bool = False,
                      activation: str = "", scaling: str = "", out_dtype: str = "") -> "GemmProblem":
         """Assumes inputs were validated (2-D, same supported dtype, same device)."""
-        dtype = DTYPE_NAMES[a.dtype]
-        dev = a.device
-        if dev.type == "cuda":
-            cap = torch.cuda.get_device_capability(dev)
-            arch, name = cap[0] * 10 + cap[1], torch.cuda.get_device_name(dev)
+        return cls.from_layout(op, a.dtype, a.device, (a.shape[0], b.shape[1], a.shape[1]), tuple(a.stride()),
+                               tuple(b.stride()), pointer_alignment(a.data_ptr()), pointer_alignment(b.data_ptr()),
+                               bias=bias, activation=activation, scaling=scaling, out_dtype=out_dtype)
+
+    @classmethod
+    def from_layout(cls, op: str, dtype: torch.dtype, device: torch.device, mnk: tuple[int, int, int],
+                    stride_a: tuple[int, int], stride_b: tuple[int, int], align_a: int, align_b: int,
+                    bias: bool = False, activation: str = "", scaling: str = "", out_dtype: str = "") -> "GemmProblem":
+        """The problem operands of this layout would make, without the operands (a product met ahead of its call)."""
+        name = DTYPE_NAMES[dtype]
+        if device.type == "cuda":
+            cap = torch.cuda.get_device_capability(device)
+            arch, device_name = cap[0] * 10 + cap[1], torch.cuda.get_device_name(device)
         else:
-            arch, name = 0, "cpu"
-        return cls(op=op, m=a.shape[0], n=b.shape[1], k=a.shape[1], dtype=dtype,
-                   out_dtype=out_dtype or ("int32" if op == "int_mm" else dtype),
-                   stride_a=tuple(a.stride()), stride_b=tuple(b.stride()),
-                   align_a=pointer_alignment(a.data_ptr()), align_b=pointer_alignment(b.data_ptr()),
-                   device=dev.type, arch=arch, device_name=name, precision=precision_of(dtype), bias=bias,
+            arch, device_name = 0, "cpu"
+        m, n, k = mnk
+        return cls(op=op, m=m, n=n, k=k, dtype=name, out_dtype=out_dtype or ("int32" if op == "int_mm" else name),
+                   stride_a=stride_a, stride_b=stride_b, align_a=align_a, align_b=align_b, device=device.type,
+                   arch=arch, device_name=device_name, precision=precision_of(name), bias=bias,
                    activation=activation, scaling=scaling)
 
 

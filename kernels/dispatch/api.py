@@ -2,6 +2,7 @@
 the warm dispatch tables (the C++ one, which api owns for every op, and the Python one), and the cold path."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.core import counters as _stats
+from kernels.core.cache_root import warn_once
 from kernels.core.choice import Choice
 from kernels.core.config import config, interpret_mode
 from kernels.core.errors import InputTypeError, InputValueError
@@ -425,8 +427,24 @@ def _plain(op: str):
 
 
 # the routed calls' ops, around the plain products above (registered with torch.library on first use)
+def _prepare(problem: GemmProblem, device: torch.device) -> None:
+    """Look a product up ahead of its call (ops.BackwardAhead): the cold path's resolve, on the problem's device. Not
+    on the CPU fallback (nothing to tune), nor while a CUDA graph is being captured (a tune there would be recorded);
+    a failure is the later call's to meet, never the caller's now."""
+    if device.type == "cpu" and not interpret_mode():
+        return
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return
+    try:
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            _record.resolve(problem)
+    except Exception as e:  # noqa: BLE001 - looked up again (and reported) when the backward calls it
+        warn_once(f"ahead:{problem.short()}", f"kernels: the backward product {problem.short()} could not be "
+                  f"looked up ahead ({type(e).__name__}: {e}); the backward will look it up", stacklevel=2)
+
+
 _custom = _ops.CustomOps(_ops.Plain(mm=_plain("mm"), int_mm=_plain("int_mm"), linear=_plain_linear,
-                                    max_problems=lambda: config.max_problems))
+                                    prepare=_prepare, max_problems=lambda: config.max_problems))
 
 
 def _under_capture(op: str, a, b, out):

@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from kernels.core.problem import ACTIVATIONS
+from kernels.core.problem import ACTIVATIONS, GemmProblem, pointer_alignment
 
 NAMESPACE = "kernels"
 SCHEMAS = {
@@ -47,7 +47,9 @@ class Plain:
     mm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     int_mm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, str | None], torch.Tensor]
-    max_problems: Callable[[], int] = lambda: 4096      # how many layouts BackwardAhead remembers (KERNELS_MAX_PROBLEMS)
+    # look a problem up ahead of its call (tune or load it; never raises): what BackwardAhead hands its problems to
+    prepare: Callable[[GemmProblem, torch.device], None] = lambda problem, device: None
+    max_problems: Callable[[], int] = lambda: 4096      # how many layers BackwardAhead remembers (KERNELS_MAX_PROBLEMS)
 
 
 _registered: list[Plain] = []      # the products the ops were registered around: one registration per process
@@ -60,7 +62,7 @@ class CustomOps:
     def __init__(self, plain: Plain):
         self.plain = plain
         self.ready = _registrar(plain)
-        self.ahead = BackwardAhead(plain.max_problems)
+        self.ahead = BackwardAhead(plain.prepare, plain.max_problems)
         self._eager_mm, self._eager_linear = _eager_functions(plain, self.ahead)
 
     def eager_mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -183,17 +185,17 @@ def _linear_backward(ctx, grad):
 
 
 class BackwardAhead:
-    """Meets each backward product at its layer's first forward with grad: the products the backward will ask for
-    (dX = dY·W, dW = dYᵀ·X for linear; dA, dB for mm) are run once on stand-in operands with the layouts the
-    backward gives them (dY dense, as _dense leaves it), so their tunes happen in the forward. Why: a tune inside
-    the backward runs while DDP's gradient all-reduces are in flight; the peer rank waits for this one, its NCCL
-    kernels spin on this GPU, and the tune times its candidates on fewer SMs than the training step will (measured
-    on 2xH200: a pick 1% slower than eager's). A backward whose dY arrives otherwise laid out tunes its own problem
-    then, as before. Costs a set lookup per eager forward with grad."""
+    """Meets each backward product at its layer's first forward with grad: the problems the backward will ask for
+    (dX = dY·W, dW = dYᵀ·X for linear; dA, dB for mm, with dY dense as _dense leaves it) are looked up (tuned, or
+    loaded) then, without running anything. Why: a tune inside the backward runs while DDP's gradient all-reduces are
+    in flight; the peer rank waits for this one, its NCCL kernels spin on this GPU, and the tune times its candidates
+    on fewer SMs than the training step will. A backward whose operands arrive otherwise laid out looks its own
+    problem up then, as before. Costs a set lookup per eager forward with grad (keyed by the weight and the input's
+    shape)."""
 
-    def __init__(self, limit: Callable[[], int]):
+    def __init__(self, prepare: Callable[[GemmProblem, torch.device], None], limit: Callable[[], int]):
+        self.prepare, self.limit = prepare, limit
         self.seen: set[tuple] = set()
-        self.limit = limit
         self.lock = threading.Lock()
 
     def _first(self, key: tuple) -> bool:
@@ -205,26 +207,35 @@ class BackwardAhead:
             self.seen.add(key)
             return True
 
-    def linear(self, mm, x: torch.Tensor, weight: torch.Tensor, needs: tuple[bool, ...]) -> None:
-        if not (needs[0] or needs[1]) or not self._first(
-                ("linear", x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, x.device, needs[:2])):
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, needs: tuple[bool, ...]) -> None:
+        if not (needs[0] or needs[1]) or not self._first((id(weight), x.shape, needs[0], needs[1])):
             return
-        x2 = x.reshape(-1, x.shape[-1])
-        grad = torch.zeros((x2.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
-        if needs[0]:
-            mm(grad, weight)
+        m, (n, k) = x.numel() // x.shape[-1], weight.shape
+        try:                                   # X as the backward's x.reshape(-1, K) gives it: a view...
+            x2_stride, x2_align = tuple(x.view(-1, k).stride()), _alignment(x)
+        except RuntimeError:                   # ...or a fresh contiguous copy
+            x2_stride, x2_align = (k, 1), 16
+        if needs[0]:                           # dY: (m, n), dense and fresh
+            self._ahead(x, (m, k, n), (n, 1), tuple(weight.stride()), 16, _alignment(weight))
         if needs[1]:
-            mm(grad.t(), x2)
+            self._ahead(x, (n, k, m), (1, n), x2_stride, 16, x2_align)
 
-    def mm(self, mm, a: torch.Tensor, b: torch.Tensor, needs: tuple[bool, ...]) -> None:
-        if not (needs[0] or needs[1]) or not self._first(
-                ("mm", a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, needs[:2])):
+    def mm(self, a: torch.Tensor, b: torch.Tensor, needs: tuple[bool, ...]) -> None:
+        if not (needs[0] or needs[1]) or not self._first((id(b), id(a), a.shape, needs[0], needs[1])):
             return
-        grad = torch.zeros((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+        (m, k), n = a.shape, b.shape[1]
         if needs[0]:
-            mm(grad, b.t())
+            self._ahead(a, (m, k, n), (n, 1), (b.stride(1), b.stride(0)), 16, _alignment(b))
         if needs[1]:
-            mm(a.t(), grad)
+            self._ahead(a, (k, n, m), (a.stride(1), a.stride(0)), (n, 1), _alignment(a), 16)
+
+    def _ahead(self, like: torch.Tensor, mnk, stride_a, stride_b, align_a: int, align_b: int) -> None:
+        problem = GemmProblem.from_layout("mm", like.dtype, like.device, mnk, stride_a, stride_b, align_a, align_b)
+        self.prepare(problem, like.device)
+
+
+def _alignment(t: torch.Tensor) -> int:
+    return pointer_alignment(t.data_ptr())
 
 
 def _eager_functions(plain: Plain, ahead: BackwardAhead) -> tuple[type, type]:
@@ -237,7 +248,7 @@ def _eager_functions(plain: Plain, ahead: BackwardAhead) -> tuple[type, type]:
         @staticmethod
         def forward(ctx, a, b):
             ctx.save_for_backward(a, b)
-            ahead.mm(plain.mm, a, b, ctx.needs_input_grad)
+            ahead.mm(a, b, ctx.needs_input_grad)
             return plain.mm(a, b)
 
         @staticmethod
@@ -250,7 +261,7 @@ def _eager_functions(plain: Plain, ahead: BackwardAhead) -> tuple[type, type]:
         def forward(ctx, x, weight, bias, activation):
             ctx.save_for_backward(x, weight, bias)
             ctx.activation = activation
-            ahead.linear(plain.mm, x, weight, ctx.needs_input_grad)
+            ahead.linear(x, weight, ctx.needs_input_grad)
             return plain.linear(x, weight, bias, activation)
 
         @staticmethod

@@ -3,13 +3,19 @@ starts it with CUDA_VISIBLE_DEVICES naming its one device).
 
 It reads jobs from stdin, one JSON line each ({"index", "job": {"line", "where"}}: the problem as a trace line),
 looks each up exactly as the single-process run does (kernels.dispatch.record.replay: memory -> store -> tune) and
-answers on stdout with gpu_pool's tagged lines: {"ready": true} once torch and CUDA are up, then per job
-{"index", "result": {"status", "seconds", "reason", "selection"}}. It exits at EOF on stdin.
+answers with gpu_pool's tagged lines: {"ready": true} once torch and CUDA are up, then per job
+{"index", "result": {"status", "seconds", "reason", "selection"}}. It exits at EOF on stdin; when its parent dies
+(the kernel sends it SIGKILL: PR_SET_PDEATHSIG); and after a job that left its CUDA context unusable (a faulting
+kernel's sticky error would fail every later problem here; exit status 3 makes the pool re-queue nothing and start a
+fresh worker). The answers go to a private copy of the original stdout, and stdout itself to stderr, so nothing the
+libraries print can split a message.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import sys
 
 import torch
@@ -39,7 +45,41 @@ def _prestart_isolated(arch: int, device_name: str) -> None:
             return
 
 
+PR_SET_PDEATHSIG = 1
+CONTEXT_LOST = 3
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL when the parent dies, so a parent killed by anything (SIGKILL included) leaves no worker."""
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:           # it died before the request took effect
+        os._exit(1)
+
+
+def _protocol_channel():
+    """A private copy of stdout for the answers; fd 1 then points at stderr (the log)."""
+    channel = os.fdopen(os.dup(1), "w", buffering=1)
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    return channel
+
+
+def _context_alive() -> bool:
+    try:
+        torch.cuda.current_stream().synchronize()
+        (torch.ones(1, device="cuda") + 1).item()
+        return True
+    except Exception:  # noqa: BLE001 - any error here means the context is gone
+        return False
+
+
 def main() -> int:
+    _die_with_parent()
+    channel = _protocol_channel()
     where = offline.target()
     if where is None:
         print(f"kernels tune worker: no GPU visible here (CUDA_VISIBLE_DEVICES="
@@ -48,7 +88,7 @@ def main() -> int:
     if where[0] == "cuda":
         _prestart_isolated(where[1], where[2])
         torch.ones(1, device="cuda")              # the context now, so `ready` covers the start-up
-    emit({"ready": True, "device_name": where[2]})
+    emit(channel, {"ready": True, "device_name": where[2]})
     for raw in sys.stdin:
         try:
             message = json.loads(raw)
@@ -57,7 +97,11 @@ def main() -> int:
         except (ValueError, KeyError, TypeError) as e:
             print(f"kernels tune worker: bad job {raw[:200]!r}: {e}", file=sys.stderr)
             return 2
-        emit({"index": index, "result": answer(item)})
+        emit(channel, {"index": index, "result": answer(item)})
+        if where[0] == "cuda" and not _context_alive():
+            print("kernels tune worker: the CUDA context is unusable after this problem; exiting for a fresh worker",
+                  file=sys.stderr)
+            return CONTEXT_LOST
     return 0
 
 

@@ -222,7 +222,7 @@ def device_time_ms(call: Call, n_sets: int, reps: int = 20, replays: int = 10) -
         # source of 1 KB allocated on cuda:0 while tuning for cuda:1, seen on 2xH200), and it synchronizes the whole
         # device first, which under DDP would wait on an all-reduce whose peer waits for this tune
         with torch.cuda.stream(side):
-            graph.capture_begin()
+            graph.capture_begin(capture_error_mode="thread_local")   # other threads (NCCL's watchdog) go on
             try:
                 for i in range(reps):
                     call(i % max(1, n_sets))

@@ -14,8 +14,11 @@ its compile pool and isolated child too) and reports what was left.
 
 The protocol: the parent writes one JSON job per line on the worker's stdin ({"index", "job"}); the worker answers
 one tagged JSON line per event on stdout ({"ready": true} once, then {"index", "result"} per job) and exits at
-EOF on stdin. Anything else on its stdout is ignored; its stderr goes to a log file whose tail is reported when it
-dies. This module holds only the scheduling: what a job is and how a worker runs it are the caller's.
+EOF on stdin. A worker gets its first job once it is ready, so one that cannot start is its device's failure, never
+a problem's. Untagged output is ignored; its stderr goes to a log file (one per worker start) whose tail is reported
+when it dies. A worker not ready within READY_TIMEOUT_S, or on one job longer than JOB_TIMEOUT_S, is killed as hung.
+Whatever ends the run (^C, an error, the caller's SIGTERM turned into KeyboardInterrupt) ends every worker's group.
+This module holds only the scheduling: what a job is and how a worker runs it are the caller's.
 """
 from __future__ import annotations
 
@@ -38,6 +41,10 @@ MAX_ATTEMPTS = 2        # workers a problem may take down before it is failed in
 RESTARTS = 2            # fresh workers a device gets after its worker died; then the device is left out
 STOP_GRACE_S = 5.0      # after SIGTERM, how long a worker's process group has before SIGKILL
 LOG_TAIL = 1200         # characters of a dead worker's log kept in the report
+READY_TIMEOUT_S = 180.0     # a worker not up by then (imports, CUDA context) is killed: its device's fault
+# a job running longer is killed as hung and handed back: far above a tune's worst case, which may wait out another
+# process's lock (kernels.core.fsutil.LOCK_TIMEOUT_S, 600 s) and an isolated child's limit (300 s)
+JOB_TIMEOUT_S = 1500.0
 
 # set in every process this starts: NVLink multicast off (NCCL, torch symmetric memory, NVSHMEM); on a shared
 # multi-GPU host a program that uses it can put the GPUs out of service
@@ -59,7 +66,7 @@ def parse_gpus(text: str, count: int) -> list[int]:
     picked: list[int] = []
     for part in text.split(","):
         part = part.strip()
-        if not part.isdigit():
+        if not (part.isascii() and part.isdigit()):
             raise GpuListError(f"--gpus {text}: {part!r} is not a device index (expected 'all' or e.g. 0,1); {have}")
         index = int(part)
         if index >= count:
@@ -100,28 +107,34 @@ class DeviceLog:
 
 
 class Worker:
-    """One worker process on one device, and the thread that turns its tagged stdout lines into events."""
+    """One worker process on one device, and the thread that turns its tagged output lines into events."""
 
     def __init__(self, device: int, argv: list[str], env: dict[str, str], log_path: Path,
-                 events: "queue.Queue[tuple]"):
+                 events: "queue.Queue[tuple]", cwd: str | None = None):
         self.device, self.log_path = device, log_path
         self.job: int | None = None
         self.job_started = 0.0
+        self.ready = False
         self.stopping = False
         self.started = time.perf_counter()
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
-                                         start_new_session=True, text=True, bufsize=1)
+        # the log is ours alone: created 0600, never through a link planted at its path
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd, env=env,
+                                         cwd=cwd, start_new_session=True, text=True, bufsize=1)
+        finally:
+            os.close(fd)
         self._reader = threading.Thread(target=self._read, args=(events,), daemon=True)
         self._reader.start()
 
     def _read(self, events) -> None:
         for line in self.proc.stdout:
-            if not line.startswith(TAG):
+            at = line.find(TAG)                   # a message may follow stray output that lacked its newline
+            if at < 0:
                 continue
             try:
-                message = json.loads(line[len(TAG):])
+                message = json.loads(line[at + len(TAG):])
             except ValueError:
                 continue
             if isinstance(message, dict):
@@ -144,16 +157,25 @@ class Worker:
 
     def kill(self, sig: int = signal.SIGTERM) -> None:
         """Signal the worker's whole process group (its compile pool and isolated child are in it)."""
-        self.stopping = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
 
+    def hung(self, now: float) -> str:
+        """Why this worker is to be killed as hung, or ''."""
+        if not self.ready and now - self.started > READY_TIMEOUT_S:
+            return f"not ready after {READY_TIMEOUT_S:.0f} s"
+        if self.job is not None and now - self.job_started > JOB_TIMEOUT_S:
+            return f"no answer after {JOB_TIMEOUT_S:.0f} s on one problem"
+        return ""
+
     def log_tail(self) -> str:
         try:
-            text = self.log_path.read_text(errors="replace")
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - LOG_TAIL))
+                return f.read().decode(errors="replace").strip()
         except OSError:
             return ""
-        return text[-LOG_TAIL:].strip()
 
 
 def _describe_exit(code: int) -> str:
@@ -189,77 +211,106 @@ class Pool:
         when the run ends). `prepare()` runs after the workers are started and before any job is handed out (their
         start-up overlaps it). No job is handed out once time.perf_counter() passes `deadline` (the rest are left
         with `deadline_reason`); jobs in flight finish. ^C (KeyboardInterrupt) stops every worker and leaves what
-        was not answered."""
-        events: queue.Queue[tuple] = queue.Queue()
-        todo = deque(jobs)
-        attempts = {i: 0 for i in jobs}
-        results: dict[int, Result] = {}
-        restarts = {d: 0 for d in self.devices}
-        workers: dict[int, Worker] = {}
-
-        def out_of_time() -> bool:
-            return deadline is not None and time.perf_counter() >= deadline
-
-        def give_work(worker: Worker) -> None:
-            if todo and not out_of_time():
-                index = todo.popleft()
-                worker.send(index, jobs[index])
-            else:
-                worker.job = None
-                worker.finish()
-
-        def record(result: Result) -> None:
-            results[result.index] = result
-            self.on_result(result)
-
+        was not answered; any other exception stops them too, then propagates."""
+        self._events: queue.Queue[tuple] = queue.Queue()
+        self._todo = deque(jobs)
+        self._jobs, self._deadline = jobs, deadline
+        self._attempts = {i: 0 for i in jobs}
+        self._results: dict[int, Result] = {}
+        self._restarts = {d: 0 for d in self.devices}
+        self._workers: dict[int, Worker] = {}
+        self._prepared = prepare is None
         try:
             for device in self.devices:
-                workers[device] = self.start(device, events)
+                self._workers[device] = self.start(device, self._events)
             if prepare is not None:
                 prepare()
-            for worker in list(workers.values()):
-                give_work(worker)
-            while workers:
-                try:
-                    kind, worker, payload = events.get(timeout=0.5)     # a timeout keeps ^C prompt
-                except queue.Empty:
-                    continue
-                if workers.get(worker.device) is not worker:
-                    continue                                  # a replaced worker's late event
-                if kind == "message":
-                    self._on_message(worker, payload, record, give_work)
-                    continue
-                # the worker exited
-                del workers[worker.device]
-                if worker.stopping and worker.job is None and payload == 0:
-                    continue                                  # done: EOF on its stdin
-                self._on_death(worker, payload, todo, attempts, record)
-                # a fresh worker on its device, else on one whose worker already finished, while restarts are left
-                spare = [d for d in [worker.device, *self.devices] if d not in workers and restarts[d] < RESTARTS]
-                if todo and spare and not out_of_time():
-                    restarts[spare[0]] += 1
-                    workers[spare[0]] = self.start(spare[0], events)
-                    give_work(workers[spare[0]])
-                elif todo and not workers:
-                    self.stopped = "every worker died"
+            self._prepared = True
+            for worker in list(self._workers.values()):
+                if worker.ready:
+                    self._give_work(worker)
+            while self._workers:
+                self._step()
         except KeyboardInterrupt:
             self.stopped = "interrupted"
-            self._stop_all(list(workers.values()))
-            for worker in workers.values():
-                if worker.job is not None and worker.job not in results:
-                    todo.appendleft(worker.job)
-        why = self.stopped or (deadline_reason if todo else "")
-        if todo and not self.stopped:
-            self.stopped = why
-        for index in todo:
-            if index not in results:
-                record(Result(index, None, left=why))
-        return results
+        finally:
+            self._stop_all(list(self._workers.values()))
+        self._drain()
+        for worker in self._workers.values():
+            if worker.job is not None and worker.job not in self._results:
+                self._todo.appendleft(worker.job)
+        if self._todo and not self.stopped:
+            self.stopped = deadline_reason if self._out_of_time() else "every worker died"
+        for index in self._todo:
+            if index not in self._results:
+                self._record(Result(index, None, left=self.stopped))
+        return self._results
 
-    def _on_message(self, worker: Worker, message: dict, record, give_work) -> None:
+    def _drain(self) -> None:
+        """Answers that arrived while the run was being stopped: their selections are stored, so they count."""
+        while True:
+            try:
+                kind, worker, payload = self._events.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "message" and worker.job is not None and payload.get("index") == worker.job and \
+                    isinstance(payload.get("result"), dict):
+                self._record(Result(worker.job, worker.device, answer=payload["result"]))
+                worker.job = None
+
+    def _out_of_time(self) -> bool:
+        return self._deadline is not None and time.perf_counter() >= self._deadline
+
+    def _record(self, result: Result) -> None:
+        self._results[result.index] = result
+        self.on_result(result)
+
+    def _give_work(self, worker: Worker) -> None:
+        if self._todo and not self._out_of_time():
+            index = self._todo.popleft()
+            worker.send(index, self._jobs[index])
+        else:
+            worker.job = None
+            worker.finish()
+
+    def _step(self) -> None:
+        try:
+            kind, worker, payload = self._events.get(timeout=0.5)     # a timeout keeps ^C prompt
+        except queue.Empty:
+            now = time.perf_counter()
+            for w in list(self._workers.values()):
+                why = w.hung(now)
+                if why and not w.stopping:
+                    self._note(f"the worker on GPU {w.device} is {why}: killed")
+                    w.stopping = True
+                    w.kill(signal.SIGKILL)
+            return
+        if self._workers.get(worker.device) is not worker:
+            return                                    # a replaced worker's late event
+        if kind == "message":
+            self._on_message(worker, payload)
+            return
+        del self._workers[worker.device]              # it exited
+        if worker.job is None and payload == 0 and worker.ready:
+            with contextlib.suppress(OSError):
+                worker.log_path.unlink()              # done (EOF on its stdin): a clean log is not kept
+            return
+        self._on_death(worker, payload)
+        # a fresh worker on its device, else on one whose worker already finished, while restarts are left
+        spare = [d for d in [worker.device, *self.devices] if d not in self._workers and
+                 self._restarts[d] < RESTARTS]
+        if self._todo and spare and not self._out_of_time():
+            self._restarts[spare[0]] += 1
+            self._workers[spare[0]] = self.start(spare[0], self._events)
+
+    def _on_message(self, worker: Worker, message: dict) -> None:
         log = self.logs[worker.device]
         if "ready" in message:
-            log.ready_s.append(time.perf_counter() - worker.started)
+            if not worker.ready:
+                worker.ready = True
+                log.ready_s.append(time.perf_counter() - worker.started)
+                if self._prepared:
+                    self._give_work(worker)
             return
         index = message.get("index")
         if index != worker.job or not isinstance(message.get("result"), dict):
@@ -267,43 +318,68 @@ class Pool:
         log.jobs += 1
         log.busy_s += time.perf_counter() - worker.job_started
         worker.job = None
-        record(Result(index, worker.device, answer=message["result"]))
-        give_work(worker)
+        self._record(Result(index, worker.device, answer=message["result"]))
+        self._give_work(worker)
 
-    def _on_death(self, worker: Worker, code: int, todo: deque, attempts: dict[int, int], record) -> None:
+    def _on_death(self, worker: Worker, code: int) -> None:
         tail = worker.log_tail()
         what = f"the worker on GPU {worker.device} died ({_describe_exit(code)})"
-        if worker.job is None:
-            self._note(f"{what} between problems" + (f"; its log ends: {tail}" if tail else ""))
-        else:
-            attempts[worker.job] += 1
-            if attempts[worker.job] >= MAX_ATTEMPTS:
-                record(Result(worker.job, worker.device,
-                              failed=f"{what} while tuning it, the {attempts[worker.job]}th worker to die on it; "
-                                     f"not handed to another" + (f" (log: {tail[-400:]})" if tail else "")))
-                self._note(f"{what}; its problem #{worker.job} failed (it took {MAX_ATTEMPTS} workers down)")
-            else:
-                todo.appendleft(worker.job)
-                self._note(f"{what} while tuning problem #{worker.job}: handed back to the queue"
-                           + (f"; its log ends: {tail[-400:]}" if tail else ""))
         self.logs[worker.device].deaths.append(_describe_exit(code))
+        if not worker.ready:
+            self._note(f"{what} before it was ready (its device's fault, no problem's)"
+                       + (f"; its log ends: {tail[-400:]}" if tail else ""))
+            return
+        job = worker.job
+        if job is None:
+            self._note(f"{what} between problems" + (f"; its log ends: {tail[-400:]}" if tail else ""))
+            return
+        self._attempts[job] += 1
+        if self._attempts[job] >= MAX_ATTEMPTS:
+            self._record(Result(job, worker.device,
+                                failed=f"{what} while tuning it; {self._attempts[job]} workers died on it, so it "
+                                       f"is not handed to another" + (f" (log: {tail[-400:]})" if tail else "")))
+            self._note(f"{what}; its problem #{job} failed ({MAX_ATTEMPTS} workers died on it)")
+        else:
+            self._todo.appendleft(job)
+            self._note(f"{what} while tuning problem #{job}: handed back to the queue"
+                       + (f"; its log ends: {tail[-400:]}" if tail else ""))
 
     @staticmethod
     def _stop_all(workers: list[Worker]) -> None:
+        """Every worker's group ended: SIGTERM, a grace period, then SIGKILL (also for what is left of a group
+        whose leader exited: a compile worker)."""
         for worker in workers:
+            worker.stopping = True
             worker.kill(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         for worker in workers:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                worker.kill(signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    worker.proc.wait(timeout=STOP_GRACE_S)
-            worker.kill(signal.SIGKILL)                   # what is left of its group (compile workers) goes too
+            worker.kill(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.proc.wait(timeout=STOP_GRACE_S)
 
 
-def emit(message: dict) -> None:
-    """The worker's side: one tagged line on stdout."""
-    sys.stdout.write(TAG + json.dumps(message) + "\n")
-    sys.stdout.flush()
+@contextlib.contextmanager
+def terminations_as_interrupt():
+    """SIGTERM and SIGHUP (a closed terminal) raise KeyboardInterrupt while the block runs, so a run stopped by
+    either ends its workers as ^C does (main thread only; elsewhere the block changes nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def emit(channel, message: dict) -> None:
+    """The worker's side: one tagged line on its protocol channel (a copy of its original stdout)."""
+    channel.write(TAG + json.dumps(message) + "\n")
+    channel.flush()

@@ -17,7 +17,7 @@ from kernels.core import progress
 from kernels.core.cache_root import cache_root
 from kernels.core.config import config
 from kernels.core.fsutil import make_private_dirs
-from kernels.core.problem import GemmProblem
+from kernels.core.toolchain import REPO_ROOT
 from kernels.core.selection import Selection
 from kernels.tune import gpu_pool, offline
 from kernels.tune.problem_list import Listed, line_of
@@ -61,14 +61,16 @@ def _spread(report: offline.Report, todo: list[Listed], devices: list[int], dead
     logs = cache_root() / "logs"
     make_private_dirs(logs)
     run_id = f"{os.getpid()}-{int(time.time())}"
+    starts = [0]
 
     def start(device: int, events):
+        starts[0] += 1          # one log per worker start: a restarted worker's death quotes its own log
         return gpu_pool.Worker(device, argv, worker_env(device, len(devices)),
-                               logs / f"tune-gpu{device}-{run_id}.log", events)
+                               logs / f"tune-gpu{device}-{run_id}-{starts[0]}.log", events, cwd=str(REPO_ROOT))
 
     # the largest products first: their tunes are the longest (a steady final round), and the last ones handed out
     # set how long the run takes, so short ones at the end keep the GPUs evenly busy
-    biggest_first = sorted(range(len(todo)), key=lambda i: -_work(todo[i].problem))
+    biggest_first = sorted(range(len(todo)), key=lambda i: -_work(todo[i]))
     jobs = {i: {"line": line_of(todo[i]), "where": todo[i].where} for i in biggest_first}
     answered = [0]
     with progress.held_by_caller(), progress.bar(len(todo), f"problems tuned on {len(devices)} GPUs") as advance:
@@ -86,15 +88,18 @@ def _spread(report: offline.Report, todo: list[Listed], devices: list[int], dead
 
         pool = gpu_pool.Pool(devices, start, on_result, on_note)
         # the CUTLASS batch compiles while the workers start; no problem is handed out before it is built
-        pool.run(jobs, deadline, deadline_reason, prepare=lambda: offline.prebuild_listed(report, todo, log))
+        with gpu_pool.terminations_as_interrupt():
+            pool.run(jobs, deadline, deadline_reason, prepare=lambda: offline.prebuild_listed(report, todo, log))
     report.stopped = pool.stopped
     report.notes.extend(_device_lines(pool))
     report.notes.extend(pool.notes)
 
 
-def _work(problem: GemmProblem) -> int:
-    """How long a problem's tune will take, as an order: its multiply-adds."""
-    return problem.m * problem.n * problem.k
+def _work(item: Listed) -> float:
+    """How long a problem's tune will take, as an order: its multiply-adds; a dynamic problem (a tune per size hint)
+    first of all."""
+    problem = item.problem
+    return float("inf") if problem.dynamic else float(problem.m * problem.n * problem.k)
 
 
 def _outcome(item: Listed, result: gpu_pool.Result) -> offline.Outcome:

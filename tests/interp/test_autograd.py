@@ -183,3 +183,16 @@ def test_only_the_grads_asked_for_are_met_ahead():
     before = kernels.stats()["tunes"]
     kernels.linear(x, w).sum().backward()
     assert kernels.stats()["tunes"] - before == 2           # the forward and dW only
+
+
+def test_a_strided_3d_input_meets_its_backward_ahead_too():
+    base = leaves((3, 13, 10), dtype=torch.float32)[0]
+    x = base.transpose(0, 1)                                # (13, 3, 10): not viewable as 2-D, copied by reshape
+    (w,) = leaves((6, 10), dtype=torch.float32, seed=1)
+    before = kernels.stats()["tunes"]
+    out = kernels.linear(x, w)
+    after_forward = kernels.stats()["tunes"]
+    out.square().sum().backward()
+    assert kernels.stats()["tunes"] == after_forward and after_forward - before == 3
+    want = reference_grads(lambda a, b: F.linear(a.transpose(0, 1), b).square().sum(), [base, w])
+    assert_grads_close([base.grad, w.grad], want, torch.float32)

@@ -122,3 +122,16 @@ def test_nothing_is_built_when_everything_is_built(tmp_path):
         raise AssertionError(f"built {batch}")
 
     assert build_each_once(["a", "b"], lambda k: tmp_path / f"{k}.lock", lambda k: True, build) == []
+
+
+def test_a_key_held_past_the_lock_timeout_is_built_here_rather_than_failed(tmp_path, monkeypatch):
+    import kernels.core.fsutil as fsutil
+    monkeypatch.setattr(fsutil, "LOCK_TIMEOUT_S", 0.3)
+    real = fsutil.file_lock
+    monkeypatch.setattr(fsutil, "file_lock", lambda path, timeout_s=None: real(
+        path, fsutil.LOCK_TIMEOUT_S if timeout_s is None else timeout_s))
+    built = []
+    with file_lock(tmp_path / "x.lock"):                          # a stuck holder
+        assert fsutil.build_each_once(["x"], lambda k: tmp_path / f"{k}.lock", lambda k: False,
+                                      built.extend) == ["x"]
+    assert built == ["x"]

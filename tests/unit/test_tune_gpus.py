@@ -74,7 +74,7 @@ def test_a_problem_that_kills_every_worker_it_meets_fails_and_the_rest_are_tuned
     report = tune(tmp_path, items, [0, 1], monkeypatch)
     failed = [o for o in report.outcomes if o.status == offline.FAILED]
     assert [o.item.where for o in failed] == [items[0].where]
-    assert f"the {gpu_pool.MAX_ATTEMPTS}th worker to die on it" in failed[0].reason
+    assert f"{gpu_pool.MAX_ATTEMPTS} workers died on it" in failed[0].reason
     assert report.count(offline.TUNED) == 2
 
 
@@ -123,6 +123,55 @@ def test_ctrl_c_stops_every_worker_and_its_children_and_reports_what_was_left(tm
         assert not alive(pid)                   # the worker's own children went with its process group
 
 
+def test_workers_that_cannot_start_blame_their_device_not_the_problems(tmp_path, monkeypatch):
+    (tmp_path / "no-start").write_text("")
+    report = tune(tmp_path, listed(3), [0, 1], monkeypatch)
+    assert report.count(offline.LEFT) == 3 and report.count(offline.FAILED) == 0
+    assert report.stopped == "every worker died"
+    assert any("before it was ready" in n for n in report.notes)
+
+
+def test_a_worker_never_ready_is_killed_as_hung(tmp_path, monkeypatch):
+    (tmp_path / "no-ready").write_text("")
+    monkeypatch.setattr(gpu_pool, "READY_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(gpu_pool, "RESTARTS", 0)
+    start = time.perf_counter()
+    report = tune(tmp_path, listed(2), [0], monkeypatch)
+    assert time.perf_counter() - start < 30
+    assert report.count(offline.LEFT) == 2
+    assert any("not ready after 1 s: killed" in n for n in report.notes)
+
+
+def test_a_worker_hung_on_a_problem_is_killed_and_the_problem_handed_back(tmp_path, monkeypatch):
+    items = listed(3)
+    (tmp_path / f"hang-on-{items[0].where.replace(':', '_')}").write_text("")
+    monkeypatch.setattr(gpu_pool, "JOB_TIMEOUT_S", 1.0)
+    report = tune(tmp_path, items, [0, 1], monkeypatch)
+    assert report.count(offline.TUNED) == 3
+    assert any("no answer after 1 s on one problem: killed" in n for n in report.notes)
+    assert any("handed back to the queue" in n for n in report.notes)
+
+
+def test_an_error_in_the_caller_stops_every_worker_and_propagates(tmp_path, monkeypatch):
+    (tmp_path / "slow").write_text("0.3")
+    started: list[gpu_pool.Worker] = []
+
+    def start(device, events):
+        started.append(gpu_pool.Worker(device, FAKE + [str(tmp_path)], on_gpus.worker_env(device, 2),
+                                       tmp_path / f"w{device}.log", events))
+        return started[-1]
+
+    def broken(result):
+        raise RuntimeError("the report cannot be written")
+
+    items = listed(4)
+    with pytest.raises(RuntimeError, match="cannot be written"):
+        gpu_pool.Pool([0, 1], start, on_result=broken).run(
+            {i: {"line": line_of(item), "where": item.where} for i, item in enumerate(items)})
+    time.sleep(0.2)
+    assert all(w.proc.poll() is not None for w in started)
+
+
 def test_time_limit_hands_out_nothing_new_and_leaves_the_rest(tmp_path, monkeypatch):
     (tmp_path / "slow").write_text("0.3")
     report = tune(tmp_path, listed(6), [0], monkeypatch, time_limit=0.2)
@@ -144,6 +193,7 @@ def test_the_worker_environment_pins_one_device_and_turns_multicast_off(monkeypa
 
 
 @pytest.mark.parametrize("text,count,message", [
+    ("\u00b2", 2, "is not a device index"),
     ("all", 0, "no GPU visible"),
     ("0,2", 2, "device 2 does not exist; this host has 2 visible GPU(s): 0..1"),
     ("0,0", 2, "device 0 is listed twice"),
@@ -182,3 +232,39 @@ def test_the_cli_refuses_gpus_without_a_gpu(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")          # the CPU target: tune would run, but --gpus finds none
     code = main(["tune", str(path), "--gpus", "0"])
     assert code == 2 and "--gpus 0: no GPU visible" in capsys.readouterr().err
+
+
+SIGTERMED = """
+import json, sys
+from pathlib import Path
+from kernels.tune import gpu_pool, on_gpus
+from kernels.tune.problem_list import line_of, parse_csv
+from tests.unit.test_tune_gpus import FAKE
+base = Path(sys.argv[1])
+items = parse_csv("M,N,K,dtype,layout\\n" + "\\n".join(f"{16 * (i + 1)},64,32,fp16,nt" for i in range(6)) + "\\n", "p.csv")
+def start(device, events):
+    w = gpu_pool.Worker(device, FAKE + [str(base)], on_gpus.worker_env(device, 2), base / f"w{device}.log", events)
+    with open(base / "workers", "a") as f:
+        f.write(f"{w.proc.pid}\\n")
+    return w
+pool = gpu_pool.Pool([0, 1], start)
+with gpu_pool.terminations_as_interrupt():
+    out = pool.run({i: {"line": line_of(it), "where": it.where} for i, it in enumerate(items)})
+print(json.dumps({"stopped": pool.stopped, "left": sum(1 for r in out.values() if r.left)}))
+"""
+
+
+def test_sigterm_to_the_run_ends_every_worker_like_ctrl_c(tmp_path):
+    import subprocess
+    (tmp_path / "slow").write_text("2")
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERMED, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                            cwd=str(Path(__file__).resolve().parents[2]))
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "jobs").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.terminate()
+    out, _ = proc.communicate(timeout=60)
+    assert '"stopped": "interrupted"' in out
+    time.sleep(0.2)
+    for pid in map(int, (tmp_path / "workers").read_text().split()):
+        assert not alive(pid)
