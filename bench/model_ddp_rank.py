@@ -25,7 +25,8 @@ from torch.nn.parallel import DistributedDataParallel
 import kernels
 from bench.ddp_world import Comm, World
 from bench.model import stats_delta
-from bench.model_ddp_report import DdpVariantResult, attach_eager
+from bench.model_ddp_report import DdpVariantResult
+from bench.model_report import attach_eager
 from bench.model_def import build_model, model_input
 from bench.model_variants import max_rel_err, weight_grads, worst_grad_err
 

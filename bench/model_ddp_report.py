@@ -57,12 +57,6 @@ class DdpVariantResult:
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
-def attach_eager(results: list[DdpVariantResult]) -> None:
-    eager = next((r.ms for r in results if r.variant == "eager" and r.ms is not None), None)
-    for r in results:
-        r.eager_ms = eager
-
-
 # -- the table ------------------------------------------------------------------------------------------------------
 HEADERS = ("variant", "ranks", "cold s", "cold s by rank", "first step, by rank", "ms/step", "tokens/s (all ranks)",
            "vs eager", "loss err", "grad err", "note")

@@ -154,7 +154,7 @@ def _result(variant="patch", **kw) -> rep.DdpVariantResult:
 
 def test_figures_are_global_over_the_ranks():
     eager, patch = _result("eager", rounds_ms=[12.0]), _result()
-    rep.attach_eager([eager, patch])
+    mr.attach_eager([eager, patch])
     d = patch.derived()
     assert d["ms"] == 9.0 and d["tokens_per_s"] == pytest.approx(4096 * 2 / 9e-3)
     assert d["speedup"] == pytest.approx(12.0 / 9.0) and d["first_step_tunes"] == 12
