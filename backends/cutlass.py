@@ -182,7 +182,8 @@ def make_launcher(kernel: LoadedKernel, problem: GemmProblem, cfg: CutlassConfig
     ws_bytes = size.value
     shape, dtype = (problem.m, problem.n), DTYPES_BY_NAME[problem.out_dtype]
     run = kernel.run
-    raw_stream, current_device = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
+    raw_stream = torch._C._cuda_getCurrentRawStream
+    current_device = getattr(torch._C, "_cuda_getDevice", None)      # absent from CPU builds (tests' fake kernels)
 
     def call(a, b, epi, out):
         """`epi`: the epilogue's tensors as the entry point takes them after B ((), (bias,) or the scales[, bias])."""
@@ -197,7 +198,7 @@ def make_launcher(kernel: LoadedKernel, problem: GemmProblem, cfg: CutlassConfig
         ldc = out.stride(0) if out.shape[0] > 1 else problem.n
         args = (ptrs[first], ptrs[second], *[t.data_ptr() for t in epi], out.data_ptr(), m, n, k, lda, ldb, ldc,
                 ws.data_ptr() if ws is not None else None, swizzle, raw_stream(device.index))
-        if current_device() == device.index:
+        if current_device is None or current_device() == device.index:
             status = run(*args)
         else:       # the runtime launches into the current device's context: the operands' must be current
             with torch.cuda.device(device.index):

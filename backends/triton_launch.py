@@ -73,9 +73,10 @@ class CompiledHandle:
 
     def bind(self, grid: tuple[int, int, int]) -> Run:
         run = self._bind(grid)
-        if torch.cuda.device_count() == 1:
+        current = getattr(torch._C, "_cuda_getDevice", None)
+        if current is None or torch.cuda.device_count() == 1:
             return run                          # one device: always the current one, no check per launch
-        dev, current = self.device_index, torch._C._cuda_getDevice
+        dev = self.device_index
 
         def run_on_its_device(*args):
             # a launch goes to the current device's context: called with another device current (operands on
