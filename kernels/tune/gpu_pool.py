@@ -116,7 +116,7 @@ class Worker:
         self.job_started = 0.0
         self.ready = False
         self.stopping = False
-        self.started = time.perf_counter()
+        self.started = self.ready_at = time.perf_counter()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # the log is ours alone: created 0600, never through a link planted at its path
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -138,6 +138,8 @@ class Worker:
             except ValueError:
                 continue
             if isinstance(message, dict):
+                if "ready" in message:
+                    self.ready_at = time.perf_counter()      # when it said so, not when the loop got to it
                 events.put(("message", self, message))
         events.put(("exit", self, self.proc.wait()))
 
@@ -308,7 +310,7 @@ class Pool:
         if "ready" in message:
             if not worker.ready:
                 worker.ready = True
-                log.ready_s.append(time.perf_counter() - worker.started)
+                log.ready_s.append(worker.ready_at - worker.started)
                 if self._prepared:
                     self._give_work(worker)
             return
