@@ -367,7 +367,9 @@ def _cache_verify(args) -> int:
 
 def _cache_prune(args) -> int:
     report = cache_admin.prune(args.older_than, args.stale)
-    print(f"removed {len(report.removed)} selections, kept {report.kept} (built artifacts are left: they are shared)")
+    logs = f"; {report.logs_removed} old tune worker logs" if report.logs_removed else ""
+    print(f"removed {len(report.removed)} selections, kept {report.kept} (built artifacts are left: they are shared)"
+          f"{logs}")
     return 0
 
 

@@ -336,6 +336,11 @@ def _dirs(folder: Path, prefix: str) -> list[Path]:
 class PruneReport:
     removed: list[str] = field(default_factory=list)       # problem names
     kept: int = 0
+    logs_removed: int = 0                                   # `kernels tune --gpus` worker logs older than the cutoff
+
+
+# the logs `kernels tune --gpus` keeps of workers that died (kernels.tune.on_gpus), under <cache>/logs
+WORKER_LOGS = "tune-gpu*.log"
 
 
 def prune(older_than_days: float | None = None, stale: bool = False) -> PruneReport:
@@ -358,7 +363,22 @@ def prune(older_than_days: float | None = None, stale: bool = False) -> PruneRep
                     report.removed.append(entry.problem_name)
                 continue
         report.kept += 1
+    if cutoff is not None:
+        report.logs_removed = _prune_logs(root() / "logs", cutoff)
     return report
+
+
+def _prune_logs(folder: Path, cutoff: float) -> int:
+    """Worker logs last written before the cutoff (a plain file only: never what a link points to)."""
+    removed = 0
+    for path in folder.glob(WORKER_LOGS) if folder.is_dir() else ():
+        try:
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode) and info.st_mtime < cutoff and _unlink(path):
+                removed += 1
+        except OSError:
+            continue
+    return removed
 
 
 def _prunable(entry: StoredEntry, current: Selection, cutoff: float | None, machine) -> bool:

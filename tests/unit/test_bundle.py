@@ -427,6 +427,20 @@ def test_prune_removes_old_and_stale_selections_only(tmp_path, monkeypatch, caps
         main(["cache", "prune", "--older-than", "-1"])
 
 
+def test_prune_older_than_removes_old_tune_worker_logs_too(tmp_path, monkeypatch, capsys):
+    root = use_cache(monkeypatch, tmp_path / "c")
+    store(cpu_problem(m=24))
+    logs = root / "logs"
+    logs.mkdir(mode=0o700)
+    old, new = logs / "tune-gpu0-1-1.log", logs / "tune-gpu1-1-2.log"
+    for path in (old, new):
+        path.write_text("a worker's stderr")
+    os.utime(old, (time.time() - 3 * 86400,) * 2)
+    assert main(["cache", "prune", "--older-than", "2"]) == 0
+    assert "1 old tune worker logs" in capsys.readouterr().out
+    assert not old.exists() and new.exists()
+
+
 def test_clear_asks_for_yes_and_then_empties_the_cache(tmp_path, monkeypatch, capsys):
     root = use_cache(monkeypatch, tmp_path / "c")
     store(cpu_problem())
