@@ -103,6 +103,19 @@ def run(items: list[Listed], stored: Callable[[GemmProblem], Selection | None], 
     `time_limit` seconds have passed since the start; ^C stops the run, leaving the rest, and the report says so.
     Progress: a bar on a terminal, else one line per problem on `log` (stderr)."""
     log = log or sys.stderr
+
+    def here(report: Report, todo: list[Listed], start: float) -> None:
+        prebuild_listed(report, todo, log)
+        _tune_each(report, todo, replay, start, time_limit, log)
+
+    return run_with(items, stored, here, time_limit)
+
+
+def run_with(items: list[Listed], stored: Callable[[GemmProblem], Selection | None],
+             tune_todo: Callable[[Report, list[Listed], float], None], time_limit: float | None = None) -> Report:
+    """The order of work every tune run shares: what the store has is reported, `tune_todo(report, todo, start)`
+    tunes the rest (in this process, or spread over GPUs: kernels.tune.on_gpus) unless `time_limit` is 0, and the
+    outcomes come back in the list's order."""
     start = time.perf_counter()
     done, todo = split(items, stored)
     report = Report(done)
@@ -110,8 +123,7 @@ def run(items: list[Listed], stored: Callable[[GemmProblem], Selection | None], 
         report.stopped = leave(report, todo, f"--time-limit {time_limit:g} s reached")
         todo = []
     if todo:
-        prebuild_listed(report, todo, log)
-        _tune_each(report, todo, replay, start, time_limit, log)
+        tune_todo(report, todo, start)
     order = {item.same(): i for i, item in enumerate(items)}
     report.outcomes.sort(key=lambda o: order[o.item.same()])
     report.seconds = time.perf_counter() - start

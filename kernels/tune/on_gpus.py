@@ -41,19 +41,12 @@ def run(items: list[Listed], devices: list[int], stored, time_limit: float | Non
     """Tune the listed problems (already retargeted to these devices' model) the store lacks on `devices`.
     `argv` starts a worker (tests start fake ones)."""
     log = log or sys.stderr
-    start = time.perf_counter()
-    done, todo = offline.split(items, stored)
-    report = offline.Report(done)
-    if todo and time_limit is not None and time_limit <= 0:
-        report.stopped = offline.leave(report, todo, f"--time-limit {time_limit:g} s reached")
-        todo = []
-    if todo:
+
+    def spread(report: offline.Report, todo: list[Listed], start: float) -> None:
         deadline = None if time_limit is None else start + time_limit
         _spread(report, todo, devices, deadline, f"--time-limit {time_limit or 0:g} s reached", log, argv or WORKER)
-    order = {item.same(): i for i, item in enumerate(items)}
-    report.outcomes.sort(key=lambda o: order[o.item.same()])
-    report.seconds = time.perf_counter() - start
-    return report
+
+    return offline.run_with(items, stored, spread, time_limit)
 
 
 def _spread(report: offline.Report, todo: list[Listed], devices: list[int], deadline: float | None,
