@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import threading
 from collections.abc import Iterator
@@ -33,7 +32,7 @@ from kernels.measure.verify import make_inputs
 from kernels.store.selections import SelectionStore, store_key
 from kernels.store.shared import store_for
 from kernels.tune.autotune import fingerprint
-from kernels.tune.problem_list import DynamicSpec, Listed
+from kernels.tune.problem_list import DynamicSpec, Listed, line_of
 
 _lock = threading.Lock()
 _open_blocks: list[str] = []                 # the paths of the kernels.record() blocks now open
@@ -43,11 +42,10 @@ _written: set[tuple[str, str]] = set()       # (path, line) this process appende
 # -- recording ---------------------------------------------------------------------------------------------------
 def trace_line(problem: GemmProblem, dyn=None) -> str:
     """The problem's trace line; `dyn` the resolved kernels.Dynamic it was looked up under (None: static)."""
-    data = dataclasses.asdict(problem)
-    if dyn is not None:
-        data["dynamic"] = list(dyn.dims)
-        data["dynamic_spec"] = DynamicSpec(tuple(dyn.hints), dyn.mode, dyn.buckets, dyn.pool).as_dict()
-    return json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n"
+    if dyn is None:
+        return line_of(Listed(problem, None, "")) + "\n"
+    spec = DynamicSpec(tuple(dyn.hints), dyn.mode, dyn.buckets, dyn.pool)
+    return line_of(Listed(dataclasses.replace(problem, dynamic=tuple(dyn.dims)), spec, "")) + "\n"
 
 
 def note(problem: GemmProblem, dyn=None) -> None:

@@ -398,10 +398,10 @@ def retarget(listed: list[Listed], device: str, arch: int, device_name: str) -> 
 
 
 def line_of(item: Listed) -> str:
-    """The item as one trace line (what parse_jsonl reads back as the same problem): how a problem travels to a
-    tuning worker on another GPU (kernels.tune.gpu_pool)."""
+    """The item as one trace line, without its newline (what parse_jsonl reads back as the same problem): what
+    KERNELS_RECORD writes (kernels.dispatch.record.trace_line), and how a problem travels to a tuning worker on
+    another GPU (kernels.tune.gpu_pool)."""
     data = dataclasses.asdict(item.problem)
-    data["dynamic"] = list(item.problem.dynamic)
     if item.dynamic is not None:
         data["dynamic_spec"] = item.dynamic.as_dict()
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
