@@ -200,7 +200,8 @@ def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: fl
 
 
 # -- child side -----------------------------------------------------------------------------------------------------
-def _context_alive(device: str) -> bool:
+def context_alive(device: str) -> bool:
+    """Whether this process's CUDA context still runs work (a faulting kernel leaves a sticky error); True off CUDA."""
     if device != "cuda":
         return True
     try:
@@ -259,14 +260,14 @@ def serve(request: dict) -> int:
             why = verify_launch(launch, problem, operands, ref)
             if why is not None:
                 _emit({"name": name, "error": why})
-                if not _context_alive(device):
+                if not context_alive(device):
                     return 3
                 continue
             timing = measure(user_call(launch, sets), n_sets, device, budget_ms)
             _emit({"name": name, "timing": timing.as_dict()})
         except Exception as e:  # noqa: BLE001 - one candidate's failure is data
             _emit({"name": name, "error": f"crashed: {type(e).__name__}: {str(e)[:300]}"})
-            if not _context_alive(device):
+            if not context_alive(device):
                 return 3      # the context is poisoned: the parent runs the rest in a fresh child
     return 0
 

@@ -68,15 +68,6 @@ def _protocol_channel():
     return channel
 
 
-def _context_alive() -> bool:
-    try:
-        torch.cuda.current_stream().synchronize()
-        (torch.ones(1, device="cuda") + 1).item()
-        return True
-    except Exception:  # noqa: BLE001 - any error here means the context is gone
-        return False
-
-
 def main() -> int:
     _die_with_parent()
     channel = _protocol_channel()
@@ -98,7 +89,7 @@ def main() -> int:
             print(f"kernels tune worker: bad job {raw[:200]!r}: {e}", file=sys.stderr)
             return 2
         emit(channel, {"index": index, "result": answer(item)})
-        if where[0] == "cuda" and not _context_alive():
+        if not isolated_child.context_alive(where[0]):
             print("kernels tune worker: the CUDA context is unusable after this problem; exiting for a fresh worker",
                   file=sys.stderr)
             return CONTEXT_LOST
