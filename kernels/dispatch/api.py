@@ -2,7 +2,6 @@
 the warm dispatch tables (the C++ one, which api owns for every op, and the Python one), and the cold path."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 
@@ -427,16 +426,14 @@ def _plain(op: str):
 
 
 # the routed calls' ops, around the plain products above (registered with torch.library on first use)
-def _prepare(problem: GemmProblem, device: torch.device) -> None:
-    """Look a product up ahead of its call (ops.BackwardAhead): the cold path's resolve, on the problem's device. Not
-    on the CPU fallback (nothing to tune), nor while a CUDA graph is being captured (a tune there would be recorded);
-    a failure is the later call's to meet, never the caller's now."""
-    if device.type == "cpu" and not interpret_mode():
-        return
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+def _prepare(problem: GemmProblem, like: torch.Tensor) -> None:
+    """Look a product up ahead of its call (ops.BackwardAhead): the cold path's resolve, on the device of `like` (an
+    operand of the call to come). Not on the CPU fallback (nothing to tune), nor while a CUDA graph is being captured
+    (a tune there would be recorded); a failure is the later call's to meet, never the caller's now."""
+    if _cpu_fallback(like) or (like.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return
     try:
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        with selected.device_context(like):
             _record.resolve(problem)
     except Exception as e:  # noqa: BLE001 - looked up again (and reported) when the backward calls it
         warn_once(f"ahead:{problem.short()}", f"kernels: the backward product {problem.short()} could not be "

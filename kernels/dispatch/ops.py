@@ -47,8 +47,9 @@ class Plain:
     mm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     int_mm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, str | None], torch.Tensor]
-    # look a problem up ahead of its call (tune or load it; never raises): what BackwardAhead hands its problems to
-    prepare: Callable[[GemmProblem, torch.device], None] = lambda problem, device: None
+    # look a problem up ahead of its call on the device of an operand of it (tune or load it; never raises): what
+    # BackwardAhead hands its problems to
+    prepare: Callable[[GemmProblem, torch.Tensor], None] = lambda problem, like: None
     max_problems: Callable[[], int] = lambda: 4096      # how many layers BackwardAhead remembers (KERNELS_MAX_PROBLEMS)
 
 
@@ -193,7 +194,7 @@ class BackwardAhead:
     problem up then, as before. Costs a set lookup per eager forward with grad (keyed by the weight and the input's
     shape)."""
 
-    def __init__(self, prepare: Callable[[GemmProblem, torch.device], None], limit: Callable[[], int]):
+    def __init__(self, prepare: Callable[[GemmProblem, torch.Tensor], None], limit: Callable[[], int]):
         self.prepare, self.limit = prepare, limit
         self.seen: set[tuple] = set()
         self.lock = threading.Lock()
@@ -231,7 +232,7 @@ class BackwardAhead:
 
     def _ahead(self, like: torch.Tensor, mnk, stride_a, stride_b, align_a: int, align_b: int) -> None:
         problem = GemmProblem.from_layout("mm", like.dtype, like.device, mnk, stride_a, stride_b, align_a, align_b)
-        self.prepare(problem, like.device)
+        self.prepare(problem, like)
 
 
 def _alignment(t: torch.Tensor) -> int:
