@@ -32,7 +32,7 @@ from kernels.core import progress
 from kernels.core.cache_root import cache_root
 from kernels.core.config import ALL_BACKENDS, config, settings_markdown, with_readme_settings
 from kernels.core.errors import SettingError
-from kernels.core.problem import probe_problem
+from kernels.core.problem import gpu_of, probe_problem
 from kernels.core.toolchain import toolchain
 from kernels.dispatch import record
 from kernels.native import fastpath
@@ -274,7 +274,7 @@ def _tune(args) -> int:
     if args.gpus is not None:
         try:
             devices = gpu_pool.parse_gpus(args.gpus, torch.cuda.device_count() if where[0] == "cuda" else 0)
-            where = on_gpus.same_model(devices, _describe_gpu)
+            where = on_gpus.same_model(devices, gpu_of)
         except gpu_pool.GpuListError as e:
             print(f"python -m kernels tune: error: {e}", file=sys.stderr)
             return 2
@@ -285,11 +285,6 @@ def _tune(args) -> int:
     if report.stopped == "interrupted":
         return 130
     return 1 if report.count(offline.FAILED) else 0
-
-
-def _describe_gpu(index: int) -> tuple[int, str]:
-    cap = torch.cuda.get_device_capability(index)
-    return cap[0] * 10 + cap[1], torch.cuda.get_device_name(index)
 
 
 def _seconds(text: str) -> float:

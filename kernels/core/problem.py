@@ -170,16 +170,18 @@ class GemmProblem:
                     bias: bool = False, activation: str = "", scaling: str = "", out_dtype: str = "") -> "GemmProblem":
         """The problem operands of this layout would make, without the operands (a product met ahead of its call)."""
         name = DTYPE_NAMES[dtype]
-        if device.type == "cuda":
-            cap = torch.cuda.get_device_capability(device)
-            arch, device_name = cap[0] * 10 + cap[1], torch.cuda.get_device_name(device)
-        else:
-            arch, device_name = 0, "cpu"
+        arch, device_name = gpu_of(device) if device.type == "cuda" else (0, "cpu")
         m, n, k = mnk
         return cls(op=op, m=m, n=n, k=k, dtype=name, out_dtype=out_dtype or ("int32" if op == "int_mm" else name),
                    stride_a=stride_a, stride_b=stride_b, align_a=align_a, align_b=align_b, device=device.type,
                    arch=arch, device_name=device_name, precision=precision_of(name), bias=bias,
                    activation=activation, scaling=scaling)
+
+
+def gpu_of(device) -> tuple[int, str]:
+    """(arch as 90 for sm_90, name) of a CUDA device (a torch.device or an index): what a problem records of its GPU."""
+    cap = torch.cuda.get_device_capability(device)
+    return cap[0] * 10 + cap[1], torch.cuda.get_device_name(device)
 
 
 def probe_problem(arch: int, device_name: str) -> GemmProblem:

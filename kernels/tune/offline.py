@@ -21,7 +21,7 @@ import torch
 from backends import get_backend
 from kernels.core import progress
 from kernels.core.config import config, interpret_mode
-from kernels.core.problem import GemmProblem
+from kernels.core.problem import GemmProblem, gpu_of
 from kernels.core.selection import Selection
 from kernels.tune.autotune import candidates
 from kernels.tune.problem_list import Listed, retarget
@@ -59,9 +59,7 @@ def target() -> tuple[str, int, str] | None:
     """(device, arch, device name) of what tunes here: the current GPU, or the CPU through the Triton interpreter
     (TRITON_INTERPRET=1); None without either."""
     if torch.cuda.is_available():
-        index = torch.cuda.current_device()
-        cap = torch.cuda.get_device_capability(index)
-        return "cuda", cap[0] * 10 + cap[1], torch.cuda.get_device_name(index)
+        return ("cuda", *gpu_of(torch.cuda.current_device()))
     if interpret_mode():
         return "cpu", 0, "cpu"
     return None
