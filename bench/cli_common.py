@@ -1,5 +1,5 @@
-"""What the bench commands share: argparse number types (positive, non-negative, positive integer), rich tables
-with a plain-text fallback, and reading a saved JSON-lines run back (`--table-from`)."""
+"""What the bench commands share: argparse number types (positive, non-negative, positive integer), table cells,
+rich tables with a plain-text fallback, and reading a saved JSON-lines run back (`--table-from`)."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +7,18 @@ import json
 import math
 import sys
 from collections.abc import Callable
+
+
+def number_cell(x: float | None, fmt: str) -> str:
+    """A table cell: the number in `fmt`, or '-' when it was not measured."""
+    return "-" if x is None else format(x, fmt)
+
+
+def rate_cell(x: float | None) -> str:
+    """A rate (tokens/s) as 1.23M / 456.7k / 89."""
+    if x is None:
+        return "-"
+    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
 
 
 class RunFileError(ValueError):

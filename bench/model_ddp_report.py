@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from bench.cli_common import print_tables
+from bench.cli_common import number_cell, print_tables, rate_cell
 from bench.cli_common import read_run as read_run_file
 from bench.model_report import STATS
 
@@ -62,16 +62,6 @@ HEADERS = ("variant", "ranks", "cold s", "cold s by rank", "first step, by rank"
            "vs eager", "loss err", "grad err", "note")
 
 
-def _num(x: float | None, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def _rate(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
-
-
 def counters_cell(stats_by_rank: list[dict]) -> str:
     """'r0: 12 tunes, 0 disk; r1: 0 tunes, 12 disk' — the shown counters any rank moved, for every rank."""
     moved = [key for key in SHOWN_COUNTERS if any(s.get(key) for s in stats_by_rank)]
@@ -96,9 +86,9 @@ def table_row(r: DdpVariantResult) -> list[str]:
     d = r.derived()
     speed = "-" if d["speedup"] is None else f"{d['speedup']:.3f}x"
     by_rank = " / ".join(f"{s:.2f}" for s in r.cold_s_by_rank) or "-"
-    return [r.variant, str(r.world_size), _num(r.cold_s, ".2f"), by_rank, counters_cell(r.cold_stats_by_rank),
-            _num(d["ms"], ".4f"), _rate(d["tokens_per_s"]), speed, _num(r.loss_err, ".2e"), _num(r.grad_err, ".2e"),
-            _note(r)]
+    return [r.variant, str(r.world_size), number_cell(r.cold_s, ".2f"), by_rank, counters_cell(r.cold_stats_by_rank),
+            number_cell(d["ms"], ".4f"), rate_cell(d["tokens_per_s"]), speed, number_cell(r.loss_err, ".2e"),
+            number_cell(r.grad_err, ".2e"), _note(r)]
 
 
 def plain_table(results: list[DdpVariantResult], title: str) -> str:

@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 
-from bench.cli_common import print_tables
+from bench.cli_common import number_cell, print_tables, rate_cell
 from bench.cli_common import read_run as read_run_file
 
 STATS: dict[str, Callable[[list[float]], float]] = {"median": statistics.median, "min": min}
@@ -70,16 +70,6 @@ SUMMARY_HEADERS = ("mode", "variant", "geomean vs eager", f"M<={SMALL_M}", "lowe
                    "worst grad err", "Ms")
 
 
-def _num(x: float | None, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def _rate(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
-
-
 def _note(r: VariantResult) -> str:
     if r.status != "ok":
         return f"{r.status}: {r.message}"[:120]
@@ -97,9 +87,10 @@ def _note(r: VariantResult) -> str:
 
 def table_row(r: VariantResult) -> list[str]:
     d = r.derived()
-    speed = _num(d["speedup"], ".3f") + ("x" if d["speedup"] is not None else "")
-    return [r.mode, str(r.tokens), r.variant, _num(r.cold_s, ".2f"), _num(d["ms"], ".4f"), _rate(d["tokens_per_s"]),
-            speed, _num(r.out_err, ".2e"), _num(r.grad_err, ".2e"), _note(r)]
+    speed = number_cell(d["speedup"], ".3f") + ("x" if d["speedup"] is not None else "")
+    return [r.mode, str(r.tokens), r.variant, number_cell(r.cold_s, ".2f"), number_cell(d["ms"], ".4f"),
+            rate_cell(d["tokens_per_s"]), speed, number_cell(r.out_err, ".2e"), number_cell(r.grad_err, ".2e"),
+            _note(r)]
 
 
 def summary_rows(results: list[VariantResult]) -> list[list[str]]:
@@ -116,8 +107,8 @@ def summary_rows(results: list[VariantResult]) -> list[list[str]]:
         outs = [r.out_err for r in rs if r.out_err is not None]
         grads = [r.grad_err for r in rs if r.grad_err is not None]
         rows.append([mode, variant, f"{geomean(speeds):.3f}x", f"{geomean(small):.3f}x" if small else "-",
-                     f"{min(speeds):.3f}x", _num(max(outs) if outs else None, ".2e"),
-                     _num(max(grads) if grads else None, ".2e"), ",".join(str(r.tokens) for r in rs)])
+                     f"{min(speeds):.3f}x", number_cell(max(outs) if outs else None, ".2e"),
+                     number_cell(max(grads) if grads else None, ".2e"), ",".join(str(r.tokens) for r in rs)])
     return rows
 
 

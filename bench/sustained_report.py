@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 
-from bench.cli_common import print_tables
+from bench.cli_common import number_cell, print_tables
 from bench.cli_common import read_run as read_run_file
 from bench.report import fmt_ms, ratio
 from kernels.core.selection import Selection
@@ -155,10 +155,6 @@ class ProblemResult:
 HEADERS = ("problem", "winner", "regime", "tune s", "kernels ms", "torch ms", "speedup", "regret", "regime agrees")
 
 
-def _num(x: float | None, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
-
 def _ms(x: float | None) -> str:
     return "-" if x is None else fmt_ms(x)
 
@@ -167,13 +163,14 @@ def table_row(r: ProblemResult) -> list[str]:
     if r.status != "ok":
         return [r.problem, f"{r.status}: {r.message}"[:100]] + [""] * (len(HEADERS) - 2)
     d = r.derived()
-    tune = _num(r.first_call_s, ".2f") + ("" if r.tuned else " (disk)")
+    tune = number_cell(r.first_call_s, ".2f") + ("" if r.tuned else " (disk)")
     burst = r.finalist_source != "final_ms" and d["regime_agrees"] != "n/a"      # the tuner's times were bursts
     agrees = d["regime_agrees"] + (" burst" if burst else "")
     # times with 4 significant digits and the speedup from them as printed: a reader recomputes what is shown
     return [r.problem, r.winner, r.regime or "-", tune, _ms(d["kernels_ms"]), _ms(d["torch_ms"]),
             ratio(d["torch_ms"], d["kernels_ms"]) if d["speedup"] is not None else "-",
-            _num(d["regret"], ".1%") + (f" ({len(r.finalist_rounds_ms)})" if d["regret"] is not None else ""), agrees]
+            number_cell(d["regret"], ".1%") + (f" ({len(r.finalist_rounds_ms)})" if d["regret"] is not None else ""),
+            agrees]
 
 
 def geomean_rows(results: list[ProblemResult]) -> list[list[str]]:
