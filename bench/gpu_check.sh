@@ -45,9 +45,10 @@
 #                                      then a fresh process's first call of every problem (experiments.bundle_first_calls)
 #   bash bench/gpu_check.sh issue31    issue 31 on a multi-GPU kind: `kernels tune --gpus` of experiments/issue31_problems.csv
 #                                      (llama-7B's four projection shapes x 8 M, bf16 nt): cold on every GPU, then from an
-#                                      empty selection store with the binaries built, on GPU 0 alone and on every GPU
-#                                      (ISSUE31_GPUS, default all); the winners compared (experiments.issue31_compare)
-#                                      then the multi-GPU tests (ISSUE31_TESTS=0 leaves them out)
+#                                      empty selection store with the binaries built, on each GPU set of ISSUE31_SETS
+#                                      (default "0 all"), each with a timeline (experiments.issue31_timeline); winners
+#                                      compared with GPU 0's (experiments.issue31_compare); then the multi-GPU tests
+#                                      (ISSUE31_TESTS=0 leaves them out)
 #   bash bench/gpu_check.sh issue31ddp bench.model_ddp (llama-7B's layer, M=4096 a rank) on one GPU and on DDP_GPUS (default
 #                                      2), the first step from an empty selection store each (binaries built by a first run)
 # (CUTLASS_DIR set, or the nvidia-cutlass headers installed: `source .device/setup.sh` on the device machine)
@@ -139,7 +140,8 @@ issue31)
   python3 -m kernels fastpath build > /dev/null 2>&1
   tune_run() {   # name timeout args...: one `kernels tune` run, its wall time, and a copy of the selections
     local name=$1 t=$2; shift 2; local s0=$(date +%s%N)
-    timeout "$t" python3 -m kernels tune "$LIST" "$@" > "$OUT/tune_$name.txt" 2>&1; local rc=$?
+    ISSUE31_T0_NS=$s0 timeout "$t" python3 -m experiments.issue31_timeline "$OUT/timeline_$name.jsonl" -- \
+      tune "$LIST" "$@" > "$OUT/tune_$name.txt" 2>&1; local rc=$?
     echo "$name ($*): rc $rc, $(( ($(date +%s%N) - s0) / 1000000 )) ms" | tee -a "$OUT/issue31_times.txt"
     grep -v "^\[" "$OUT/tune_$name.txt" | tail -8
     rm -rf "/tmp/issue31_sel_$name"; cp -r "$KERNELS_CACHE_DIR/selections" "/tmp/issue31_sel_$name" 2>/dev/null
@@ -147,11 +149,20 @@ issue31)
   }
   tune_run cold_all 330 --gpus "${ISSUE31_GPUS:-all}"
   rm -rf "$KERNELS_CACHE_DIR/selections"
-  tune_run warm_one 240 --gpus 0
-  rm -rf "$KERNELS_CACHE_DIR/selections"
-  tune_run warm_all 150 --gpus "${ISSUE31_GPUS:-all}"
-  python3 -m experiments.issue31_compare /tmp/issue31_sel_warm_one /tmp/issue31_sel_warm_all --json "$OUT/compare.json" \
-    > "$OUT/compare.md" 2>&1; tail -1 "$OUT/compare.md"
+  # a worker's start alone (imports, CUDA, its isolated child), with the imports' times
+  ( s0=$(date +%s%N); CUDA_VISIBLE_DEVICES=0 python3 -X importtime -m kernels.dispatch.tune_worker < /dev/null \
+      > /dev/null 2> "$OUT/worker_importtime.txt"
+    echo "a worker's start and exit alone: $(( ($(date +%s%N) - s0) / 1000000 )) ms" | tee -a "$OUT/issue31_times.txt" )
+  # then from an empty selection store with the binaries built, on each GPU set of ISSUE31_SETS
+  for gpus in ${ISSUE31_SETS:-0 ${ISSUE31_GPUS:-all}}; do
+    rm -rf "$KERNELS_CACHE_DIR/selections"
+    tune_run "built_${gpus//,/_}" 240 --gpus "$gpus"
+  done
+  for gpus in ${ISSUE31_SETS:-0 ${ISSUE31_GPUS:-all}}; do
+    [ "$gpus" = 0 ] && continue
+    python3 -m experiments.issue31_compare /tmp/issue31_sel_built_0 "/tmp/issue31_sel_built_${gpus//,/_}" \
+      --json "$OUT/compare_${gpus//,/_}.json" > "$OUT/compare_${gpus//,/_}.md" 2>&1; tail -1 "$OUT/compare_${gpus//,/_}.md"
+  done
   [ "${ISSUE31_TESTS:-1}" = 1 ] && gpu_tests 240 tests/gpu/test_multi_gpu.py -k "not model_ddp" \
     | tee "$OUT/multi_gpu_tests.txt"
   ;;
