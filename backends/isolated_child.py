@@ -87,7 +87,7 @@ class _Worker:
     torch, a CUDA context) is paid once per process rather than once per tune. After a fault it is discarded and the
     rest of the request goes to a fresh one."""
 
-    def __init__(self):
+    def __init__(self, warm: dict | None = None):
         # stderr to a file: a pipe nobody reads while the child works could fill and stall it
         self.stderr = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([sys.executable, "-m", "backends.isolated_child"], stdin=subprocess.PIPE,
@@ -95,6 +95,25 @@ class _Worker:
                                      cwd=str(REPO_ROOT), env=child_environment())
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
+        # a warm-up request queued at once: the child's CUDA context and libraries come up while the caller works
+        self.warming = warm is not None and self._write(warm)
+
+    def _write(self, request: dict) -> bool:
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            return True
+        except OSError:
+            return False
+
+    def warmed(self, timeout_s: float) -> str:
+        """Wait for the warm-up request's answer (it comes before any other): "done" (or nothing was queued),
+        "died" or "timed out" (then the child is to be ended: its next answer could be the warm-up's)."""
+        if not self.warming:
+            return "done"
+        _, ended = self._answer(time.monotonic() + timeout_s)
+        self.warming = False
+        return ended
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -103,13 +122,12 @@ class _Worker:
 
     def ask(self, request: dict, timeout_s: float) -> tuple[str, str]:
         """(the child's output for this request, how it ended: "done", "died" or "timed out")."""
-        try:
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-        except OSError:
+        if not self._write(request):
             return "", "died"
+        return self._answer(time.monotonic() + timeout_s)
+
+    def _answer(self, deadline: float) -> tuple[str, str]:
         out: list[str] = []
-        deadline = time.monotonic() + timeout_s
         while True:
             try:
                 line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -154,13 +172,33 @@ def close_worker() -> None:
 atexit.register(close_worker)
 
 
-def prestart() -> None:
+def prestart(device: int | None = None) -> None:
     """Start this process's child now, so its start-up (a Python process, torch) overlaps what the caller does next
-    rather than the first isolated tune (a tuning worker calls this as it starts)."""
+    rather than the first isolated tune (a tuning worker calls this as it starts). With a CUDA `device` the child
+    also brings up its context and libraries there at once (`warmed` waits for that)."""
     global _worker
     with _worker_lock:
         if _worker is None:
-            _worker = _Worker()
+            warm = None if device is None else {"warmup": True, "device": device, "cache_dir": str(cache_root())}
+            _worker = _Worker(warm)
+
+
+def warmed(timeout_s: float = CHILD_TIMEOUT_S) -> str:
+    """Wait until the prestarted child has finished its warm-up: "done" (or none pending), "died" or "timed out"
+    (either way that child is ended, and the first isolated tune starts a fresh one)."""
+    with _worker_lock:
+        return _settle_warm_up(timeout_s)
+
+
+def _settle_warm_up(timeout_s: float) -> str:
+    global _worker
+    if _worker is None:
+        return "done"
+    ended = _worker.warmed(timeout_s)
+    if ended != "done":
+        _worker.end(kill=True)
+        _worker = None
+    return ended
 
 
 def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: float) -> dict:
@@ -171,6 +209,7 @@ def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: fl
     remaining = list(choices)
     seed = int(time.time_ns() % (1 << 31))
     with _worker_lock:
+        _settle_warm_up(timeout_s)
         while remaining:
             request = {"backend": backend, "problem": json.loads(problem.key()),
                        "choices": [c.as_dict() for c in remaining], "budget_ms": budget_ms, "seed": seed,
@@ -230,6 +269,9 @@ def main() -> int:
 
 def serve(request: dict) -> int:
     """One request: verify and time each choice, one tagged answer per event; non-zero when the context is gone."""
+    if request.get("warmup"):
+        _warm_up(request)
+        return 0
     config.cache_dir = request["cache_dir"]
     problem = GemmProblem.from_dict(request["problem"])
     device = problem.device
@@ -270,6 +312,19 @@ def serve(request: dict) -> int:
             if not context_alive(device):
                 return 3      # the context is poisoned: the parent runs the rest in a fresh child
     return 0
+
+
+def _warm_up(request: dict) -> None:
+    """What every first request pays, paid ahead: the CUDA context on the device, the native launch library,
+    cuBLAS's handle and the random-number kernels that make the inputs."""
+    config.cache_dir = request["cache_dir"]
+    if not torch.cuda.is_available():
+        return
+    torch.cuda.set_device(request["device"])
+    fastpath.load_if_built()
+    x = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    torch.mm(x, x)
+    torch.cuda.synchronize()
 
 
 if __name__ == "__main__":

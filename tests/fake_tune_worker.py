@@ -9,7 +9,8 @@ tests (kernels.tune.gpu_pool). Run as `python tests/fake_tune_worker.py DIR`; DI
 - `artifacts`: every job builds the keys listed there through kernels.core.fsutil.build_each_once, appending each key
   it built to `builds`;
 - `hang-on-<where>`: a worker given that problem sleeps for good (once, as `die-on-`);
-- `no-start`: every worker exits with status 1 before it is ready; `no-ready`: it never says it is ready.
+- `no-start`: every worker exits with status 1 before it is ready; `no-ready`: it never says it is ready;
+- `slow-exit`: at the end of its input a worker sleeps this many seconds before it exits (a real worker's teardown).
 Each answer names the worker's CUDA_VISIBLE_DEVICES in its reason, and every job is appended to `jobs`.
 """
 import json
@@ -78,6 +79,8 @@ def main() -> int:
             build_artifacts(base)
         emit({"index": job["index"], "result": {"status": "tuned", "seconds": 0.01, "reason": f"gpu {visible}",
                                                  "selection": None}})
+    if (base / "slow-exit").exists():
+        time.sleep(float((base / "slow-exit").read_text()))
     return 0
 
 

@@ -116,6 +116,7 @@ class Worker:
         self.job_started = 0.0
         self.ready = False
         self.stopping = False
+        self.done = False                 # told there is no more work, holding none
         self.started = self.ready_at = time.perf_counter()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # the log is ours alone: created 0600, never through a link planted at its path
@@ -153,7 +154,7 @@ class Worker:
 
     def finish(self) -> None:
         """No more jobs: the worker exits when it reads EOF."""
-        self.stopping = True
+        self.stopping = self.done = True
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
 
@@ -231,12 +232,16 @@ class Pool:
             for worker in list(self._workers.values()):
                 if worker.ready:
                     self._give_work(worker)
-            while self._workers:
+            while self._workers and not self._all_answered():
                 self._step()
         except KeyboardInterrupt:
             self.stopped = "interrupted"
         finally:
             self._stop_all(list(self._workers.values()))
+        for worker in self._workers.values():
+            if worker.done and worker.job is None:
+                with contextlib.suppress(OSError):
+                    worker.log_path.unlink()          # it answered all it was given: a clean log is not kept
         self._drain()
         for worker in self._workers.values():
             if worker.job is not None and worker.job not in self._results:
@@ -259,6 +264,11 @@ class Pool:
                     isinstance(payload.get("result"), dict):
                 self._record(Result(worker.job, worker.device, answer=payload["result"]))
                 worker.job = None
+
+    def _all_answered(self) -> bool:
+        """Nothing left to hand out (or no time to) and nothing in flight: the workers' exits are not waited for (ending a worker
+        waits for its isolated child and its interpreter's teardown, seconds that would add to every run)."""
+        return (not self._todo or self._out_of_time()) and all(w.job is None for w in self._workers.values())
 
     def _out_of_time(self) -> bool:
         return self._deadline is not None and time.perf_counter() >= self._deadline

@@ -58,6 +58,15 @@ def test_problems_spread_over_every_device_each_worker_seeing_only_its_own(tmp_p
     assert any(line.startswith("GPU 1: ") for line in report.notes)
 
 
+def test_the_run_ends_with_its_last_answer_not_with_the_workers_teardown(tmp_path, monkeypatch):
+    (tmp_path / "slow-exit").write_text("60")
+    start = time.monotonic()
+    report = tune(tmp_path, listed(4), [0, 1], monkeypatch)
+    assert report.count(offline.TUNED) == 4 and not report.stopped
+    assert time.monotonic() - start < 30                    # the 60 s teardowns were ended, not waited for
+    assert not list((tmp_path / "cache" / "logs").glob("tune-gpu*.log"))     # clean runs keep no log
+
+
 def test_a_dead_workers_problem_goes_to_the_others_and_the_device_gets_a_fresh_worker(tmp_path, monkeypatch):
     items = listed(4)
     (tmp_path / f"die-on-{items[1].where.replace(':', '_')}").write_text("once")
