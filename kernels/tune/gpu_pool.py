@@ -116,7 +116,6 @@ class Worker:
         self.job_started = 0.0
         self.ready = False
         self.stopping = False
-        self.done = False                 # told there is no more work, holding none
         self.started = self.ready_at = time.perf_counter()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # the log is ours alone: created 0600, never through a link planted at its path
@@ -154,7 +153,7 @@ class Worker:
 
     def finish(self) -> None:
         """No more jobs: the worker exits when it reads EOF."""
-        self.stopping = self.done = True
+        self.stopping = True
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
 
@@ -223,6 +222,7 @@ class Pool:
         self._restarts = {d: 0 for d in self.devices}
         self._workers: dict[int, Worker] = {}
         self._prepared = prepare is None
+        ended_clean: list[Worker] = []
         try:
             for device in self.devices:
                 self._workers[device] = self.start(device, self._events)
@@ -234,14 +234,14 @@ class Pool:
                     self._give_work(worker)
             while self._workers and not self._all_answered():
                 self._step()
+            ended_clean = list(self._workers.values())    # holding nothing: whether they had started or not
         except KeyboardInterrupt:
             self.stopped = "interrupted"
         finally:
             self._stop_all(list(self._workers.values()))
-        for worker in self._workers.values():
-            if worker.done and worker.job is None:
-                with contextlib.suppress(OSError):
-                    worker.log_path.unlink()          # it answered all it was given: a clean log is not kept
+        for worker in ended_clean:
+            with contextlib.suppress(OSError):
+                worker.log_path.unlink()              # it answered all it was given: a clean log is not kept
         self._drain()
         for worker in self._workers.values():
             if worker.job is not None and worker.job not in self._results:
