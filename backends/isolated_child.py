@@ -30,6 +30,7 @@ from backends import get_backend
 from kernels.core.cache_root import cache_root
 from kernels.core.choice import Choice
 from kernels.core.config import config
+from kernels.core.helper_env import child_environment
 from kernels.core.problem import GemmProblem
 from kernels.core.toolchain import REPO_ROOT
 from kernels.measure.timing import Timing, measure, user_call
@@ -71,15 +72,6 @@ def _parse(stdout: str) -> tuple[dict[str, dict], str | None]:
             if in_flight == msg["name"]:
                 in_flight = None
     return answers, in_flight
-
-
-def child_environment() -> dict:
-    """Environment for helper processes: the checkout importable, the parent's cache and device choice kept."""
-
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env["KERNELS_CACHE_DIR"] = str(cache_root())     # the checked directory (or the private fallback)
-    return env
 
 
 class _Worker:

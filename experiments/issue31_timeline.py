@@ -4,7 +4,8 @@ this process (ISSUE31_T0_NS: `date +%s%N` taken just before), as JSON lines:
 
     ISSUE31_T0_NS=$(date +%s%N) python -m experiments.issue31_timeline TIMELINE.jsonl -- tune LIST --gpus all
 
-Events: imports done, each worker started / ready / exited, each problem handed out and answered (with its tune's
+Events: the CLI's imports done, workers started before torch (or not), the pool created (torch loaded, lists read,
+store checked), each worker started / ready (with its isolated child's warm-up wait) / exited, each problem handed out and answered (with its tune's
 stage seconds as the worker's selection records them), the CUTLASS prepare step, the pool's end, the report printed.
 The shell adds the end of the process. The wrappers only record: the command runs unchanged.
 """
@@ -24,8 +25,8 @@ def mark(event: str, **fields) -> None:
 
 
 mark("python up")
-from kernels import __main__ as cli  # noqa: E402 - the imports are what is timed
-from kernels.tune import gpu_pool  # noqa: E402
+from kernels import __main__ as cli  # noqa: E402 - the imports are what is timed (the CLI's own: no torch)
+from kernels.tune import gpu_pool, worker_launch  # noqa: E402
 
 mark("imports done")
 
@@ -50,9 +51,16 @@ def _stages(message: dict) -> dict:
 
 wrap(gpu_pool.Worker, "__init__", after=lambda r, self, device, *a, **k: mark("worker started", gpu=device))
 wrap(gpu_pool.Worker, "send", before=lambda self, index, job: mark("job handed", gpu=self.device, index=index))
+def _ready(message: dict) -> dict:
+    return {k: message[k] for k in ("child", "child_wait_s") if k in message}
+
+
 wrap(gpu_pool.Pool, "_on_message", before=lambda self, worker, message: mark(
     "ready" if "ready" in message else "answer", gpu=worker.device, index=message.get("index"),
-    **({} if "ready" in message else _stages(message))))
+    **(_ready(message) if "ready" in message else _stages(message))))
+wrap(gpu_pool.Pool, "__init__", before=lambda self, *a, **k: mark("pool created (torch, lists, store checked)"))
+wrap(worker_launch, "start_early", after=lambda r, *a, **k: mark(
+    "early workers started" if r is not None else "no early start"))
 wrap(gpu_pool.Pool, "_on_death", before=lambda self, worker, code: mark("worker died", gpu=worker.device, code=code))
 wrap(gpu_pool.Pool, "run", before=lambda self, *a, **k: mark("pool run"), after=lambda r, self, *a, **k: mark(
     "pool done (every worker exited)"))

@@ -14,277 +14,19 @@
                                   the selection cache: inspect, move between machines (bundles), check, trim
 
 Performance-model training lives outside the runtime: `python -m tools.perf_model --help`.
+
+This module parses the command line and loads the commands (kernels.commands, and torch with them) only then, so
+`tune --gpus` starts its workers first and their start-up overlaps this process's.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import importlib
 import sys
-import warnings
-from collections import Counter
-from importlib import metadata
-from pathlib import Path
 
-import torch
-
-from backends import get_backend
-from kernels.core import progress
-from kernels.core.cache_root import cache_root
-from kernels.core.config import ALL_BACKENDS, config, settings_markdown, with_readme_settings
+from kernels.core.config import ALL_BACKENDS, WARMUP_DTYPES, config
 from kernels.core.errors import SettingError
-from kernels.core.problem import gpu_of, probe_problem
-from kernels.core.toolchain import toolchain
-from kernels.dispatch import record
-from kernels.native import fastpath
-from kernels.space import lut
-from kernels.space.families import families_of
-from kernels.store import bundle, cache_admin
-from kernels.tune import background_build, build_queue, gpu_pool, offline, on_gpus, problem_list, warmup
-from kernels.tune.autotune import fingerprint
-
-
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _fastpath_line(mode: str) -> str:
-    where = fastpath.paths()
-    found = fastpath.state(where)
-    if found == "built":
-        return f"built ({where.library}); KERNELS_FASTPATH={mode}"
-    if found == "unverified":
-        return (f"{where.library} does not match its marker (truncated, replaced or not built here): never "
-                f"loaded; removed and built again on the first tune, or by `python -m kernels fastpath build`")
-    if found == "failed":
-        return f"build failed (log: {where.log}); `python -m kernels fastpath build --force` retries"
-    return f"not built; KERNELS_FASTPATH={mode} ('auto' builds it in the background on the first tune)"
-
-
-def info_lines() -> list[str]:
-    lines = []
-    if torch.cuda.is_available():
-        cap = torch.cuda.get_device_capability(0)
-        arch, name = cap[0] * 10 + cap[1], torch.cuda.get_device_name(0)
-        lines.append(f"gpu:       {name} (compute capability {cap[0]}.{cap[1]}, {torch.cuda.device_count()} device(s))")
-    else:
-        arch, name = 0, "cpu"
-        lines.append("gpu:       none (torch.cuda.is_available() is False)")
-    lines.append(f"torch:     {torch.__version__} (CUDA {torch.version.cuda or '-'})")
-    lines.append(f"triton:    {_version('triton')}")
-    tools = toolchain()
-    lines.append(f"nvcc:      {tools.nvcc} ({tools.nvcc_version})" if tools.nvcc else "nvcc:      not found")
-    if tools.cutlass:
-        lines.append(f"cutlass:   {tools.cutlass.root} (version {tools.cutlass.version}, from {tools.cutlass.source})")
-    else:
-        lines.append("cutlass:   not found")
-    for line in tools.tried:
-        lines.append(f"           tried {line}")
-    lines.append(f"cache dir: {cache_root()}")
-    lines.append(f"fastpath:  {_fastpath_line(config.fastpath)}")
-    lines.append(f"backends:  configured {','.join(config.backends)}")
-    problem = probe_problem(arch, name)
-    for backend_name in ALL_BACKENDS:
-        try:
-            status = _backend_status(get_backend(backend_name), problem)
-        except Exception as e:  # noqa: BLE001 - a backend that cannot even load is reported, not fatal
-            status = f"unavailable: {type(e).__name__}: {e}"
-        lines.append(f"  {backend_name:8s} {status}")
-        for family in families_of(backend_name):
-            lines.append(f"           {family.name} ({', '.join(family.ops)}): {family.what}")
-    lines.extend(_cutlass_set_lines(arch, name))
-    return lines
-
-
-def _target(arch: int, name: str) -> tuple[int, str]:
-    """The arch and device name CUTLASS builds for: this GPU's, else sm90 compile-only (as bench.compare does)."""
-    return (arch, name) if arch else (warmup.DEFAULT_ARCH, f"sm{warmup.DEFAULT_ARCH} (compile-only)")
-
-
-def _cutlass_set_lines(arch: int, name: str) -> list[str]:
-    target, target_name = _target(arch, name)
-    sets = [warmup.default_set(target, dtype, target_name) for dtype in warmup.DTYPES]
-    if sets[0].why_not:
-        return [f"cutlass set: none for sm{target}: {sets[0].why_not}"]
-    return [f"cutlass set: sm{target}{'' if arch else ' (no GPU: compile-only)'}: {warmup.summary(sets)}; "
-            f"`python -m kernels warmup` builds it",
-            f"           KERNELS_CUTLASS_BUILD={config.cutlass_build}; background build: "
-            f"{background_build.describe(build_queue.where())}"]
-
-
-# the unaligned probe padded is asked about: bf16 rows of K=1001 elements start 2 bytes off a 16-byte boundary
-PADDED_PROBE_K = 1001
-
-
-def _backend_status(backend, problem) -> str:
-    """Whether the backend serves problems on this machine, in words true here. `problem` is a made-up aligned bf16
-    product on the first device, so each backend is asked about the problems it exists for."""
-    if backend.name == "padded":
-        # padded exists for unaligned operands: asked about the aligned probe it would only say it is not needed
-        unaligned = dataclasses.replace(problem, k=PADDED_PROBE_K, stride_a=(PADDED_PROBE_K, 1))
-        ok, why = backend.available(unaligned)
-        what = ("pads operands whose rows are not 16-byte aligned (e.g. bf16 K=1001) and runs aten or Triton on "
-                "the aligned copies; aligned problems skip it")
-        return f"available: {what}" if ok else f"unavailable: {why}"
-    gpu = problem.device == "cuda"
-    if backend.name == "cutlass" and not gpu:
-        # no GPU to run on, but what a GPU would run can still be built (bench.compare --backends cutlass does)
-        target = dataclasses.replace(problem, device="cuda", arch=90, device_name="sm90 (compile-only)")
-        ok, why = backend.available(target)
-        return ("no GPU: compile-only (nvcc and CUTLASS headers found; builds for sm90, runs nothing)" if ok
-                else f"unavailable: no GPU, and cannot compile for one either: {why}")
-    ok, why = backend.available(problem)
-    if backend.name == "triton" and not gpu:
-        if ok:
-            return ("available through the Triton interpreter (TRITON_INTERPRET=1) on CPU tensors, slowly; not bf16, "
-                    "whose dot the interpreter gets wrong (triton issue #11584)")
-        return ("no GPU: Triton runs only through its interpreter on CPU tensors, which TRITON_INTERPRET=1 turns on "
-                "before triton is imported (bench.compare sets it)")
-    return "available" if ok else f"unavailable: {why}"
-
-
-def _lut_export(args) -> int:
-    root = Path(args.store) if args.store else cache_root() / "selections"
-    table = lut.export_from_store(root, args.top_k, args.mode)
-    if args.output == "-":
-        sys.stdout.write(lut.dumps(table))
-    else:
-        lut.save(table, args.output)
-    print(f"{len(table.entries)} entries (top {args.top_k} per problem) from {root} -> {args.output}",
-          file=sys.stderr)
-    return 0
-
-
-def _lut_check(args) -> int:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        table = lut.load(args.file)
-    problems = [str(w.message) for w in caught if issubclass(w.category, lut.LutWarning)]
-    for line in problems:
-        print(f"warning: {line}")
-    modes = Counter(e.mode for e in table.entries)
-    ops = Counter(f"{e.op}/{e.dtype}" for e in table.entries)
-    gpus = Counter(e.gpu for e in table.entries)
-    print(f"{args.file}: schema version {table.version}, {len(table.entries)} usable entries "
-          f"({', '.join(f'{k} {v}' for k, v in sorted(modes.items())) or 'none'}), "
-          f"{sum(len(e.choices) for e in table.entries)} choices; "
-          f"ops {dict(sorted(ops.items()))}; gpus {dict(sorted(gpus.items()))}; {len(problems)} warning(s)")
-    return 1 if problems else 0
-
-
-def _fastpath_build(args) -> int:
-    try:
-        library = fastpath.build(force=args.force)
-    except fastpath.FastpathBuildError as e:
-        print(f"fastpath build failed: {e}", file=sys.stderr)
-        if e.log:
-            print(e.log[-4000:], file=sys.stderr)
-        return 1
-    print(library)
-    return 0
-
-
-def _config(args) -> int:
-    if args.readme is None:
-        sys.stdout.write(settings_markdown())
-        return 0
-    path = Path(args.readme)
-    path.write_text(with_readme_settings(path.read_text()))
-    print(f"settings table written into {path}", file=sys.stderr)
-    return 0
-
-
-def _warmup(args) -> int:
-    try:
-        if args.jobs is not None:
-            config.max_jobs = args.jobs
-        config.validate()
-    except SettingError as e:
-        print(f"python -m kernels warmup: error: {e}", file=sys.stderr)
-        return 2
-    status = 0
-    for name in args.backends:
-        if name != "cutlass":
-            print(f"warmup: {name}: {warmup.NOTHING_TO_BUILD[name]}")
-            continue
-        status = max(status, _warmup_cutlass(args))
-    return status
-
-
-def _warmup_cutlass(args) -> int:
-    gpu = torch.cuda.is_available()
-    if args.arch is not None:
-        arch, name = args.arch, f"sm{args.arch}"
-    else:
-        cap = torch.cuda.get_device_capability(0) if gpu else (0, 0)
-        arch, name = _target(cap[0] * 10 + cap[1], torch.cuda.get_device_name(0) if gpu else "")
-    sets = [warmup.default_set(arch, dtype, name) for dtype in args.dtypes]
-    if sets[0].why_not:
-        print(f"warmup: cutlass: cannot build for sm{arch}: {sets[0].why_not}", file=sys.stderr)
-        return 1
-    todo = warmup.to_build(sets, args.retry_failed)
-    where = "" if gpu else " (no GPU here: compile-only)"
-    print(f"warmup: cutlass for sm{arch}{where}: {warmup.summary(sets)}; building {todo} with {config.max_jobs} "
-          f"parallel compiles (MAX_JOBS{', --jobs' if args.jobs else ''})", flush=True)
-    with progress.bar(todo, "CUTLASS kernels compiled") as advance:
-        try:
-            result = warmup.warmup(sets, config.max_jobs, args.retry_failed, lambda done, total: advance(done))
-        except TimeoutError as e:
-            print(f"warmup: cutlass: another build held the lock too long: {e}", file=sys.stderr)
-            return 1
-    states = result.states
-    print(f"warmup: cutlass: {warmup.summary(sets)}; compiled {result.compiled} in {result.seconds:.0f} s")
-    if states["failed"]:
-        retry = "" if args.retry_failed else " (recorded: not retried until --retry-failed)"
-        print(f"warmup: {states['failed']} failed{retry}; logs:\n  " + "\n  ".join(result.failed_logs),
-              file=sys.stderr)
-    return 1 if states["failed"] or states["missing"] else 0
-
-
-def _tune(args) -> int:
-    """Read the lists (every error names its file, line and column), set this run's settings, then tune what the
-    store lacks, or list it (--dry-run). Exit status: 0 done (problems left by --time-limit included), 1 a problem
-    failed, 2 bad input or nothing to tune on, 130 interrupted."""
-    try:
-        listed = problem_list.read_all(args.problems)
-        if not listed:
-            raise problem_list.ProblemListError(f"{', '.join(args.problems)}: no problems listed")
-        if args.jobs is not None:
-            config.max_jobs = args.jobs
-        if args.backends is not None:
-            config.backends = args.backends
-        config.record = ""               # the lookups replay listed problems: they are not recorded again
-        config.validate()
-    except (problem_list.ProblemListError, SettingError) as e:
-        print(f"python -m kernels tune: error: {e}", file=sys.stderr)
-        return 2
-    where = offline.target()
-    if args.dry_run:
-        print(offline.dry_run(listed, where, record.stored))
-        return 0
-    if where is None:
-        print("python -m kernels tune: error: no GPU here (torch.cuda.is_available() is False): nothing to tune on. "
-              "TRITON_INTERPRET=1 tunes through the Triton interpreter on CPU (slowly: tests); --dry-run lists what "
-              "would be tuned", file=sys.stderr)
-        return 2
-    if config.cutlass_build == "background":
-        config.cutlass_build = "inline"     # a kernel left to a background build would leave its problem to re-tune
-    if args.gpus is not None:
-        try:
-            devices = gpu_pool.parse_gpus(args.gpus, torch.cuda.device_count() if where[0] == "cuda" else 0)
-            where = on_gpus.same_model(devices, gpu_of)
-        except gpu_pool.GpuListError as e:
-            print(f"python -m kernels tune: error: {e}", file=sys.stderr)
-            return 2
-        report = on_gpus.run(problem_list.retarget(listed, *where), devices, record.stored, args.time_limit)
-    else:
-        report = offline.run(problem_list.retarget(listed, *where), record.stored, record.replay, args.time_limit)
-    print(offline.summary(report))
-    if report.stopped == "interrupted":
-        return 130
-    return 1 if report.count(offline.FAILED) else 0
+from kernels.tune import worker_launch
 
 
 def _seconds(text: str) -> float:
@@ -295,94 +37,6 @@ def _seconds(text: str) -> float:
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
     return value
-
-
-def _cache(args) -> int:
-    try:
-        return _CACHE_COMMANDS[args.cache_command](args)
-    except (bundle.BundleError, cache_admin.CacheAdminError) as e:
-        print(f"python -m kernels cache {args.cache_command}: error: {e}", file=sys.stderr)
-        return 1
-
-
-def _cache_list(args) -> int:
-    print("\n".join(cache_admin.list_lines()) or f"no stored selections in {cache_admin.selections_dir()}")
-    return 0
-
-
-def _cache_show(args) -> int:
-    print(cache_admin.show_text(args.key))
-    return 0
-
-
-def _cache_export(args) -> int:
-    items = args.problems or []
-    files = [p for p in items if p.endswith(problem_list.SUFFIXES) and Path(p).is_file()]
-    try:
-        listed = [item.problem for item in problem_list.read_all(files)] if files else None
-    except problem_list.ProblemListError as e:
-        raise bundle.BundleError(str(e)) from e
-    report = bundle.export_bundle(Path(args.file), tuple(p for p in items if p not in files), listed)
-    size = f"{report.size / 2**20:.1f} MiB" if report.size >= 2**20 else f"{report.size / 1024:.1f} KiB"
-    print(f"{report.path}: {report.selections} selections, {report.artifacts} artifact files, {size}")
-    _print_some("not carried (built on first use where it is imported)", report.missing)
-    if report.skipped:
-        print(f"left out {report.skipped} invalid store entries (`python -m kernels cache verify`)", file=sys.stderr)
-    return 0
-
-
-def _cache_import(args) -> int:
-    report = bundle.import_bundle(Path(args.file), partial=args.partial, settings=fingerprint(config.backends))
-    print(f"imported {len(report.imported)} selections into {cache_admin.selections_dir()}; artifact files: "
-          f"{report.artifacts_written} written, {report.artifacts_present} already here; {len(report.kept)} kept "
-          f"(a local entry as new or newer); {len(report.skipped)} skipped")
-    _print_some("skipped", [f"{name}: {why}" for name, why in report.skipped])
-    _print_some("note", report.notes)
-    return 0
-
-
-def _print_some(label: str, lines: list[str], limit: int = 10) -> None:
-    for line in lines[:limit]:
-        print(f"  {label}: {line}", file=sys.stderr)
-    if len(lines) > limit:
-        print(f"  ... and {len(lines) - limit} more", file=sys.stderr)
-
-
-def _cache_verify(args) -> int:
-    report = cache_admin.verify(fix=args.fix)
-    print("checked: " + ", ".join(f"{what}: {n}" for what, n in report.checked.items()))
-    for bad in report.bad:
-        print(f"  bad {bad.what}: {bad.path}: {bad.why}")
-    if report.bad and args.fix:
-        print(f"removed {report.removed} (rebuilt or re-tuned when next needed)")
-    elif report.bad:
-        print(f"{len(report.bad)} bad; `--fix` removes them so they are rebuilt")
-    return 1 if report.bad and not args.fix else 0
-
-
-def _cache_prune(args) -> int:
-    report = cache_admin.prune(args.older_than, args.stale)
-    logs = f"; {report.logs_removed} old tune worker logs" if report.logs_removed else ""
-    print(f"removed {len(report.removed)} selections, kept {report.kept} (built artifacts are left: they are shared)"
-          f"{logs}")
-    return 0
-
-
-def _cache_clear(args) -> int:
-    where = cache_admin.root()
-    if not args.yes:
-        if not sys.stdin.isatty():
-            print(f"python -m kernels cache clear: refusing to empty {where} without --yes", file=sys.stderr)
-            return 1
-        if input(f"remove everything in {where}? [y/N] ").strip().lower() not in ("y", "yes"):
-            print("nothing removed")
-            return 1
-    print(f"removed {cache_admin.clear()} entries from {where}")
-    return 0
-
-
-_CACHE_COMMANDS = {"list": _cache_list, "show": _cache_show, "export": _cache_export, "import": _cache_import,
-                   "verify": _cache_verify, "prune": _cache_prune, "clear": _cache_clear}
 
 
 def _days(text: str) -> float:
@@ -424,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     wu = sub.add_parser("warmup", help="build the default CUTLASS set ahead of time (no GPU needed: nvcc only)")
     wu.add_argument("--backends", type=_names("backend", ALL_BACKENDS), default=("cutlass",),
                     help="comma list; only cutlass has kernels to build ahead (default cutlass)")
-    wu.add_argument("--dtypes", type=_names("dtype", warmup.DTYPES), default=warmup.DTYPES,
-                    help=f"comma list of {', '.join(warmup.DTYPES)} (default all)")
+    wu.add_argument("--dtypes", type=_names("dtype", WARMUP_DTYPES), default=WARMUP_DTYPES,
+                    help=f"comma list of {', '.join(WARMUP_DTYPES)} (default all)")
     wu.add_argument("--jobs", type=_positive, default=None, help="parallel compiles (default MAX_JOBS: the CPU count)")
     wu.add_argument("--arch", type=_positive, default=None,
                     help="compute capability to build for, as 90 or 80 (default this GPU's; without one, 90)")
@@ -490,24 +144,39 @@ def _cache_parser(sub) -> None:
     clr.add_argument("--yes", action="store_true", help="do not ask")
 
 
+def _tune_settings(args) -> bool:
+    """Set this tune run's settings from its flags; False (the error printed, naming the setting) when one is bad."""
+    try:
+        if args.jobs is not None:
+            config.max_jobs = args.jobs
+        if args.backends is not None:
+            config.backends = args.backends
+        config.record = ""               # the lookups replay listed problems: they are not recorded again
+        config.validate()
+    except SettingError as e:
+        print(f"python -m kernels tune: error: {e}", file=sys.stderr)
+        return False
+    if config.cutlass_build == "background":
+        config.cutlass_build = "inline"     # a kernel left to a background build would leave its problem to re-tune
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "info":
-        print("\n".join(info_lines()))
-        return 0
-    if args.command == "config":
-        return _config(args)
-    if args.command == "warmup":
-        return _warmup(args)
-    if args.command == "fastpath":
-        return _fastpath_build(args)
+    early = None
     if args.command == "tune":
-        return _tune(args)
-    if args.command == "lut":
-        return _lut_export(args) if args.lut_command == "export" else _lut_check(args)
-    if args.command == "cache":
-        return _cache(args)
-    raise AssertionError(f"unhandled command {args.command!r}")    # argparse's `required=True` rules it out
+        if not _tune_settings(args):
+            return 2
+        if args.gpus is not None and not args.dry_run:
+            # started before torch is loaded: the workers' start-up (seconds) overlaps this process's
+            early = worker_launch.start_early(args.gpus)
+    try:
+        commands = importlib.import_module("kernels.commands")     # torch comes with the commands
+    except BaseException:
+        if early is not None:
+            early.close()
+        raise
+    return commands.run(args, early)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from kernels.core.errors import SettingError
 from kernels.core.version import __version__
 
 ALL_BACKENDS = ("aten", "triton", "cutlass", "padded")
+WARMUP_DTYPES = ("bf16", "fp16", "int8")      # the dtypes `python -m kernels warmup` builds a default CUTLASS set for
 PRESETS = ("none", "fast")
 FASTPATH_MODES = ("auto", "build", "off")
 CUTLASS_BUILD_MODES = ("background", "inline", "off")

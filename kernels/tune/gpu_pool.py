@@ -193,10 +193,12 @@ class Pool:
     its argv and environment); `jobs[i]` is the JSON-able job for index i."""
 
     def __init__(self, devices: list[int], start: Callable[[int, "queue.Queue[tuple]"], Worker],
-                 on_result: Callable[[Result], None] | None = None, on_note: Callable[[str], None] | None = None):
+                 on_result: Callable[[Result], None] | None = None, on_note: Callable[[str], None] | None = None,
+                 events: "queue.Queue[tuple] | None" = None):
         if not devices:
             raise GpuListError("no device to tune on")
         self.devices, self.start = devices, start
+        self._events: queue.Queue[tuple] = events if events is not None else queue.Queue()   # every worker's
         self.on_result = on_result or (lambda r: None)
         self.on_note = on_note or (lambda text: None)
         self.logs = {d: DeviceLog(d) for d in devices}
@@ -208,13 +210,14 @@ class Pool:
         self.on_note(text)
 
     def run(self, jobs: dict[int, dict], deadline: float | None = None, deadline_reason: str = "time limit reached",
-            prepare: Callable[[], None] | None = None) -> dict[int, Result]:
+            prepare: Callable[[], None] | None = None, started: dict[int, Worker] | None = None) -> dict[int, Result]:
         """Every job's Result; jobs are handed out in the dict's order (put the longest first: the last ones set
-        when the run ends). `prepare()` runs after the workers are started and before any job is handed out (their
-        start-up overlaps it). No job is handed out once time.perf_counter() passes `deadline` (the rest are left
-        with `deadline_reason`); jobs in flight finish. ^C (KeyboardInterrupt) stops every worker and leaves what
-        was not answered; any other exception stops them too, then propagates."""
-        self._events: queue.Queue[tuple] = queue.Queue()
+        when the run ends). `started` holds workers already started for some devices (on this pool's events
+        queue); the others are started here. `prepare()` runs after the workers are started and before any job is
+        handed out (their start-up overlaps it). No job is handed out once time.perf_counter() passes `deadline`
+        (the rest are left with `deadline_reason`); jobs in flight finish. ^C (KeyboardInterrupt) stops every worker
+        and leaves what was not answered; any other exception stops them too, then propagates."""
+        started = dict(started or {})
         self._todo = deque(jobs)
         self._jobs, self._deadline = jobs, deadline
         self._attempts = {i: 0 for i in jobs}
@@ -225,7 +228,7 @@ class Pool:
         ended_clean: list[Worker] = []
         try:
             for device in self.devices:
-                self._workers[device] = self.start(device, self._events)
+                self._workers[device] = started.pop(device, None) or self.start(device, self._events)
             if prepare is not None:
                 prepare()
             self._prepared = True
@@ -238,7 +241,7 @@ class Pool:
         except KeyboardInterrupt:
             self.stopped = "interrupted"
         finally:
-            self._stop_all(list(self._workers.values()))
+            stop_workers([*self._workers.values(), *started.values()])
         for worker in ended_clean:
             with contextlib.suppress(OSError):
                 worker.log_path.unlink()              # it answered all it was given: a clean log is not kept
@@ -356,20 +359,21 @@ class Pool:
             self._note(f"{what} while tuning problem #{job}: handed back to the queue"
                        + (f"; its log ends: {tail[-400:]}" if tail else ""))
 
-    @staticmethod
-    def _stop_all(workers: list[Worker]) -> None:
-        """Every worker's group ended: SIGTERM, a grace period, then SIGKILL (also for what is left of a group
-        whose leader exited: a compile worker)."""
-        for worker in workers:
-            worker.stopping = True
-            worker.kill(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for worker in workers:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            worker.kill(signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                worker.proc.wait(timeout=STOP_GRACE_S)
+
+
+def stop_workers(workers: list[Worker]) -> None:
+    """Every worker's group ended: SIGTERM, a grace period, then SIGKILL (also for what is left of a group whose
+    leader exited: a compile worker)."""
+    for worker in workers:
+        worker.stopping = True
+        worker.kill(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for worker in workers:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        worker.kill(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.proc.wait(timeout=STOP_GRACE_S)
 
 
 @contextlib.contextmanager

@@ -2,64 +2,45 @@
 
 What the store has is skipped and the CUTLASS candidates are compiled here, in one batch on every core while the workers
 start (as the one-GPU run does: a binary is built once for the host); then gpu_pool hands the rest, largest first,
-to one worker per device
-(`python -m kernels.dispatch.tune_worker`), each replaying its problems exactly as the one-GPU run does and writing
-its selections through the same locked store. The report is offline's, with a line per device.
+to one worker per device (`python -m kernels.dispatch.tune_worker`, started by kernels.tune.worker_launch, usually
+by the CLI before it imported torch), each replaying its problems exactly as the one-GPU run does and writing its
+selections through the same locked store. The report is offline's, with a line per device.
 """
 from __future__ import annotations
 
-import os
 import sys
-import time
 
-from backends.isolated_child import child_environment
 from kernels.core import progress
-from kernels.core.cache_root import cache_root
-from kernels.core.config import config
-from kernels.core.fsutil import make_private_dirs
-from kernels.core.toolchain import REPO_ROOT
 from kernels.core.selection import Selection
 from kernels.tune import gpu_pool, offline
 from kernels.tune.problem_list import Listed, line_of
-
-WORKER = [sys.executable, "-m", "kernels.dispatch.tune_worker"]
-
-
-def worker_env(device: int, devices: int) -> dict[str, str]:
-    """A worker's environment: its one GPU, this run's settings (the CLI may have changed them in this process),
-    its share of the compile cores, and NVLink multicast off."""
-    env = child_environment()
-    env.update(gpu_pool.MULTICAST_OFF)
-    env.update({"CUDA_VISIBLE_DEVICES": gpu_pool.physical_device(device, os.environ.get("CUDA_VISIBLE_DEVICES")),
-                "KERNELS_BACKENDS": ",".join(config.backends), "KERNELS_CUTLASS_BUILD": config.cutlass_build,
-                "KERNELS_RECORD": "", "MAX_JOBS": str(max(1, config.max_jobs // devices))})
-    return env
-
+from kernels.tune.worker_launch import EarlyWorkers, Launcher
 
 def run(items: list[Listed], devices: list[int], stored, time_limit: float | None = None, log=None,
-        argv: list[str] | None = None) -> offline.Report:
+        argv: list[str] | None = None, early: EarlyWorkers | None = None) -> offline.Report:
     """Tune the listed problems (already retargeted to these devices' model) the store lacks on `devices`.
-    `argv` starts a worker (tests start fake ones)."""
+    `argv` starts a worker (tests start fake ones); `early` holds workers the CLI started before it imported torch:
+    adopted when they are for these devices, else ended (also when nothing is left to tune)."""
     log = log or sys.stderr
 
     def spread(report: offline.Report, todo: list[Listed], start: float) -> None:
         deadline = None if time_limit is None else start + time_limit
-        _spread(report, todo, devices, deadline, f"--time-limit {time_limit or 0:g} s reached", log, argv or WORKER)
+        _spread(report, todo, devices, deadline, f"--time-limit {time_limit or 0:g} s reached", log, argv, early)
 
-    return offline.run_with(items, stored, spread, time_limit)
+    try:
+        return offline.run_with(items, stored, spread, time_limit)
+    finally:
+        if early is not None:
+            early.close()
 
 
 def _spread(report: offline.Report, todo: list[Listed], devices: list[int], deadline: float | None,
-            deadline_reason: str, log, argv: list[str]) -> None:
-    logs = cache_root() / "logs"
-    make_private_dirs(logs)
-    run_id = f"{os.getpid()}-{int(time.time())}"
-    starts = [0]
-
-    def start(device: int, events):
-        starts[0] += 1          # one log per worker start: a restarted worker's death quotes its own log
-        return gpu_pool.Worker(device, argv, worker_env(device, len(devices)),
-                               logs / f"tune-gpu{device}-{run_id}-{starts[0]}.log", events, cwd=str(REPO_ROOT))
+            deadline_reason: str, log, argv: list[str] | None, early: EarlyWorkers | None) -> None:
+    started = early.adopt(devices) if early is not None else {}
+    if early is not None and not started:
+        report.notes.append(f"the workers started before torch was loaded were for GPUs {early.devices}, torch "
+                            f"numbers {devices}: started again")
+    launcher = early.launcher if started else Launcher(devices, argv)
 
     # the largest products first: their tunes are the longest (a steady final round), and the last ones handed out
     # set how long the run takes, so short ones at the end keep the GPUs evenly busy
@@ -79,10 +60,11 @@ def _spread(report: offline.Report, todo: list[Listed], devices: list[int], dead
         def on_note(text: str) -> None:
             print(f"kernels tune: {text}", file=log, flush=True)
 
-        pool = gpu_pool.Pool(devices, start, on_result, on_note)
+        pool = gpu_pool.Pool(devices, launcher, on_result, on_note, events=launcher.events)
         # the CUTLASS batch compiles while the workers start; no problem is handed out before it is built
         with gpu_pool.terminations_as_interrupt():
-            pool.run(jobs, deadline, deadline_reason, prepare=lambda: offline.prebuild_listed(report, todo, log))
+            pool.run(jobs, deadline, deadline_reason, prepare=lambda: offline.prebuild_listed(report, todo, log),
+                     started=started)
     report.stopped = pool.stopped
     report.notes.extend(_device_lines(pool))
     report.notes.extend(pool.notes)

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 
 from backends import get_backend
 from kernels.core.choice import Choice
+from kernels.core.config import WARMUP_DTYPES
 from kernels.core.problem import GemmProblem
 from kernels.space.shapes import COMPARE_LAYOUT, COMPARE_SUITE, LLAMA7B_LAYOUT, SUITES, llama7b_layers, problem_of
 from kernels.tune.autotune import candidates
 
-DTYPES = ("bf16", "fp16", "int8")
+DTYPES = WARMUP_DTYPES
 # fp8 (kernels.scaled_mm) has no default set: its binaries differ by scaling (per tensor / row-wise), bias and output
 # dtype with no one combination the common case, and its operands have one layout of their own (B column-major). A
 # scaled problem's CUTLASS kernels are built when it is first tuned (inline, or by the background build)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.__main__ import _backend_status, info_lines
+from kernels.commands import _backend_status, info_lines
 from kernels.core.problem import probe_problem
 from kernels.core.config import interpret_mode
 from kernels.core.toolchain import resolve

@@ -11,7 +11,7 @@ import torch
 
 from kernels.__main__ import main
 from kernels.core.config import config
-from kernels.tune import gpu_pool, offline, on_gpus
+from kernels.tune import gpu_pool, offline, on_gpus, worker_launch
 from kernels.tune.problem_list import from_line, line_of, parse_csv, parse_jsonl
 
 FAKE = [sys.executable, str(Path(__file__).resolve().parents[1] / "fake_tune_worker.py")]
@@ -109,7 +109,7 @@ def test_ctrl_c_stops_every_worker_and_its_children_and_reports_what_was_left(tm
     monkeypatch.setattr(config, "backends", ("aten", "triton"))
 
     def start(device, events):
-        worker = gpu_pool.Worker(device, FAKE + [str(tmp_path)], on_gpus.worker_env(device, 2),
+        worker = gpu_pool.Worker(device, FAKE + [str(tmp_path)], worker_launch.worker_env(device, 2),
                                  tmp_path / f"w{device}.log", events)
         started.append(worker)
         return worker
@@ -166,7 +166,7 @@ def test_an_error_in_the_caller_stops_every_worker_and_propagates(tmp_path, monk
     started: list[gpu_pool.Worker] = []
 
     def start(device, events):
-        started.append(gpu_pool.Worker(device, FAKE + [str(tmp_path)], on_gpus.worker_env(device, 2),
+        started.append(gpu_pool.Worker(device, FAKE + [str(tmp_path)], worker_launch.worker_env(device, 2),
                                        tmp_path / f"w{device}.log", events))
         return started[-1]
 
@@ -192,13 +192,13 @@ def test_time_limit_hands_out_nothing_new_and_leaves_the_rest(tmp_path, monkeypa
 def test_the_worker_environment_pins_one_device_and_turns_multicast_off(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,GPU-abc,5")
     monkeypatch.setattr(config, "max_jobs", 16)
-    env = on_gpus.worker_env(1, 2)
+    env = worker_launch.worker_env(1, 2)
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-abc"
     assert env["MAX_JOBS"] == "8"
     assert (env["NCCL_NVLS_ENABLE"], env["TORCH_SYMM_MEM_DISABLE_MULTICAST"], env["NVSHMEM_DISABLE_NVLS"]) == \
         ("0", "1", "1")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert on_gpus.worker_env(1, 2)["CUDA_VISIBLE_DEVICES"] == "1"
+    assert worker_launch.worker_env(1, 2)["CUDA_VISIBLE_DEVICES"] == "1"
 
 
 @pytest.mark.parametrize("text,count,message", [
@@ -246,13 +246,13 @@ def test_the_cli_refuses_gpus_without_a_gpu(tmp_path, capsys, monkeypatch):
 SIGTERMED = """
 import json, sys
 from pathlib import Path
-from kernels.tune import gpu_pool, on_gpus
+from kernels.tune import gpu_pool, worker_launch
 from kernels.tune.problem_list import line_of, parse_csv
 from tests.unit.test_tune_gpus import FAKE
 base = Path(sys.argv[1])
 items = parse_csv("M,N,K,dtype,layout\\n" + "\\n".join(f"{16 * (i + 1)},64,32,fp16,nt" for i in range(6)) + "\\n", "p.csv")
 def start(device, events):
-    w = gpu_pool.Worker(device, FAKE + [str(base)], on_gpus.worker_env(device, 2), base / f"w{device}.log", events)
+    w = gpu_pool.Worker(device, FAKE + [str(base)], worker_launch.worker_env(device, 2), base / f"w{device}.log", events)
     with open(base / "workers", "a") as f:
         f.write(f"{w.proc.pid}\\n")
     return w

@@ -4,7 +4,8 @@ much of the set is built and where the background build stands."""
 import pytest
 
 from backends.cutlass import CutlassBackend
-from kernels.__main__ import info_lines, main
+from kernels.__main__ import main
+from kernels.commands import info_lines
 from kernels.core.config import config
 from kernels.tune import warmup
 from kernels.tune.autotune import candidates

@@ -1,0 +1,118 @@
+"""`python -m kernels tune --gpus` starts its workers before it imports torch (kernels.tune.worker_launch): the GPU
+count it can tell without CUDA, the run adopting those workers when torch numbers the same devices, ending them
+otherwise, and the CLI leaving none behind when the run stops early. Fake workers (tests/fake_tune_worker.py)."""
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kernels.__main__ import main
+from kernels.core.config import config
+from kernels.tune import offline, on_gpus, worker_launch
+from tests.unit.test_tune_gpus import FAKE, alive, jobs_run, listed
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(config, "cache_dir", tmp_path / "cache")
+    monkeypatch.setattr(config, "backends", ("aten", "triton"))        # no CUTLASS batch before the workers
+
+
+def driver_list(tmp_path, gpus: int):
+    folder = tmp_path / "driver_gpus"
+    for i in range(gpus):
+        (folder / f"0000:{i:02x}:00.0").mkdir(parents=True)
+    (folder / "not-a-gpu-folder.txt").parent.mkdir(parents=True, exist_ok=True)
+    (folder / "not-a-gpu-folder.txt").write_text("")
+    return folder
+
+
+@pytest.mark.parametrize("visible, count", [("0,1,2", 3), ("2", 1), ("", 0), ("1,-1,2", 1), ("GPU-aa,GPU-bb", 2),
+                                            ("MIG-x", 1), (" 3 , 5 ", 2), ("0,abc,1", 1)])
+def test_the_gpu_count_is_read_from_cuda_visible_devices_as_cuda_reads_it(visible, count, tmp_path):
+    assert worker_launch.visible_count({"CUDA_VISIBLE_DEVICES": visible}, tmp_path / "none") == count
+
+
+def test_without_cuda_visible_devices_the_drivers_gpu_list_is_counted(tmp_path):
+    assert worker_launch.visible_count({}, driver_list(tmp_path, 3)) == 3
+    assert worker_launch.visible_count({}, tmp_path / "no-driver") is None
+
+
+def test_no_workers_start_early_when_the_count_or_the_list_is_unknown(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(worker_launch, "DRIVER_GPUS", tmp_path / "no-driver")
+    assert worker_launch.start_early("all", FAKE + [str(tmp_path)]) is None
+    monkeypatch.setattr(worker_launch, "DRIVER_GPUS", driver_list(tmp_path, 2))
+    assert worker_launch.start_early("0,7", FAKE + [str(tmp_path)]) is None     # the run names the bad index
+
+
+def test_the_run_adopts_the_workers_started_early(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(worker_launch, "DRIVER_GPUS", driver_list(tmp_path, 2))
+    (tmp_path / "slow").write_text("0.5")
+    early = worker_launch.start_early("all", FAKE + [str(tmp_path)])
+    assert early is not None and early.devices == [0, 1]
+    pids = {w.proc.pid for w in early.workers.values()}
+    report = on_gpus.run(listed(6), [0, 1], lambda problem: None, early=early)
+    assert report.count(offline.TUNED) == 6 and not report.stopped
+    assert early.launcher.starts == 2                         # no worker started after torch
+    assert {v for v, _ in jobs_run(tmp_path)} == {"0", "1"}
+    assert not any("started again" in n for n in report.notes)
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_workers_started_for_other_devices_are_ended_and_the_run_starts_its_own(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(worker_launch, "DRIVER_GPUS", driver_list(tmp_path, 3))
+    (tmp_path / "slow").write_text("0.5")
+    early = worker_launch.start_early("all", FAKE + [str(tmp_path)])
+    early_pids = [w.proc.pid for w in early.workers.values()]
+    report = on_gpus.run(listed(4), [0, 1], lambda problem: None, argv=FAKE + [str(tmp_path)], early=early)
+    assert report.count(offline.TUNED) == 4
+    assert any("for GPUs [0, 1, 2], torch numbers [0, 1]: started again" in n for n in report.notes)
+    assert not any(alive(pid) for pid in early_pids)
+    assert {v for v, _ in jobs_run(tmp_path)} == {"0", "1"}
+
+
+def test_workers_are_ended_when_nothing_is_left_to_tune(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(worker_launch, "DRIVER_GPUS", driver_list(tmp_path, 2))
+    early = worker_launch.start_early("all", FAKE + [str(tmp_path)])
+    pids = [w.proc.pid for w in early.workers.values()]
+    stored = SimpleNamespace(pending=[])
+    report = on_gpus.run(listed(2), [0, 1], lambda problem: stored, early=early)    # the store has them all
+    assert report.count(offline.IN_STORE) == 2
+    assert not any(alive(pid) for pid in pids)
+    assert not list((tmp_path / "cache" / "logs").glob("tune-gpu*.log"))
+
+
+def test_the_cli_ends_its_early_workers_when_the_run_cannot_go_on(tmp_path, monkeypatch, capsys):
+    """On CPU the command stops at "no GPU"; the workers it started before torch must not outlive it."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(worker_launch, "DRIVER_GPUS", driver_list(tmp_path, 2))
+    monkeypatch.setattr(worker_launch, "WORKER", FAKE + [str(tmp_path)])
+    started = []
+    real = worker_launch.EarlyWorkers.__init__
+
+    def spy(self, devices, argv=None):
+        real(self, devices, argv)
+        started.extend(w.proc.pid for w in self.workers.values())
+    monkeypatch.setattr(worker_launch.EarlyWorkers, "__init__", spy)
+    path = tmp_path / "p.csv"
+    path.write_text("M,N,K,dtype,layout\n64,48,32,fp16,nt\n")
+    assert main(["tune", str(path), "--gpus", "all"]) == 2
+    assert "no GPU here" in capsys.readouterr().err
+    assert len(started) == 2 and not any(alive(pid) for pid in started)
+
+
+def test_the_cli_loads_torch_only_after_it_parsed_the_command_line():
+    code = ("import sys; import kernels.__main__ as m; m.build_parser().parse_args(['tune', 'x.csv', '--gpus', 'all']);"
+            " print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
