@@ -7,7 +7,8 @@ from typing import Callable, Optional
 
 import torch
 
-from backends.isolated_child import CHILD_TIMEOUT_S, run_isolated
+from backends.child_handle import CHILD_TIMEOUT_S
+from backends.isolated_child import run_isolated
 from kernels.core.choice import Choice
 from kernels.core.problem import GemmProblem
 

@@ -2,7 +2,7 @@
 
 A kernel that faults (illegal address) poisons its CUDA context for good, so it must not run in the caller.
 Backends whose `isolated` attribute is set (CUTLASS's) measure their runners here.
-The parent keeps one child per process and sends it one JSON request per line on stdin; the child answers one tagged
+The parent keeps one child per process (backends.child_handle) and sends it one JSON request per line on stdin; the child answers one tagged
 JSON line per event on stdout: {"start": name} before touching a candidate, then {"name", "timing"} or
 {"name", "error"}, and a tagged `done` line after the request. When the child dies or times out, the candidate that
 started without an answer is the culprit; the rest run in a fresh child.
@@ -13,37 +13,24 @@ when it starts that candidate, so the isolation itself can be tested on any mach
 """
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import queue
 import signal
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 
 import torch
 
-from backends import get_backend
+from backends import child_handle, get_backend
+from backends.child_handle import DONE, TAG
 from kernels.core.cache_root import cache_root
 from kernels.core.choice import Choice
 from kernels.core.config import config
-from kernels.core.helper_env import child_environment
 from kernels.core.problem import GemmProblem
-from kernels.core.toolchain import REPO_ROOT
 from kernels.measure.timing import Timing, measure, user_call
 from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
 from kernels.native import fastpath
 
-TAG = "@@kernels-child "
-DONE = "done"                       # after TAG: the child has answered the whole request
-STDERR_TAIL = 1500
-# Seconds an isolated verify-and-time child may run before it is killed. The child compiles nothing (it loads what the
-# parent built), so this only bounds a hung kernel: far above a dozen candidates at KERNELS_BENCH_MS each, with the
-# child's imports and CUDA start
-CHILD_TIMEOUT_S = 300.0
 # Tests only: the choice name at which the child kills itself (None: no fault)
 FAULT_INJECTION: str | None = None
 
@@ -74,146 +61,23 @@ def _parse(stdout: str) -> tuple[dict[str, dict], str | None]:
     return answers, in_flight
 
 
-class _Worker:
-    """One child that serves requests, one JSON line each, until it dies or is closed: its start (a Python process,
-    torch, a CUDA context) is paid once per process rather than once per tune. After a fault it is discarded and the
-    rest of the request goes to a fresh one."""
-
-    def __init__(self, warm: dict | None = None):
-        # stderr to a file: a pipe nobody reads while the child works could fill and stall it
-        self.stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "backends.isolated_child"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True, bufsize=1,
-                                     cwd=str(REPO_ROOT), env=child_environment())
-        self.lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        # a warm-up request queued at once: the child's CUDA context and libraries come up while the caller works
-        self.warming = warm is not None and self._write(warm)
-
-    def _write(self, request: dict) -> bool:
-        try:
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-            return True
-        except OSError:
-            return False
-
-    def warmed(self, timeout_s: float) -> str:
-        """Wait for the warm-up request's answer (it comes before any other): "done" (or nothing was queued),
-        "died" or "timed out" (then the child is to be ended: its next answer could be the warm-up's)."""
-        if not self.warming:
-            return "done"
-        _, ended = self._answer(time.monotonic() + timeout_s)
-        self.warming = False
-        return ended
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(None)                 # end of output: the child is gone
-
-    def ask(self, request: dict, timeout_s: float) -> tuple[str, str]:
-        """(the child's output for this request, how it ended: "done", "died" or "timed out")."""
-        if not self._write(request):
-            return "", "died"
-        return self._answer(time.monotonic() + timeout_s)
-
-    def _answer(self, deadline: float) -> tuple[str, str]:
-        out: list[str] = []
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                return "".join(out), "timed out"
-            if line is None:
-                return "".join(out), "died"
-            if line.startswith(TAG + DONE):
-                return "".join(out), "done"
-            out.append(line)
-
-    def end(self, kill: bool) -> tuple[int | None, str]:
-        """Stop the child (kill it, or let it read the end of its input); (its exit status, its stderr's tail)."""
-        try:
-            if kill:
-                self.proc.kill()
-            else:
-                self.proc.stdin.close()
-            self.proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
-        self.stderr.seek(0)
-        tail = self.stderr.read()[-STDERR_TAIL:]
-        self.stderr.close()
-        return self.proc.returncode, tail
-
-
-_worker: _Worker | None = None
-_worker_lock = threading.Lock()
-
-
-def close_worker() -> None:
-    """End this process's child, if one runs (at exit; tests)."""
-    global _worker
-    with _worker_lock:
-        if _worker is not None:
-            _worker.end(kill=False)
-            _worker = None
-
-
-atexit.register(close_worker)
-
-
-def prestart(device: int | None = None) -> None:
-    """Start this process's child now, so its start-up (a Python process, torch) overlaps what the caller does next
-    rather than the first isolated tune (a tuning worker calls this as it starts). With a CUDA `device` the child
-    also brings up its context and libraries there at once (`warmed` waits for that)."""
-    global _worker
-    with _worker_lock:
-        if _worker is None:
-            warm = None if device is None else {"warmup": True, "device": device, "cache_dir": str(cache_root())}
-            _worker = _Worker(warm)
-
-
-def warmed(timeout_s: float = CHILD_TIMEOUT_S) -> str:
-    """Wait until the prestarted child has finished its warm-up: "done" (or none pending), "died" or "timed out"
-    (either way that child is ended, and the first isolated tune starts a fresh one)."""
-    with _worker_lock:
-        return _settle_warm_up(timeout_s)
-
-
-def _settle_warm_up(timeout_s: float) -> str:
-    global _worker
-    if _worker is None:
-        return "done"
-    ended = _worker.warmed(timeout_s)
-    if ended != "done":
-        _worker.end(kill=True)
-        _worker = None
-    return ended
-
-
 def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: float) -> dict:
     """name -> kernels.timing.Timing, or name -> failure text, for every choice of `backend`. Never raises for a
     kernel's fault."""
-    global _worker
     results: dict = {}
     remaining = list(choices)
     seed = int(time.time_ns() % (1 << 31))
-    with _worker_lock:
-        _settle_warm_up(timeout_s)
+    with child_handle.lock:
+        child_handle.warmed(timeout_s)
         while remaining:
             request = {"backend": backend, "problem": json.loads(problem.key()),
                        "choices": [c.as_dict() for c in remaining], "budget_ms": budget_ms, "seed": seed,
                        "device": torch.cuda.current_device() if torch.cuda.is_available() else 0,
                        "cache_dir": str(cache_root()), "fault": FAULT_INJECTION}
-            if _worker is None:
-                _worker = _Worker()
-            stdout, ended = _worker.ask(request, timeout_s)
+            stdout, ended = child_handle.started().ask(request, timeout_s)
             why = ""
             if ended != "done":
-                status, stderr = _worker.end(kill=True)
-                _worker = None
+                status, stderr = child_handle.discard(kill=True)
                 why = (f"timed out after {timeout_s:.0f} s in the isolated child" if ended == "timed out" else
                        f"isolated child exited with status {status}: {stderr.strip()}")
             answers, in_flight = _parse(stdout)

@@ -360,7 +360,7 @@ RETIRED = {
     "cutlass_allow": ("KERNELS_CUTLASS_ALLOW", "KERNELS_ONLY (applies to CUTLASS before its candidate limit)"),
     "cutlass_deny": ("KERNELS_CUTLASS_DENY", "KERNELS_SKIP (applies to CUTLASS before its candidate limit)"),
     "isolate": ("KERNELS_ISOLATE", "the backend's `isolated` attribute (CUTLASS's is True)"),
-    "child_timeout_s": ("KERNELS_CHILD_TIMEOUT", "backends.isolated_child.CHILD_TIMEOUT_S"),
+    "child_timeout_s": ("KERNELS_CHILD_TIMEOUT", "backends.child_handle.CHILD_TIMEOUT_S"),
     "dynamic_dims": ("", "kernels.config.dynamic (KERNELS_DYNAMIC)"),
     "dynamic_hints": ("KERNELS_DYNAMIC_HINTS", "KERNELS_DYNAMIC=m=16,256,4096, or kernels.Dynamic(hints=...)"),
     "dynamic_mode": ("KERNELS_DYNAMIC_MODE", "kernels.Dynamic(mode=...)"),

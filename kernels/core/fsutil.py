@@ -89,7 +89,7 @@ def read_json(path: Path) -> dict | None:
 
 
 # How long a process waits for another that holds the same lock (tuning one problem, building a CUTLASS batch): a
-# tune may include an isolated child's 300 s (backends.isolated_child.CHILD_TIMEOUT_S) besides its builds; a holder
+# tune may include an isolated child's 300 s (backends.child_handle.CHILD_TIMEOUT_S) besides its builds; a holder
 # that dies drops its lock at once, so only a live, stuck one is ever waited out
 LOCK_TIMEOUT_S = 600.0
 

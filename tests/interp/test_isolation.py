@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kernels
-from backends import isolated_child
+from backends import child_handle, isolated_child
 from backends.triton import TritonBackend
 from kernels.core.config import interpret_mode
 from kernels.core.problem import GemmProblem
@@ -83,33 +83,33 @@ def test_one_child_serves_every_tune_of_the_process(isolated_triton):
         kernels.config.only = "|".join("^" + re.escape(x) + "$" for x in names)
         assert_close(kernels.mm(a, b), a, b)
         assert all(kernels.explain(a, b).details[x]["measured_in"] == "child" for x in names)
-        pids.append(isolated_child._worker.proc.pid)
-    assert pids[0] == pids[1] and isolated_child._worker.proc.poll() is None
-    isolated_child.close_worker()
-    assert isolated_child._worker is None
+        pids.append(child_handle.current().proc.pid)
+    assert pids[0] == pids[1] and child_handle.current().proc.poll() is None
+    child_handle.close()
+    assert child_handle.current() is None
 
 
 def test_a_prestarted_child_warms_up_then_serves_the_first_tune(isolated_triton):
     """A tuning worker starts its child warming up at once (CUDA context, cuBLAS); the warm-up's answer must not be
     taken for the first request's."""
-    isolated_child.close_worker()
-    isolated_child.prestart(0)
-    pid = isolated_child._worker.proc.pid
-    assert isolated_child.warmed(timeout_s=120) == "done"
+    child_handle.close()
+    child_handle.prestart(0)
+    pid = child_handle.current().proc.pid
+    assert child_handle.warmed(timeout_s=120) == "done"
     a, b = operands(17, 65, 33, "col")
     names = two_triton_choices(a, b)
     kernels.config.only = "|".join("^" + re.escape(x) + "$" for x in names)
     assert_close(kernels.mm(a, b), a, b)
     sel = kernels.explain(a, b)
     assert all(isinstance(sel.timings[x], float) and sel.details[x]["measured_in"] == "child" for x in names)
-    assert isolated_child._worker.proc.pid == pid
-    isolated_child.close_worker()
+    assert child_handle.current().proc.pid == pid
+    child_handle.close()
 
 
 def test_a_child_that_dies_warming_up_is_replaced_for_the_first_tune(isolated_triton):
-    isolated_child.close_worker()
-    isolated_child.prestart(0)          # not waited for: the first tune settles the warm-up itself
-    dead = isolated_child._worker.proc
+    child_handle.close()
+    child_handle.prestart(0)          # not waited for: the first tune settles the warm-up itself
+    dead = child_handle.current().proc
     dead.kill()
     a, b = operands(19, 40, 24, "col")
     names = two_triton_choices(a, b)
@@ -117,8 +117,8 @@ def test_a_child_that_dies_warming_up_is_replaced_for_the_first_tune(isolated_tr
     assert_close(kernels.mm(a, b), a, b)
     sel = kernels.explain(a, b)
     assert all(isinstance(sel.timings[x], float) for x in names), sel.timings
-    assert isolated_child._worker.proc.pid != dead.pid
-    isolated_child.close_worker()
+    assert child_handle.current().proc.pid != dead.pid
+    child_handle.close()
 
 
 def test_scaled_mm_candidates_are_verified_and_timed_with_their_operand_tuple(isolated_triton):

@@ -116,3 +116,11 @@ def test_the_cli_loads_torch_only_after_it_parsed_the_command_line():
             " print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize("module", ["kernels.__main__", "kernels.tune.worker_launch", "kernels.dispatch.tune_worker",
+                                    "backends.child_handle"])
+def test_what_starts_workers_and_children_before_torch_is_free_of_torch(module):
+    code = f"import sys, {module}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr

@@ -1,0 +1,156 @@
+"""This process's handle on its isolated verify-and-time child (`python -m backends.isolated_child`): start it, ask
+it one request at a time, end it. Free of torch, so a tuning worker can start its child before it imports torch
+itself (the two start-ups, seconds each, then overlap); backends.isolated_child holds the requests and the child's
+side. One child per process, behind `lock`.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from kernels.core.cache_root import cache_root
+from kernels.core.helper_env import child_environment
+from kernels.core.toolchain import REPO_ROOT
+
+TAG = "@@kernels-child "
+DONE = "done"                       # after TAG: the child has answered the whole request
+STDERR_TAIL = 1500
+# Seconds an isolated verify-and-time child may run before it is killed. The child compiles nothing (it loads what the
+# parent built), so this only bounds a hung kernel: far above a dozen candidates at KERNELS_BENCH_MS each, with the
+# child's imports and CUDA start
+CHILD_TIMEOUT_S = 300.0
+
+
+class Child:
+    """One child that serves requests, one JSON line each, until it dies or is closed: its start (a Python process,
+    torch, a CUDA context) is paid once per process rather than once per tune. After a fault it is discarded and the
+    rest of the request goes to a fresh one."""
+
+    def __init__(self, warm: dict | None = None):
+        # stderr to a file: a pipe nobody reads while the child works could fill and stall it
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "backends.isolated_child"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True, bufsize=1,
+                                     cwd=str(REPO_ROOT), env=child_environment())
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        # a warm-up request queued at once: the child's CUDA context and libraries come up while the caller works
+        self.warming = warm is not None and self._write(warm)
+
+    def _write(self, request: dict) -> bool:
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            return True
+        except OSError:
+            return False
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)                 # end of output: the child is gone
+
+    def warmed(self, timeout_s: float) -> str:
+        """Wait for the warm-up request's answer (it comes before any other): "done" (or nothing was queued),
+        "died" or "timed out" (then the child is to be ended: its next answer could be the warm-up's)."""
+        if not self.warming:
+            return "done"
+        _, ended = self._answer(time.monotonic() + timeout_s)
+        self.warming = False
+        return ended
+
+    def ask(self, request: dict, timeout_s: float) -> tuple[str, str]:
+        """(the child's output for this request, how it ended: "done", "died" or "timed out")."""
+        if not self._write(request):
+            return "", "died"
+        return self._answer(time.monotonic() + timeout_s)
+
+    def _answer(self, deadline: float) -> tuple[str, str]:
+        out: list[str] = []
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return "".join(out), "timed out"
+            if line is None:
+                return "".join(out), "died"
+            if line.startswith(TAG + DONE):
+                return "".join(out), "done"
+            out.append(line)
+
+    def end(self, kill: bool) -> tuple[int | None, str]:
+        """Stop the child (kill it, or let it read the end of its input); (its exit status, its stderr's tail)."""
+        try:
+            if kill:
+                self.proc.kill()
+            else:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.seek(0)
+        tail = self.stderr.read()[-STDERR_TAIL:]
+        self.stderr.close()
+        return self.proc.returncode, tail
+
+
+_child: Child | None = None
+lock = threading.RLock()        # held by whoever talks to the child: one request at a time per process
+
+
+def current() -> Child | None:
+    return _child
+
+
+def started() -> Child:
+    """The child, started now if none runs (hold `lock`)."""
+    global _child
+    if _child is None:
+        _child = Child()
+    return _child
+
+
+def discard(kill: bool) -> tuple[int | None, str]:
+    """End the child (hold `lock`): killed, or left to read the end of its input; (its exit status, stderr's tail)."""
+    global _child
+    child, _child = _child, None
+    return child.end(kill) if child is not None else (None, "")
+
+
+def close() -> None:
+    """End this process's child, if one runs (at exit; tests)."""
+    with lock:
+        discard(kill=False)
+
+
+atexit.register(close)
+
+
+def prestart(device: int | None = None) -> None:
+    """Start this process's child now, so its start-up (a Python process, torch) overlaps what the caller does next
+    rather than the first isolated tune (a tuning worker calls this first thing). With a CUDA `device` the child also
+    brings up its context and libraries there at once (`warmed` waits for that)."""
+    global _child
+    with lock:
+        if _child is None:
+            warm = None if device is None else {"warmup": True, "device": device, "cache_dir": str(cache_root())}
+            _child = Child(warm)
+
+
+def warmed(timeout_s: float = CHILD_TIMEOUT_S) -> str:
+    """Wait until the prestarted child has finished its warm-up: "done" (or none pending), "died" or "timed out"
+    (either way that child is ended, and the first isolated tune starts a fresh one)."""
+    with lock:
+        if _child is None:
+            return "done"
+        ended = _child.warmed(timeout_s)
+        if ended != "done":
+            discard(kill=True)
+        return ended
