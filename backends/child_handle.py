@@ -66,7 +66,12 @@ class Child:
         return ended
 
     def ask(self, request: dict, timeout_s: float) -> tuple[str, str]:
-        """(the child's output for this request, how it ended: "done", "died" or "timed out")."""
+        """(the child's output for this request, how it ended: "done", "died" or "timed out"). A warm-up still
+        pending is answered first, so its `done` is never taken for this request's."""
+        if self.warming:
+            ended = self.warmed(timeout_s)
+            if ended != "done":
+                return "", ended
         if not self._write(request):
             return "", "died"
         return self._answer(time.monotonic() + timeout_s)

@@ -2,10 +2,10 @@
 
 A kernel that faults (illegal address) poisons its CUDA context for good, so it must not run in the caller.
 Backends whose `isolated` attribute is set (CUTLASS's) measure their runners here.
-The parent keeps one child per process (backends.child_handle) and sends it one JSON request per line on stdin; the child answers one tagged
-JSON line per event on stdout: {"start": name} before touching a candidate, then {"name", "timing"} or
-{"name", "error"}, and a tagged `done` line after the request. When the child dies or times out, the candidate that
-started without an answer is the culprit; the rest run in a fresh child.
+The parent keeps one child per process (backends.child_handle) and sends it one JSON request per line on stdin; the
+child answers one tagged JSON line per event on stdout: {"start": name} before touching a candidate, then
+{"name", "timing"} or {"name", "error"}, and a tagged `done` line after the request. When the child dies or times out,
+the candidate that started without an answer is the culprit; the rest run in a fresh child.
 The checks and timing are kernels.verify and kernels.timing, exactly as in-process tuning uses them.
 
 `FAULT_INJECTION = <choice name>` (set in the parent, passed in the request) makes the child kill itself (SIGSEGV)

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from kernels.core.config import ALL_BACKENDS, WARMUP_DTYPES, config
 from kernels.core.errors import SettingError
-from kernels.tune import worker_launch
+from kernels.tune import gpu_pool, worker_launch
 
 
 def _seconds(text: str) -> float:
@@ -163,20 +164,30 @@ def _tune_settings(args) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    early = None
-    if args.command == "tune":
-        if not _tune_settings(args):
-            return 2
-        if args.gpus is not None and not args.dry_run:
-            # started before torch is loaded: the workers' start-up (seconds) overlaps this process's
-            early = worker_launch.start_early(args.gpus)
-    try:
-        commands = importlib.import_module("kernels.commands")     # torch comes with the commands
-    except BaseException:
-        if early is not None:
-            early.close()
-        raise
-    return commands.run(args, early)
+    if args.command != "tune":
+        return importlib.import_module("kernels.commands").run(args)     # torch comes with the commands
+    if not _tune_settings(args):
+        return 2
+    if not _may_tune_on_gpus(args):
+        return importlib.import_module("kernels.commands").run(args)
+    # workers started before torch is loaded: their start-up (seconds) overlaps this process's; a SIGTERM or SIGHUP
+    # meanwhile ends them as ^C does (commands.run ends the ones the run did not adopt)
+    with gpu_pool.terminations_as_interrupt():
+        early = worker_launch.start_early(args.gpus)
+        try:
+            commands = importlib.import_module("kernels.commands")
+        except BaseException:
+            if early is not None:
+                early.close()
+            raise
+        return commands.run(args, early)
+
+
+def _may_tune_on_gpus(args) -> bool:
+    """Whether this tune run can hand problems to GPU workers at all, told without torch: --gpus, not a dry run,
+    time to start one, and every listed file there (a missing one is the run's error to name)."""
+    return (args.gpus is not None and not args.dry_run and (args.time_limit is None or args.time_limit > 0)
+            and all(os.path.isfile(p) for p in args.problems))
 
 
 if __name__ == "__main__":

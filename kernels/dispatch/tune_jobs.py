@@ -18,6 +18,9 @@ from kernels.tune import offline, problem_list
 from kernels.tune.gpu_pool import emit
 
 CONTEXT_LOST = 3
+# how long `ready` waits for the isolated child's warm-up: well inside the pool's READY_TIMEOUT_S, so a child stuck
+# warming up costs this worker its child (the first tune starts a fresh one), never the worker its GPU
+CHILD_WARM_UP_S = 90.0
 
 
 def answer(item: problem_list.Listed) -> dict:
@@ -44,17 +47,17 @@ def serve(channel, jobs=None) -> int:
     if where is None:
         print(f"kernels tune worker: no GPU visible here (CUDA_VISIBLE_DEVICES="
               f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r})", file=sys.stderr)
+        _end_child()
         return 2
     ready = {"ready": True, "device_name": where[2]}
     if where[0] == "cuda" and _isolated_serves(where[1], where[2]):
         child_handle.prestart(torch.cuda.current_device())     # started already, unless CUTLASS was not listed
         torch.ones(1, device="cuda")              # this process's context meanwhile
         start = time.perf_counter()
-        ready["child"] = child_handle.warmed()
+        ready["child"] = child_handle.warmed(CHILD_WARM_UP_S)
         ready["child_wait_s"] = round(time.perf_counter() - start, 3)
     else:
-        with child_handle.lock:
-            child_handle.discard(kill=True)       # started on the chance it was needed: it is not
+        _end_child()                              # started on the chance it was needed: it is not
         if where[0] == "cuda":
             torch.ones(1, device="cuda")          # the context now, so `ready` covers the start-up
     emit(channel, ready)
@@ -65,6 +68,7 @@ def serve(channel, jobs=None) -> int:
             item = problem_list.retarget([problem_list.from_line(job["line"], job["where"])], *where)[0]
         except (ValueError, KeyError, TypeError) as e:
             print(f"kernels tune worker: bad job {raw[:200]!r}: {e}", file=sys.stderr)
+            _end_child()
             return 2
         emit(channel, {"index": index, "result": answer(item)})
         if not isolated_child.context_alive(where[0]):
@@ -72,3 +76,9 @@ def serve(channel, jobs=None) -> int:
                   file=sys.stderr)
             return CONTEXT_LOST
     return 0
+
+
+def _end_child() -> None:
+    """Kill the isolated child now (the exit's own close would let a child still warming up finish first)."""
+    with child_handle.lock:
+        child_handle.discard(kill=True)

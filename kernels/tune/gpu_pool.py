@@ -116,6 +116,7 @@ class Worker:
         self.job_started = 0.0
         self.ready = False
         self.stopping = False
+        self.hung_killed = False
         self.started = self.ready_at = time.perf_counter()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # the log is ours alone: created 0600, never through a link planted at its path
@@ -237,7 +238,9 @@ class Pool:
                     self._give_work(worker)
             while self._workers and not self._all_answered():
                 self._step()
-            ended_clean = list(self._workers.values())    # holding nothing: whether they had started or not
+            # holding nothing, never killed as hung, not dead (a worker still starting up when the last answer came
+            # is no failure): their logs say nothing worth keeping
+            ended_clean = [w for w in self._workers.values() if not w.hung_killed and w.proc.poll() in (None, 0)]
         except KeyboardInterrupt:
             self.stopped = "interrupted"
         finally:
@@ -269,8 +272,8 @@ class Pool:
                 worker.job = None
 
     def _all_answered(self) -> bool:
-        """Nothing left to hand out (or no time to) and nothing in flight: the workers' exits are not waited for (ending a worker
-        waits for its isolated child and its interpreter's teardown, seconds that would add to every run)."""
+        """Nothing left to hand out (or no time to) and nothing in flight: the workers' exits are not waited for
+        (ending a worker waits for its isolated child and its interpreter's teardown: seconds on every run)."""
         return (not self._todo or self._out_of_time()) and all(w.job is None for w in self._workers.values())
 
     def _out_of_time(self) -> bool:
@@ -297,7 +300,7 @@ class Pool:
                 why = w.hung(now)
                 if why and not w.stopping:
                     self._note(f"the worker on GPU {w.device} is {why}: killed")
-                    w.stopping = True
+                    w.stopping = w.hung_killed = True
                     w.kill(signal.SIGKILL)
             return
         if self._workers.get(worker.device) is not worker:
@@ -358,7 +361,6 @@ class Pool:
             self._todo.appendleft(job)
             self._note(f"{what} while tuning problem #{job}: handed back to the queue"
                        + (f"; its log ends: {tail[-400:]}" if tail else ""))
-
 
 
 def stop_workers(workers: list[Worker]) -> None:

@@ -37,6 +37,16 @@ def run(items: list[Listed], devices: list[int], stored, time_limit: float | Non
 def _spread(report: offline.Report, todo: list[Listed], devices: list[int], deadline: float | None,
             deadline_reason: str, log, argv: list[str] | None, early: EarlyWorkers | None) -> None:
     started = early.adopt(devices) if early is not None else {}
+    try:
+        _run_pool(report, todo, devices, deadline, deadline_reason, log, argv, early, started)
+    except BaseException:
+        gpu_pool.stop_workers(list(started.values()))     # adopted, but the pool may not have got to them
+        raise
+
+
+def _run_pool(report: offline.Report, todo: list[Listed], devices: list[int], deadline: float | None,
+              deadline_reason: str, log, argv: list[str] | None, early: EarlyWorkers | None,
+              started: dict[int, gpu_pool.Worker]) -> None:
     if early is not None and not started:
         report.notes.append(f"the workers started before torch was loaded were for GPUs {early.devices}, torch "
                             f"numbers {devices}: started again")

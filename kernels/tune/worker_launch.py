@@ -82,7 +82,13 @@ class EarlyWorkers:
     def __init__(self, devices: list[int], argv: list[str] | None = None):
         self.devices = devices
         self.launcher = Launcher(devices, argv)
-        self.workers = {d: self.launcher(d, self.launcher.events) for d in devices}
+        self.workers: dict[int, gpu_pool.Worker] = {}
+        try:
+            for device in devices:
+                self.workers[device] = self.launcher(device, self.launcher.events)
+        except BaseException:
+            self.close()                      # the ones started before the failure (or the ^C)
+            raise
 
     def adopt(self, devices: list[int]) -> dict[int, gpu_pool.Worker]:
         """The workers, handed to the run when torch numbers the same devices; otherwise they are ended and {}."""
@@ -103,12 +109,11 @@ class EarlyWorkers:
 
 def start_early(gpus: str, argv: list[str] | None = None) -> EarlyWorkers | None:
     """Workers for `--gpus gpus` now, or None when what torch will see cannot be told without it (no driver list,
-    no GPU) or the list is bad (the run names the error once torch is up)."""
+    no GPU), the list is bad, or a worker cannot be started (the run starts its own and names what fails)."""
     count = visible_count()
     if not count:
         return None
     try:
-        devices = gpu_pool.parse_gpus(gpus, count)
-    except gpu_pool.GpuListError:
+        return EarlyWorkers(gpu_pool.parse_gpus(gpus, count), argv)
+    except (gpu_pool.GpuListError, OSError):
         return None
-    return EarlyWorkers(devices, argv)

@@ -106,6 +106,21 @@ def test_a_prestarted_child_warms_up_then_serves_the_first_tune(isolated_triton)
     child_handle.close()
 
 
+def test_a_tune_right_after_prestart_waits_for_the_warm_up_answer(isolated_triton):
+    """The warm-up's `done` comes first on the child's output: a tune sent while it is pending must not take it."""
+    child_handle.close()
+    child_handle.prestart(0)
+    a, b = operands(18, 40, 24, "col")
+    names = two_triton_choices(a, b)
+    kernels.config.only = "|".join("^" + re.escape(x) + "$" for x in names)
+    assert_close(kernels.mm(a, b), a, b)
+    sel = kernels.explain(a, b)
+    assert all(isinstance(sel.timings[x], float) and sel.details[x]["measured_in"] == "child" for x in names), \
+        sel.timings
+    assert not child_handle.current().warming
+    child_handle.close()
+
+
 def test_a_child_that_dies_warming_up_is_replaced_for_the_first_tune(isolated_triton):
     child_handle.close()
     child_handle.prestart(0)          # not waited for: the first tune settles the warm-up itself

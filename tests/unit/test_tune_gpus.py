@@ -149,6 +149,7 @@ def test_a_worker_never_ready_is_killed_as_hung(tmp_path, monkeypatch):
     assert time.perf_counter() - start < 30
     assert report.count(offline.LEFT) == 2
     assert any("not ready after 1 s: killed" in n for n in report.notes)
+    assert len(list((tmp_path / "cache" / "logs").glob("tune-gpu0-*.log"))) == 1    # why it never came up
 
 
 def test_a_worker_hung_on_a_problem_is_killed_and_the_problem_handed_back(tmp_path, monkeypatch):
@@ -238,6 +239,8 @@ def test_the_cli_refuses_gpus_without_a_gpu(tmp_path, capsys, monkeypatch):
     path.write_text("M,N,K,dtype,layout\n64,48,32,fp16,nt\n")
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)          # no worker started before torch either
+    monkeypatch.setattr(worker_launch, "DRIVER_GPUS", tmp_path / "no-driver")
     monkeypatch.setenv("TRITON_INTERPRET", "1")          # the CPU target: tune would run, but --gpus finds none
     code = main(["tune", str(path), "--gpus", "0"])
     assert code == 2 and "--gpus 0: no GPU visible" in capsys.readouterr().err
@@ -250,9 +253,11 @@ from kernels.tune import gpu_pool, worker_launch
 from kernels.tune.problem_list import line_of, parse_csv
 from tests.unit.test_tune_gpus import FAKE
 base = Path(sys.argv[1])
-items = parse_csv("M,N,K,dtype,layout\\n" + "\\n".join(f"{16 * (i + 1)},64,32,fp16,nt" for i in range(6)) + "\\n", "p.csv")
+rows = "\\n".join(f"{16 * (i + 1)},64,32,fp16,nt" for i in range(6))
+items = parse_csv("M,N,K,dtype,layout\\n" + rows + "\\n", "p.csv")
 def start(device, events):
-    w = gpu_pool.Worker(device, FAKE + [str(base)], worker_launch.worker_env(device, 2), base / f"w{device}.log", events)
+    env = worker_launch.worker_env(device, 2)
+    w = gpu_pool.Worker(device, FAKE + [str(base)], env, base / f"w{device}.log", events)
     with open(base / "workers", "a") as f:
         f.write(f"{w.proc.pid}\\n")
     return w

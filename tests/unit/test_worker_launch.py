@@ -1,6 +1,7 @@
 """`python -m kernels tune --gpus` starts its workers before it imports torch (kernels.tune.worker_launch): the GPU
 count it can tell without CUDA, the run adopting those workers when torch numbers the same devices, ending them
 otherwise, and the CLI leaving none behind when the run stops early. Fake workers (tests/fake_tune_worker.py)."""
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -11,6 +12,7 @@ import torch
 from kernels.__main__ import main
 from kernels.core.config import config
 from kernels.tune import offline, on_gpus, worker_launch
+from tests.helpers import REPO
 from tests.unit.test_tune_gpus import FAKE, alive, jobs_run, listed
 
 
@@ -89,33 +91,78 @@ def test_workers_are_ended_when_nothing_is_left_to_tune(tmp_path, monkeypatch):
     assert not list((tmp_path / "cache" / "logs").glob("tune-gpu*.log"))
 
 
-def test_the_cli_ends_its_early_workers_when_the_run_cannot_go_on(tmp_path, monkeypatch, capsys):
-    """On CPU the command stops at "no GPU"; the workers it started before torch must not outlive it."""
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
+@pytest.fixture
+def spied_cli(tmp_path, monkeypatch):
+    """The CLI's early start with fake workers on a fake two-GPU driver list; yields the pids it started."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(worker_launch, "DRIVER_GPUS", driver_list(tmp_path, 2))
     monkeypatch.setattr(worker_launch, "WORKER", FAKE + [str(tmp_path)])
-    started = []
+    started: list[int] = []
     real = worker_launch.EarlyWorkers.__init__
 
     def spy(self, devices, argv=None):
         real(self, devices, argv)
         started.extend(w.proc.pid for w in self.workers.values())
     monkeypatch.setattr(worker_launch.EarlyWorkers, "__init__", spy)
+    return started
+
+
+def test_the_cli_ends_its_early_workers_when_the_list_is_empty(tmp_path, spied_cli, capsys):
+    path = tmp_path / "p.csv"
+    path.write_text("M,N,K,dtype,layout\n")
+    assert main(["tune", str(path), "--gpus", "all"]) == 2
+    assert "no problems listed" in capsys.readouterr().err
+    assert len(spied_cli) == 2 and not any(alive(pid) for pid in spied_cli)
+    assert not list((tmp_path / "cache" / "logs").glob("tune-gpu*.log"))
+
+
+def test_the_cli_ends_its_early_workers_when_there_is_no_gpu(tmp_path, spied_cli, monkeypatch, capsys):
+    """On CPU the command stops at "no GPU"; the workers it started before torch must not outlive it."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     path = tmp_path / "p.csv"
     path.write_text("M,N,K,dtype,layout\n64,48,32,fp16,nt\n")
     assert main(["tune", str(path), "--gpus", "all"]) == 2
     assert "no GPU here" in capsys.readouterr().err
-    assert len(started) == 2 and not any(alive(pid) for pid in started)
+    assert len(spied_cli) == 2 and not any(alive(pid) for pid in spied_cli)
 
 
-def test_the_cli_loads_torch_only_after_it_parsed_the_command_line():
-    code = ("import sys; import kernels.__main__ as m; m.build_parser().parse_args(['tune', 'x.csv', '--gpus', 'all']);"
-            " print('torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+@pytest.mark.parametrize("argv", [["tune", "missing.csv", "--gpus", "all"],
+                                  ["tune", "{p}", "--gpus", "all", "--dry-run"],
+                                  ["tune", "{p}", "--gpus", "all", "--time-limit", "0"], ["tune", "{p}", "--dry-run"]])
+def test_no_workers_start_early_for_a_run_that_cannot_use_them(argv, tmp_path, spied_cli, capsys):
+    path = tmp_path / "p.csv"
+    path.write_text("M,N,K,dtype,layout\n64,48,32,fp16,nt\n")
+    main([a.replace("{p}", str(path)) for a in argv])
+    assert spied_cli == []
+
+
+EARLY = """
+import sys
+from pathlib import Path
+from kernels import __main__ as cli
+from kernels.tune import worker_launch
+base = Path(sys.argv[1])
+worker_launch.DRIVER_GPUS = base / "driver_gpus"
+worker_launch.WORKER = [sys.executable, sys.argv[2], str(base)]
+real = worker_launch.EarlyWorkers.__init__
+def spy(self, devices, argv=None):
+    print("torch loaded when the workers started:", "torch" in sys.modules, flush=True)
+    real(self, devices, argv)
+worker_launch.EarlyWorkers.__init__ = spy
+sys.exit(cli.main(["tune", str(base / "p.csv"), "--gpus", "all", "--backends", "aten,triton"]))
+"""
+
+
+def test_the_cli_starts_the_workers_before_it_loads_torch(tmp_path):
+    driver_list(tmp_path, 2)
+    (tmp_path / "p.csv").write_text("M,N,K,dtype,layout\n64,48,32,fp16,nt\n")
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env["KERNELS_CACHE_DIR"] = str(tmp_path / "cache")
+    out = subprocess.run([sys.executable, "-c", EARLY, str(tmp_path), FAKE[1]], capture_output=True, text=True,
+                         timeout=300, cwd=str(REPO), env=env)
+    assert "torch loaded when the workers started: False" in out.stdout, out.stdout + out.stderr[-2000:]
 
 
 @pytest.mark.parametrize("module", ["kernels.__main__", "kernels.tune.worker_launch", "kernels.dispatch.tune_worker",
