@@ -164,23 +164,25 @@ def _tune_settings(args) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command != "tune":
-        return importlib.import_module("kernels.commands").run(args)     # torch comes with the commands
-    if not _tune_settings(args):
-        return 2
-    if not _may_tune_on_gpus(args):
-        return importlib.import_module("kernels.commands").run(args)
-    # workers started before torch is loaded: their start-up (seconds) overlaps this process's; a SIGTERM or SIGHUP
-    # meanwhile ends them as ^C does (commands.run ends the ones the run did not adopt)
-    with gpu_pool.terminations_as_interrupt():
-        early = worker_launch.start_early(args.gpus)
-        try:
-            commands = importlib.import_module("kernels.commands")
-        except BaseException:
-            if early is not None:
-                early.close()
-            raise
-        return commands.run(args, early)
+    if args.command == "tune":
+        if not _tune_settings(args):
+            return 2
+        if _may_tune_on_gpus(args):
+            # workers started before torch is loaded: their start-up (seconds) overlaps this process's; a SIGTERM or
+            # SIGHUP meanwhile ends them as ^C does (commands.run ends the ones the run did not adopt)
+            with gpu_pool.terminations_as_interrupt():
+                return _run(args, worker_launch.start_early(args.gpus))
+    return _run(args, None)
+
+
+def _run(args, early: worker_launch.EarlyWorkers | None) -> int:
+    try:
+        commands = importlib.import_module("kernels.commands")     # torch comes with the commands
+    except BaseException:
+        if early is not None:
+            early.close()
+        raise
+    return commands.run(args, early)
 
 
 def _may_tune_on_gpus(args) -> bool:

@@ -50,16 +50,17 @@ def serve(channel, jobs=None) -> int:
         _end_child()
         return 2
     ready = {"ready": True, "device_name": where[2]}
-    if where[0] == "cuda" and _isolated_serves(where[1], where[2]):
+    child = where[0] == "cuda" and _isolated_serves(where[1], where[2])
+    if child:
         child_handle.prestart(torch.cuda.current_device())     # started already, unless CUTLASS was not listed
-        torch.ones(1, device="cuda")              # this process's context meanwhile
+    else:
+        _end_child()                              # started on the chance it was needed: it is not
+    if where[0] == "cuda":
+        torch.ones(1, device="cuda")              # this process's context now (the child warms up meanwhile)
+    if child:
         start = time.perf_counter()
         ready["child"] = child_handle.warmed(CHILD_WARM_UP_S)
         ready["child_wait_s"] = round(time.perf_counter() - start, 3)
-    else:
-        _end_child()                              # started on the chance it was needed: it is not
-        if where[0] == "cuda":
-            torch.ones(1, device="cuda")          # the context now, so `ready` covers the start-up
     emit(channel, ready)
     for raw in jobs:
         try:

@@ -28,7 +28,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -171,6 +170,11 @@ class Worker:
             return f"no answer after {JOB_TIMEOUT_S:.0f} s on one problem"
         return ""
 
+    def drop_log(self) -> None:
+        """Remove this worker's log: it ended with nothing worth keeping (clean, or never used)."""
+        with contextlib.suppress(OSError):
+            self.log_path.unlink()
+
     def log_tail(self) -> str:
         try:
             with open(self.log_path, "rb") as f:
@@ -246,8 +250,7 @@ class Pool:
         finally:
             stop_workers([*self._workers.values(), *started.values()])
         for worker in ended_clean:
-            with contextlib.suppress(OSError):
-                worker.log_path.unlink()              # it answered all it was given: a clean log is not kept
+            worker.drop_log()                         # it answered all it was given
         self._drain()
         for worker in self._workers.values():
             if worker.job is not None and worker.job not in self._results:
@@ -310,8 +313,7 @@ class Pool:
             return
         del self._workers[worker.device]              # it exited
         if worker.job is None and payload == 0 and worker.ready:
-            with contextlib.suppress(OSError):
-                worker.log_path.unlink()              # done (EOF on its stdin): a clean log is not kept
+            worker.drop_log()                         # done (EOF on its stdin)
             return
         self._on_death(worker, payload)
         # a fresh worker on its device, else on one whose worker already finished, while restarts are left

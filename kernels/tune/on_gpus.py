@@ -16,6 +16,7 @@ from kernels.tune import gpu_pool, offline
 from kernels.tune.problem_list import Listed, line_of
 from kernels.tune.worker_launch import EarlyWorkers, Launcher
 
+
 def run(items: list[Listed], devices: list[int], stored, time_limit: float | None = None, log=None,
         argv: list[str] | None = None, early: EarlyWorkers | None = None) -> offline.Report:
     """Tune the listed problems (already retargeted to these devices' model) the store lacks on `devices`.

@@ -9,7 +9,6 @@ module must stay free of torch: it runs before torch is imported.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import sys
@@ -103,8 +102,7 @@ class EarlyWorkers:
         workers, self.workers = list(self.workers.values()), {}
         gpu_pool.stop_workers(workers)
         for worker in workers:
-            with contextlib.suppress(OSError):
-                worker.log_path.unlink()       # ended unused: nothing of theirs to keep
+            worker.drop_log()                  # ended unused
 
 
 def start_early(gpus: str, argv: list[str] | None = None) -> EarlyWorkers | None:
