@@ -27,7 +27,7 @@ from kernels.core.cache_root import cache_root
 from kernels.core.choice import Choice
 from kernels.core.config import config
 from kernels.core.problem import GemmProblem
-from kernels.measure.timing import Timing, measure, user_call
+from kernels.measure.timing import QUICK_SCREEN, QUICK_SCREEN_MIN_MS, TUNE_CUTOFF, Timing, measure, user_call
 from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
 from kernels.native import fastpath
 
@@ -145,6 +145,7 @@ def serve(request: dict) -> int:
     sets = timing_sets(problem, device, operands, seed=request["seed"] + 1)
     n_sets = len(sets)
 
+    best_ms: float | None = None         # the fastest median so far: the first pass's cutoffs, one candidate at a time
     for outcome in outcomes:
         name = outcome.choice.name
         _emit({"start": name})
@@ -161,13 +162,22 @@ def serve(request: dict) -> int:
                 if not context_alive(device):
                     return 3
                 continue
-            timing = measure(user_call(launch, sets), n_sets, device, budget_ms)
+            timing = measure(user_call(launch, sets), n_sets, device, budget_ms, **_cutoffs(best_ms))
+            best_ms = min(best_ms or timing.median_ms, timing.median_ms)
             _emit({"name": name, "timing": timing.as_dict()})
         except Exception as e:  # noqa: BLE001 - one candidate's failure is data
             _emit({"name": name, "error": f"crashed: {type(e).__name__}: {str(e)[:300]}"})
             if not context_alive(device):
                 return 3      # the context is poisoned: the parent runs the rest in a fresh child
     return 0
+
+
+def _cutoffs(best_ms: float | None) -> dict:
+    """The in-process first pass's cutoffs (kernels.measure.timing), against the fastest candidate timed so far."""
+    if best_ms is None:
+        return {}
+    screen = best_ms * QUICK_SCREEN if best_ms >= QUICK_SCREEN_MIN_MS else None
+    return {"stop_above_ms": best_ms * TUNE_CUTOFF, "screen_above_ms": screen}
 
 
 def _warm_up(request: dict) -> None:

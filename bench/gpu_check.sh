@@ -23,6 +23,9 @@
 #   bash bench/gpu_check.sh issue27bg  issue 27 before the CUTLASS build: an empty cache, the default backends with
 #                                      the background build, bench.sustained while it runs; then GPU calls timed while
 #                                      a warmup runs on the CPU cores
+#   bash bench/gpu_check.sh cost       a new problem's cost with its binaries built (issue 27's <= 3 s): warmup (timed), then
+#                                      experiments.new_problem_cost with this tree and BASE_TREE (another checkout) in turn
+#                                      (COST_ROUNDS, COST_SET); COST_SUSTAINED=1 adds bench.sustained on the built cache
 #   bash bench/gpu_check.sh isolated   the persistent isolated child: warmup of the bf16 set, each issue-27 problem's
 #                                      first call with the kernels built (one child for the process), then the GPU
 #                                      fault test (a faulting CUTLASS kernel in the child leaves the caller working)
@@ -227,6 +230,36 @@ isolated)
     > "$OUT/new_problem_cost.jsonl" 2>&1; cut -c1-230 "$OUT/new_problem_cost.jsonl"
   gpu_tests 150 tests/gpu/test_cutlass.py -m "gpu or gpu_sweep" -k test_faulting_kernel_in_child | tee "$OUT/fault_test.txt"
   ;;
+cost)
+  # a new problem's cost with its binaries built: the set's warmup (timed), a first pass of experiments.new_problem_cost
+  # (it compiles the Triton candidates), then COST_ROUNDS rounds of it with this tree and, with BASE_TREE (another
+  # checkout), with that one, each from an empty selection store. COST_SUSTAINED=1 then runs bench.sustained.
+  export KERNELS_CACHE_DIR=/tmp/kernels_cost; rm -rf "$KERNELS_CACHE_DIR"
+  python3 -m kernels fastpath build > /dev/null 2>&1
+  for d in ${WARMUP_DTYPES:-bf16 int8}; do
+    s0=$(date +%s%N); python3 -m kernels warmup --backends cutlass --dtypes $d > "$OUT/warmup_$d.txt" 2>&1
+    echo "warmup $d: rc $? $(( ($(date +%s%N) - s0) / 1000000 )) ms" | tee -a "$OUT/warmup_times.txt"
+  done
+  cost_run() {   # name dir: one process, every problem's first call
+    rm -rf "$KERNELS_CACHE_DIR/selections"
+    ( cd "$2" && PYTHONPATH=/tmp/site:$PWD KERNELS_CUTLASS_BUILD=off timeout 150 python3 -m experiments.new_problem_cost \
+        --set "${COST_SET:-issue27}" ) > "$OUT/cost_$1.jsonl" 2>&1
+    python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')]; \
+print(sys.argv[2], 'problems', len(r), 'first %.1f s' % r[0]['first_call_s'] if r else '', \
+'later mean %.2f s max %.2f s' % (sum(x['first_call_s'] for x in r[1:]) / max(1, len(r) - 1), \
+max([x['first_call_s'] for x in r[1:]] or [0])))" "$OUT/cost_$1.jsonl" "$1" | tee -a "$OUT/cost_summary.txt"
+  }
+  cost_run prime "$PWD"
+  for r in $(seq 1 "${COST_ROUNDS:-2}"); do
+    [ -n "${BASE_TREE:-}" ] && cost_run "base_$r" "$BASE_TREE"
+    cost_run "this_$r" "$PWD"
+  done
+  if [ "${COST_SUSTAINED:-0}" = 1 ]; then
+    rm -rf "$KERNELS_CACHE_DIR/selections"
+    KERNELS_CUTLASS_BUILD=inline timeout "${SUSTAINED_T:-380}" python3 -m bench.sustained --json "$OUT/sustained.jsonl" \
+      --time-limit "$(( ${SUSTAINED_T:-380} - 40 ))" --quiet > "$OUT/sustained.txt" 2>&1; tail -22 "$OUT/sustained.txt"
+  fi
+  ;;
 issue27bg)
   export KERNELS_CACHE_DIR=/tmp/kernels_issue27bg; rm -rf "$KERNELS_CACHE_DIR"
   timeout 290 python3 -m bench.sustained --json "$OUT/sustained_background.jsonl" --time-limit 250 --quiet \
@@ -240,7 +273,7 @@ issue27bg)
     --during "timeout 40 nice -n 19 python3 -m kernels warmup --backends cutlass --dtypes fp16" \
     > "$OUT/build_interference.txt" 2>&1; tail -30 "$OUT/build_interference.txt"
   ;;
-ative)
+native)
   python3 -m kernels fastpath build
   gpu_tests 240 tests/gpu/test_fastpath.py | tee "$OUT/fastpath_tests.txt"
   timeout 170 python3 -m experiments.core_quick --suite issue3 --backends aten,triton,padded --json "$OUT/issue3.json" \

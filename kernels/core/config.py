@@ -353,7 +353,7 @@ RETIRED = {
     "benchmark_space": ("KERNELS_BENCHMARK_SPACE", "KERNELS_PRESET=fast (code: kernels.config.benchmark_space)"),
     "perf_model": ("KERNELS_PERF_MODEL", "code: kernels.config.perf_model"),
     "retime_top": ("KERNELS_RETIME_TOP", "kernels.tune.final_round.RETIME_TOP"),
-    "tune_cutoff": ("KERNELS_TUNE_CUTOFF", "kernels.tune.final_round.TUNE_CUTOFF"),
+    "tune_cutoff": ("KERNELS_TUNE_CUTOFF", "kernels.measure.timing.TUNE_CUTOFF"),
     "host_bound_tolerance": ("KERNELS_HOST_BOUND_TOLERANCE", "kernels.tune.final_round.HOST_BOUND_TOLERANCE"),
     "lock_timeout_s": ("KERNELS_LOCK_TIMEOUT", "kernels.core.fsutil.LOCK_TIMEOUT_S"),
     "cutlass_max_profiling_configs": ("KERNELS_CUTLASS_MAX_CONFIGS", "backends.cutlass.CUTLASS_MAX_CONFIGS"),

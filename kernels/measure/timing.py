@@ -62,6 +62,17 @@ class Sampler:
             self.call(self.counter % self.n_sets)
             self.counter += 1
 
+    def quick(self) -> float:
+        """A first estimate for the screen, ms per call: after one synchronized warm-up call (lazy loading, the first
+        launch's setup), one call timed while another, enqueued just before it, keeps the GPU busy -- so a GPU-bound
+        call is timed without the host's launch gap."""
+        if self.device != "cuda":
+            return self._timed(1)
+        self._run(1)
+        torch.cuda.current_stream().synchronize()
+        self._run(1)
+        return self._timed(1)
+
     def plan(self, target_sample_ms: float = 1.0, warmup: int = 3) -> float:
         if self.device == "cuda":
             self._run(warmup)
@@ -99,12 +110,48 @@ class Sampler:
         return int(min(max_samples, max(min_samples, budget_ms // per_sample)))
 
 
+# First pass: a candidate this many times slower than the best so far after a few samples stops being measured (it
+# cannot win; the budget goes to the contenders). It must stay above one candidate's first-pass jitter: int8
+# 64x64x65536 split-K first-passed at 13.5-16.5 us (1.22x) over three H100 tunes
+TUNE_CUTOFF = 1.25
+# Before that, the screen: where the fastest candidate's quick estimate (`Sampler.quick`, one call) is
+# QUICK_SCREEN_MIN_MS or more -- GPU-bound, so that one call is its kernel's time, not the host's -- a candidate whose
+# estimate is more than QUICK_SCREEN times it stops after those three calls. The plan and minimum samples it would
+# otherwise run cost 13 calls, and the hopeless are the slowest: Inductor's 28 bf16 tiles include 32x32x16 for 8192^3,
+# and a new large problem spent 0.9-1.6 s in its first pass on the H100 (sixteenth session). Wide, because one call
+# is taken before the clocks settle and the screen runs candidates one after another while the chip heats (aten
+# 4096x11008x4096 went from 0.48 to 0.56 ms per call over a 3 s loop, fifteenth session); the final round's
+# finalists are within a few percent of each other.
+QUICK_SCREEN = 1.5
+QUICK_SCREEN_MIN_MS = 0.1
+
+
+def screened_out(quick_ms: dict[str, float], factor: float = QUICK_SCREEN,
+                 min_ms: float = QUICK_SCREEN_MIN_MS) -> set[str]:
+    """The candidates the screen stops: slower than `factor` times the fastest quick estimate, when that one is
+    `min_ms` or more; none otherwise (host-bound calls: one call measures the host)."""
+    if not quick_ms:
+        return set()
+    best = min(quick_ms.values())
+    if best < min_ms:
+        return set()
+    return {n for n, ms in quick_ms.items() if ms > best * factor}
+
+
 def measure(call: Call, n_sets: int, device: str, budget_ms: float, min_samples: int = 5,
-            max_samples: int | None = None, stop_above_ms: float | None = None) -> Timing:
+            max_samples: int | None = None, stop_above_ms: float | None = None,
+            screen_above_ms: float | None = None) -> Timing:
     """Median of up to `budget_ms` of samples. With `stop_above_ms`, a candidate whose median after `min_samples`
-    is already above it stops there: it is out of the running, and the full budget is spent on contenders."""
+    is already above it stops there: it is out of the running, and the full budget is spent on contenders. With
+    `screen_above_ms`, one whose quick estimate (`Sampler.quick`) is above it stops before that, timed by that one
+    call (a sequential first pass's screen: the caller passes QUICK_SCREEN times its best so far, where that is
+    QUICK_SCREEN_MIN_MS or more)."""
     sampler = Sampler(call, n_sets, device)
-    sampler.plan()
+    if screen_above_ms is not None:
+        quick = sampler.quick()
+        if quick > screen_above_ms:
+            return summarize([quick], 1)
+    sampler.plan(warmup=1 if screen_above_ms is not None else 3)
     n = sampler.samples_for(budget_ms, min_samples, max_samples)
     samples = [sampler.sample() for _ in range(min(n, min_samples))]
     if stop_above_ms is None or statistics.median(samples) <= stop_above_ms:
@@ -114,27 +161,41 @@ def measure(call: Call, n_sets: int, device: str, budget_ms: float, min_samples:
 
 def measure_interleaved(calls: dict[str, Call], n_sets: int, device: str, budget_ms: float,
                         cutoff: float | None = None, min_samples: int = 5,
-                        max_samples: int | None = None) -> tuple[dict[str, Timing], dict[str, str]]:
+                        max_samples: int | None = None, screen: float | None = None,
+                        ) -> tuple[dict[str, Timing], dict[str, str]]:
     """Tuning's first pass: each candidate gets the samples `measure` would give it, but round by round, one sample
     of every candidate still running per round (rotating who goes first), so drift -- clocks ramping up after a
     build, a busy host -- hits all of them alike instead of whichever was being timed then. Timed one after another,
     int8 1024x8192x512's two-launch tiles (28 us in a final round) first-passed above 40 us on the H100 and left
     the running. With `cutoff`, a candidate whose median after `min_samples` is above `cutoff` times the best
-    median stops there. Returns (timings, failures: name -> what its call raised)."""
+    median stops there. With `screen` (the first pass passes QUICK_SCREEN), every candidate first gets a quick
+    estimate, and those `screened_out` stop there, timed by that one call. Returns (timings, failures: name -> what
+    its call raised)."""
     samplers: dict[str, Sampler] = {}
     wanted: dict[str, int] = {}
     failed: dict[str, str] = {}
+    quick: dict[str, float] = {}
     for name, call in calls.items():
-        sampler = Sampler(call, n_sets, device)
-        try:
-            sampler.plan()
-        except Exception as e:  # noqa: BLE001 - a failing candidate is a result, not the end of the pass
-            failed[name] = f"{type(e).__name__}: {str(e)[:300]}"
+        samplers[name] = Sampler(call, n_sets, device)
+        if screen is not None:
+            try:
+                quick[name] = samplers[name].quick()
+            except Exception as e:  # noqa: BLE001 - a failing candidate is a result, not the end of the pass
+                failed[name] = f"{type(e).__name__}: {str(e)[:300]}"
+    stopped = screened_out({n: q for n, q in quick.items() if n not in failed}, screen) if screen else set()
+    samples: dict[str, list[float]] = {name: [quick[name]] if name in stopped else []
+                                       for name in samplers if name not in failed}
+    for name, sampler in samplers.items():
+        if name in failed or name in stopped:
             continue
-        samplers[name] = sampler
+        try:
+            sampler.plan(warmup=1 if name in quick else 3)
+        except Exception as e:  # noqa: BLE001
+            failed[name] = f"{type(e).__name__}: {str(e)[:300]}"
+            del samples[name]
+            continue
         wanted[name] = sampler.samples_for(budget_ms, min_samples, max_samples)
-    samples: dict[str, list[float]] = {name: [] for name in samplers}
-    running = list(samplers)
+    running = list(wanted)
     turn = 0
     while running:
         shift = turn % len(running)
@@ -147,7 +208,7 @@ def measure_interleaved(calls: dict[str, Call], n_sets: int, device: str, budget
         running = [n for n in running if n not in failed and len(samples[n]) < wanted[n]]
         if cutoff is not None and running:
             medians = {n: statistics.median(v) for n, v in samples.items()
-                       if n not in failed and len(v) >= min(min_samples, wanted[n])}
+                       if n in wanted and n not in failed and len(v) >= min(min_samples, wanted[n])}
             if medians:
                 best = min(medians.values())
                 running = [n for n in running if medians.get(n, 0.0) <= best * cutoff]

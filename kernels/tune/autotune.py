@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from backends import get_backend
+from backends import child_handle, get_backend
 from kernels.core import counters
 from kernels.core.config import config
 from kernels.core.errors import NoCandidateError
@@ -103,7 +103,7 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
     unavailable: list[str] = []
     pending: list[str] = []
 
-    for name in backends:
+    for name in _isolated_first(backends):
         try:
             backend = get_backend(name)
             ok, why = backend.available(problem)
@@ -131,12 +131,14 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
                     timings[outcome.choice.name] = outcome.error or "build failed"
                 else:
                     runners[outcome.choice.name] = outcome.runner
+            if any(o.runner is not None and o.runner.isolated for o in outcomes):
+                _prestart_child(device)
         except Exception as e:  # noqa: BLE001 - one broken backend must not take tuning down
             notes.append(f"{name} failed: {type(e).__name__}: {e}")
 
     details: dict[str, dict] = {}
-    with clock("isolated"):
-        isolated_ok = _measure_isolated(problem, runners, timings, details)
+    isolated = {n: r for n, r in runners.items() if r.isolated}
+    passed_isolated: dict[str, Runner] = {}
 
     with clock("verify"):
         operands = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
@@ -153,14 +155,19 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
         del ref
 
     winner, regime = None, "burst"
-    if verified or isolated_ok:
+    if verified or isolated:
         sets = timing_sets(problem, device, operands, seed=1)
-        # isolated runners were verified and timed in a child; safe to re-time here beside the rest
+
+        def measured_in_child() -> dict:
+            """Isolated runners, verified and timed in the child (asked after this process's first pass: the child,
+            started during the build, comes up meanwhile); those that pass are safe to re-time here."""
+            with clock("isolated"):
+                passed_isolated.update(_measure_isolated(problem, isolated, timings, details))
+            return {n: (timings[n], user_call(r.launch, sets)) for n, r in passed_isolated.items()}
         outcome = select({n: user_call(r.launch, sets) for n, r in verified.items()}, choices, len(sets), device,
-                         config.bench_budget_ms, pretimed={n: timings[n] for n in isolated_ok},
-                         pretimed_calls={n: user_call(r.launch, sets) for n, r in isolated_ok.items()},
+                         config.bench_budget_ms, isolated=measured_in_child if isolated else None,
                          timings=timings, details=details, clock=clock)
-        verified.update(isolated_ok)
+        verified.update(passed_isolated)
         winner, regime = outcome.winner, outcome.regime
         notes.extend(outcome.notes)
         del sets
@@ -179,12 +186,29 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
     return sel, {winner: verified[winner]}
 
 
+def _isolated_first(backends: tuple[str, ...]) -> list[str]:
+    """The backends in build order: those whose runners are measured in the child first, so the child starts
+    (`_prestart_child`) while the others build, verify and time."""
+    def isolated(name: str) -> bool:
+        try:
+            return bool(get_backend(name).isolated)
+        except Exception:  # noqa: BLE001 - the build loop reports a broken backend
+            return False
+    return sorted(backends, key=lambda name: not isolated(name))
+
+
+def _prestart_child(device: str) -> None:
+    """Start the isolated child now (a Python process, torch, a CUDA context: 5 s on the H100, sixteenth session):
+    paid once per process, it then overlaps the first tune's in-process build and first pass instead of following
+    them."""
+    child_handle.prestart(torch.cuda.current_device() if device == "cuda" else None)
+
+
 def _measure_isolated(problem, runners, timings, details) -> dict[str, Runner]:
     """Runners whose backend asks for isolation are verified and timed in a child process by that backend."""
     by_backend: dict[str, list[Runner]] = {}
     for runner in runners.values():
-        if runner.isolated:
-            by_backend.setdefault(runner.choice.backend, []).append(runner)
+        by_backend.setdefault(runner.choice.backend, []).append(runner)
     passed: dict[str, Runner] = {}
     for name, group in by_backend.items():
         try:
@@ -209,7 +233,7 @@ def prebuild(problems: list[GemmProblem], backends: tuple[str, ...]) -> dict[str
     per backend that batches (`Backend.prebuild`); tune() then loads those binaries. Returns backend -> compiled.
     Best effort: a backend that fails here fails again, with its reason, in tune()."""
     compiled = {}
-    for name in backends:
+    for name in _isolated_first(backends):
         try:
             backend = get_backend(name)
             work = []

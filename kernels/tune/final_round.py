@@ -35,6 +35,8 @@ from kernels.measure.steady import (
 from kernels.measure.timing import (
     HOST_SET_MAX_MS,
     LAUNCH_GAP_MS,
+    QUICK_SCREEN,
+    TUNE_CUTOFF,
     Call,
     device_time_ms,
     measure_interleaved,
@@ -80,19 +82,21 @@ class Outcome:
 
 
 def select(calls: dict[str, Call], choices: dict[str, Choice], n_sets: int, device: str, budget_ms: float, *,
-           pretimed: dict[str, float] | None = None, pretimed_calls: dict[str, Call] | None = None,
+           isolated: Callable[[], dict[str, tuple[float, Call]]] | None = None,
            timings: dict[str, float | str] | None = None, details: dict[str, dict] | None = None,
            clock: StageClock | None = None, windows: Callable[[dict[str, Call]], WindowClock] | None = None,
            ) -> Outcome:
     """First pass over `calls` (interleaved, `budget_ms` each, the slow ones dropped at TUNE_CUTOFF), then the
-    final round over the fastest, the baseline always among them. `pretimed`: candidates already verified and timed
-    elsewhere (a child process), joining the final round through `pretimed_calls`. `windows` builds the steady
-    round's clock (default: CUDA events on a GPU; tests give a fake chip)."""
+    final round over the fastest, the baseline always among them. `isolated`: asked after the first pass, the
+    candidates it verified and timed elsewhere (a child process: name -> (first-pass ms, the call here)), which join
+    the final round; asked then so that the child's start-up overlaps this process's first pass. `windows` builds the
+    steady round's clock (default: CUDA events on a GPU; tests give a fake chip)."""
     clock = clock or StageClock()
     timings = {} if timings is None else timings
     details = {} if details is None else details
     with clock("first_pass"):
-        timed, crashed = measure_interleaved(calls, n_sets, device, budget_ms, cutoff=TUNE_CUTOFF)
+        timed, crashed = measure_interleaved(calls, n_sets, device, budget_ms, cutoff=TUNE_CUTOFF,
+                                             screen=QUICK_SCREEN)
     for name, why in crashed.items():
         timings[name] = f"crashed while timing: {why}"
     for name, t in timed.items():
@@ -100,9 +104,9 @@ def select(calls: dict[str, Call], choices: dict[str, Choice], n_sets: int, devi
         timings[name] = t.median_ms
         details[name] = t.as_dict()
     runnable = {n: c for n, c in calls.items() if n in timed}
-    for name, ms in (pretimed or {}).items():
+    for name, (ms, call) in (isolated() if isolated is not None else {}).items():
         timings[name] = ms
-        runnable[name] = (pretimed_calls or {})[name]
+        runnable[name] = call
     notes: list[str] = []
     if not any(isinstance(timings.get(n), float) for n in runnable):
         return Outcome(None, "burst", timings, details, [], notes)
@@ -174,9 +178,19 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
         challenger = _closest_challenger(result)
         if challenger is not None:
             winner = _confirm(challenger, baseline, timings, calls, make_clock, device, details, notes, clock)
+    elif result.timings[winner].ratio < 1 - CONFIRM_DECISIVE:
+        notes.append(f"no confirmation: {winner} beats {baseline} by more than {CONFIRM_DECISIVE:.0%}")
     else:
         winner = _confirm(winner, baseline, timings, calls, make_clock, device, details, notes, clock)
     return winner, [n for n in top if n in result.timings]
+
+
+# A challenger that beats the baseline in the short windows by more than this wins without the confirmation: the
+# short windows have misjudged a kernel against its own long loop by 3-5% (CUTLASS bf16 on the H100) and 4-7% (fp8
+# TMA tiles on the H200) -- CONFIRM_WITHIN's and _confirm's measurements -- so a lead of 15% survives twice the worst
+# of them. The confirmation costs ~1.8 s of a new problem, paid by exactly the problems with the clearest wins (int8
+# CUTLASS at 0.47-0.59x aten's time, fifteenth session).
+CONFIRM_DECISIVE = 0.15
 
 
 # A challenger that loses the short windows by less than this also meets the baseline in the long ones: short windows
@@ -217,10 +231,6 @@ def _confirm(challenger: str, baseline: str, timings, calls, make_clock, device,
     return winner
 
 
-# First pass: a candidate this many times slower than the best so far after a few samples stops being measured (it
-# cannot win; the budget goes to the contenders). It must stay above one candidate's first-pass jitter: int8
-# 64x64x65536 split-K first-passed at 13.5-16.5 us (1.22x) over three H100 tunes
-TUNE_CUTOFF = 1.25
 # How many of the first pass's fastest are re-timed side by side (with the baseline; more for calls under
 # HOST_BOUND_MAX_MS) before the winner is chosen. 3 since the first version, not measured against other values; each
 # one more costs a measurement budget in the final round

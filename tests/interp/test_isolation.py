@@ -155,3 +155,27 @@ def test_scaled_mm_candidates_are_verified_and_timed_with_their_operand_tuple(is
     for n in names:
         assert isinstance(sel.timings[n], float), sel.timings[n]
         assert sel.details[n]["measured_in"] == "child"
+
+
+def test_the_first_tune_starts_the_child_before_its_in_process_work(isolated_triton, monkeypatch):
+    """The child's start-up (5 s on the H100) overlaps the in-process build, verification and first pass: it is
+    started as soon as the isolated backend has built (isolated backends build first), and asked after the first
+    pass."""
+    from kernels.tune import autotune
+
+    child_handle.close()
+    events = []
+    prestart, verify = child_handle.prestart, autotune.verify_launch
+    monkeypatch.setattr(child_handle, "prestart", lambda device=None: (events.append("prestart"), prestart(device)))
+    monkeypatch.setattr(autotune, "verify_launch", lambda *a: (events.append("verify"), verify(*a))[1])
+    kernels.config.backends = ("aten", "triton")
+    a, b = operands(17, 65, 33, "col")
+    names = two_triton_choices(a, b)
+    kernels.config.only = "|".join("^" + re.escape(x) + "$" for x in names)
+    assert_close(kernels.mm(a, b), a, b)
+    sel = kernels.explain(a, b)
+    assert events[0] == "prestart" and events.count("prestart") == 1 and "verify" in events     # aten, in-process
+    stages = list(sel.stage_seconds)
+    assert stages.index("build") < stages.index("verify") < stages.index("first_pass") < stages.index("isolated")
+    assert all(sel.details[x]["measured_in"] == "child" for x in names) and isinstance(sel.timings["aten_mm"], float)
+    child_handle.close()

@@ -190,3 +190,20 @@ def test_a_close_loss_in_short_windows_is_also_put_to_the_long_ones(monkeypatch)
     winner, _, _, _, details, notes = _pick(chip, far)
     assert winner == ATEN.name and "confirm_ratio" not in details[TMA.name]
     assert not any(n.startswith("confirmation") for n in notes)
+
+
+def test_a_decisive_win_in_short_windows_needs_no_confirmation(monkeypatch):
+    """int8 with CUTLASS on the H100: 0.47x aten's time in the short windows, confirmed at 0.59x after 1.7 s of long
+    windows. A lead beyond CONFIRM_DECISIVE (far beyond the 3-7% the short windows have misjudged) wins there."""
+    monkeypatch.setattr(fr, "plan_for", lambda device: PLAN)
+    short = {ATEN.name: 0.279, TMA.name: 0.131}
+    chip = PowerHungryChip(burst=short, sustained={ATEN.name: 0.244, TMA.name: 0.145})
+    winner, _, _, _, details, notes = _pick(chip, short)
+    assert winner == TMA.name and "confirm_ratio" not in details[TMA.name]
+    assert notes[-1].startswith("no confirmation") and not any(n.startswith("confirmation") for n in notes)
+    assert chip.windows.count(TMA.name) == PLAN.rounds          # the short windows only
+    # just inside the margin: confirmed in the long windows, as before
+    close = {ATEN.name: 1.0, TMA.name: 1.0 - fr.CONFIRM_DECISIVE + 0.01}
+    chip = PowerHungryChip(burst=close, sustained={ATEN.name: 1.0, TMA.name: 0.95})
+    winner, _, _, _, details, notes = _pick(chip, close)
+    assert winner == TMA.name and "confirm_ratio" in details[TMA.name] and notes[-1].startswith("confirmation")

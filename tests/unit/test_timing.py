@@ -100,3 +100,55 @@ def test_interleaved_first_pass_reports_a_crashing_candidate_and_times_the_rest(
                                         budget_ms=100, max_samples=9)
     assert set(timed) == {"ok"} and timed["ok"].samples == 9
     assert "illegal memory access" in failed["flaky"] and failed["broken"].startswith("ValueError: bad launch")
+
+
+def test_the_quick_screen_stops_the_hopeless_after_one_call(clock):
+    """bf16 8192^3's Inductor list holds tiles 2-10x slower than the best: past QUICK_SCREEN times the fastest quick
+    estimate they stop after it (timed by that one call), before the plan and minimum samples cost them ~13 calls."""
+    from kernels.measure.timing import QUICK_SCREEN, measure_interleaved
+
+    calls = {"fast": clock.call(1.0), "close": clock.call(1.4), "slow": clock.call(2.0), "hopeless": clock.call(9.0)}
+    timed, failed = measure_interleaved(calls, 1, "cpu", budget_ms=100, cutoff=1.25, min_samples=3, max_samples=9,
+                                        screen=QUICK_SCREEN)
+    assert not failed
+    assert timed["slow"].samples == timed["hopeless"].samples == 1
+    assert timed["hopeless"].median_ms == pytest.approx(9.0)
+    assert timed["fast"].samples == 9 and timed["close"].samples == 3     # 1.4x: past the cutoff, not the screen
+
+
+def test_the_quick_screen_leaves_host_bound_calls_alone(clock):
+    """Under QUICK_SCREEN_MIN_MS one call measures the host's launch as much as the kernel: no one is screened."""
+    from kernels.measure.timing import QUICK_SCREEN, measure_interleaved, screened_out
+
+    calls = {"fast": clock.call(0.02), "slow": clock.call(0.09)}
+    timed, _ = measure_interleaved(calls, 1, "cpu", budget_ms=100, min_samples=3, max_samples=9, screen=QUICK_SCREEN)
+    assert timed["slow"].samples == timed["fast"].samples == 9
+    assert screened_out({"a": 0.05, "b": 1.0}) == set() and screened_out({"a": 0.2, "b": 0.31}) == {"b"}
+    assert screened_out({}) == set()
+
+
+def test_a_sequential_first_pass_screens_against_the_best_so_far(clock):
+    """The isolated child times candidates one by one: `screen_above_ms` stops one after its quick estimate."""
+    slow = measure(clock.call(4.0), 1, "cpu", budget_ms=100, max_samples=9, screen_above_ms=1.5)
+    assert slow.samples == 1 and slow.median_ms == pytest.approx(4.0)
+    ok = measure(clock.call(1.2), 1, "cpu", budget_ms=100, max_samples=9, screen_above_ms=1.5, stop_above_ms=1.25)
+    assert ok.samples == 9
+
+
+def test_a_candidate_that_crashes_on_its_quick_estimate_is_reported(clock):
+    from kernels.measure.timing import QUICK_SCREEN, measure_interleaved
+
+    def broken(i):
+        raise RuntimeError("misaligned address")
+    timed, failed = measure_interleaved({"ok": clock.call(1.0), "broken": broken}, 1, "cpu", budget_ms=100,
+                                        max_samples=9, screen=QUICK_SCREEN)
+    assert set(timed) == {"ok"} and "misaligned address" in failed["broken"]
+
+
+def test_the_isolated_child_applies_the_first_pass_cutoffs_against_its_best_so_far():
+    from backends.isolated_child import _cutoffs
+    from kernels.measure.timing import QUICK_SCREEN, TUNE_CUTOFF
+
+    assert _cutoffs(None) == {}
+    assert _cutoffs(2.0) == {"stop_above_ms": 2.0 * TUNE_CUTOFF, "screen_above_ms": 2.0 * QUICK_SCREEN}
+    assert _cutoffs(0.05)["screen_above_ms"] is None          # host-bound: no screen, the cutoff only
