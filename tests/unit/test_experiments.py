@@ -89,3 +89,14 @@ def test_host_bound_diag_needs_a_gpu():
     with pytest.raises(SystemExit) as e:
         main(["--problems", "int8:64x64x65536"])
     assert e.value.code == 2
+
+
+def test_cutlass_ranks_reads_each_candidates_first_pass_time():
+    """Finalists carry their first-pass time in their details (their timing is the final round's); failures drop."""
+    from types import SimpleNamespace
+
+    from experiments.cutlass_ranks import first_pass_ms
+
+    sel = SimpleNamespace(timings={"aten_mm": 1.0, "cutlass_x_sw1": 0.9, "cutlass_y_sw1": "crashed: boom"},
+                          details={"aten_mm": {"first_pass_ms": 1.1}, "cutlass_x_sw1": {}})
+    assert first_pass_ms(sel) == {"aten_mm": 1.1, "cutlass_x_sw1": 0.9}
