@@ -21,6 +21,8 @@ import contextlib
 import ctypes
 import hashlib
 import json
+import math
+import os
 import re
 import shutil
 import time
@@ -30,7 +32,17 @@ from pathlib import Path
 import torch
 
 from backends.base import Backend, BuildOutcome, Runner
-from backends.cutlass_render import BuildJob, CutlassKernelSpec, build_key, ninja_text, render, spec_for
+from backends.cutlass_render import (
+    ENTRY_POINTS,
+    BuildJob,
+    CutlassKernelSpec,
+    batch_source,
+    build_key,
+    ninja_text,
+    render,
+    spec_for,
+    symbol_suffix,
+)
 from kernels.core.cache_root import cache_root
 from kernels.core.choice import Choice, name_filter
 from kernels.core.config import config
@@ -41,7 +53,14 @@ from kernels.core.fsutil import atomic_write_text, file_lock, marker_claims, mar
 from kernels.core.fsutil import publish_marker as fs_publish_marker
 from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
 from kernels.core.toolchain import Toolchain, toolchain
-from kernels.space.heuristics_cutlass import CutlassConfig, kernel_operands, ranked_configs, select, templates_for
+from kernels.space.heuristics_cutlass import (
+    CutlassConfig,
+    kernel_operands,
+    ranked_configs,
+    select,
+    superseded,
+    templates_for,
+)
 
 LOG_TAIL_CHARS = 1500
 # CUTLASS candidates built per problem in the default search space, the best-ranked by kernels.space.heuristics_cutlass
@@ -120,14 +139,16 @@ class LoadedKernel:
     run: object
 
 
-def load_library(path: Path, epilogue_operands: int = 0) -> LoadedKernel:
+def load_library(path: Path, epilogue_operands: int = 0, suffix: str = "") -> LoadedKernel:
     """The entry points of a built kernel; `epilogue_operands`: how many pointers its run takes between B and D
-    (problem.epilogue_operands: the bias; scaled_mm's two scales, then the bias)."""
+    (problem.epilogue_operands: the bias; scaled_mm's two scales, then the bias). `suffix`: the names' suffix when
+    the binary was built in a batch (cutlass_render.symbol_suffix); its plain names are tried when it has none."""
     lib = ctypes.CDLL(str(path))
-    ws = lib.kernels_cutlass_workspace_size
+    ws_name, run_name = (name + suffix if suffix and hasattr(lib, name + suffix) else name for name in ENTRY_POINTS)
+    ws = getattr(lib, ws_name)
     ws.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_size_t)]
     ws.restype = ctypes.c_int
-    run = lib.kernels_cutlass_run
+    run = getattr(lib, run_name)
     pointers = 3 + int(epilogue_operands)    # A, B, [scale_a, scale_b,] [bias,] D
     run.argtypes = [*[ctypes.c_void_p] * pointers, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                     ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
@@ -248,6 +269,37 @@ def run_ninja(nvcc: str, jobs: list[BuildJob], batches_dir: Path, max_jobs: int,
         raise BuildError(f"could not run ninja: {e}") from e
 
 
+# Kernels per translation unit at most, when a build has more kernels than parallel compiles: nvcc parses the CUTLASS
+# headers once per unit (27 s of an 85 s single-kernel compile on a 2-core host; two kernels in one unit 131 s against
+# 170 s apart), and the default bf16 set's 31 kernels were two waves of compiles on 16 cores (107 s on the H200 host)
+MAX_UNIT_KERNELS = 4
+
+
+def translation_units(prepared: list, slots: int, most: int = MAX_UNIT_KERNELS) -> list[list]:
+    """`prepared` split into translation units: one kernel each while they fit `slots` parallel compiles, else as
+    few kernels per unit as fills the slots once (at most `most`); only kernels built with the same flags share one."""
+    size = min(most, max(1, math.ceil(len(prepared) / max(1, slots))))
+    by_flags: dict[tuple, list] = {}
+    for p in prepared:
+        by_flags.setdefault(p.spec.flags, []).append(p)
+    return [group[i:i + size] for group in by_flags.values() for i in range(0, len(group), size)]
+
+
+def _place_binary(unit: Path, binary: Path, unit_log: Path, log: Path) -> None:
+    """Publish a unit's shared object as one member's binary (a hard link, a copy across file systems), by rename:
+    never a partial file under the final name. The unit's compiler output becomes the member's log."""
+    tmp = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        os.link(unit, tmp)
+    except OSError:
+        shutil.copyfile(unit, tmp)
+    os.replace(tmp, binary)
+    with contextlib.suppress(OSError):
+        shutil.copyfile(unit_log, log)
+
+
 # -- the backend --------------------------------------------------------------------------------------------------
 @dataclass
 class _Prepared:
@@ -257,6 +309,7 @@ class _Prepared:
     key: str
     paths: ArtifactPaths
     start: float
+    source: str
 
 
 class CutlassBackend(Backend):
@@ -318,6 +371,12 @@ class CutlassBackend(Backend):
                 skipped[choice.name] = "left out by KERNELS_ONLY / KERNELS_SKIP"
             else:
                 result.append((template, cfg))
+        kept = {t: [c for tt, c in result if tt == t] for t in ranked}
+        for template in ranked:     # after the name filters: KERNELS_ONLY=cutlass2x still gets sm80 kernels on sm90
+            why_not = superseded(problem, template, kept)
+            if why_not and kept[template]:
+                skipped[template] = why_not
+                result = [(t, c) for t, c in result if t != template]
         picked = select(problem, {t: [c for tt, c in result if tt == t] for t in ranked}, limit)
         chosen = [Choice("cutlass", t, problem.dtype, None, c.params()) for t, c in picked]
         names = {c.name for c in chosen}
@@ -361,11 +420,39 @@ class CutlassBackend(Backend):
     # -- building ---------------------------------------------------------------------------------------------
     def _compile(self, todo: list[_Prepared], max_jobs: int | None = None, on_progress=None) -> None:
         tools = self.tools
+        jobs_n = max_jobs or config.max_jobs
         # choices that differ only in run-time arguments (sm90 swizzle) share one artifact: one edge each
-        unique = {p.paths.binary: p for p in todo}.values()
-        jobs = [BuildJob(p.paths.source, p.paths.binary, p.paths.log, p.spec.flags, tools.cutlass.include_dirs)
-                for p in unique]
-        run_ninja(str(tools.nvcc), jobs, self.root / "batches", max_jobs or config.max_jobs, on_progress)
+        unique = list({p.paths.binary: p for p in todo}.values())
+        units = translation_units(unique, jobs_n)
+        jobs, shared = [], []
+        for members in units:
+            if len(members) == 1:
+                p = members[0]
+                jobs.append(BuildJob(p.paths.source, p.paths.binary, p.paths.log, p.spec.flags,
+                                     tools.cutlass.include_dirs))
+                continue
+            text = batch_source([(p.source, symbol_suffix(p.key)) for p in members])
+            stem = self.root / "batches" / "units" / hashlib.sha256(text.encode()).hexdigest()[:16]
+            write_if_different(stem.with_suffix(".cu"), text)
+            job = BuildJob(stem.with_suffix(".cu"), stem.with_suffix(".so"), stem.with_suffix(".log"),
+                           members[0].spec.flags, tools.cutlass.include_dirs)
+            jobs.append(job)
+            shared.append((job, members))
+        run_ninja(str(tools.nvcc), jobs, self.root / "batches", jobs_n, on_progress)
+        # each member's binary is the unit's (a hard link: one file on disk); a unit that failed is compiled again
+        # one kernel at a time, so one config that does not compile never costs the others theirs
+        retry = []
+        for job, members in shared:
+            if job.output.exists():
+                for p in members:
+                    _place_binary(job.output, p.paths.binary, job.log, p.paths.log)
+                job.output.unlink()
+            else:
+                retry += members
+        if retry:
+            run_ninja(str(tools.nvcc), [BuildJob(p.paths.source, p.paths.binary, p.paths.log, p.spec.flags,
+                                                 tools.cutlass.include_dirs) for p in retry],
+                      self.root / "batches", jobs_n, on_progress)
         bump_stat("compiles", len(todo))
 
     def prebuild(self, work: list[tuple[GemmProblem, list[Choice]]], max_jobs: int | None = None,
@@ -395,7 +482,7 @@ class CutlassBackend(Backend):
         if artifact_valid(paths, key):
             return None, (BuildOutcome(choice, None), paths, start)
         write_if_different(paths.source, source)
-        return _Prepared(index, choice, spec, key, paths, start), None
+        return _Prepared(index, choice, spec, key, paths, start, source), None
 
     def _compile_pending(self, pending: list[_Prepared], max_jobs: int | None = None,
                          on_progress=None) -> dict[int, tuple]:
@@ -468,7 +555,7 @@ class CutlassBackend(Backend):
         try:
             kernel = self._libraries.get(paths.binary)
             if kernel is None:
-                kernel = load_library(paths.binary, problem.epilogue_operands)
+                kernel = load_library(paths.binary, problem.epilogue_operands, symbol_suffix(paths.root.name))
                 self._libraries[paths.binary] = kernel
             if not compiled:
                 bump_stat("artifact_loads")

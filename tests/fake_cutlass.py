@@ -46,9 +46,17 @@ class FakeToolchain:
         return Toolchain(CutlassDir(self.cutlass_root, "CUTLASS_DIR", "0.0.0"), self.nvcc, NVCC_VERSION)
 
     def compiles(self) -> list[str]:
-        """The sources compiled so far, one per nvcc run."""
+        """The kernels compiled so far, as the head of each one's artifact key (its folder's name): one per nvcc run
+        of a kernel's own source, one per member of a translation unit of several (cutlass_render.batch_source,
+        whose entry points carry that head as their suffix). A kernel compiled twice appears twice."""
         calls = self.folder / "bin" / "calls"
-        return calls.read_text().split() if calls.exists() else []
+        out = []
+        for source in (calls.read_text().split() if calls.exists() else []):
+            text = Path(source).read_text() if Path(source).exists() else ""
+            members = [line.split()[-1].rsplit("_", 1)[-1] for line in text.splitlines()
+                       if line.startswith("#define kernels_cutlass_run ")]
+            out += members or [Path(source).parent.name[:16]]
+        return out
 
     def fail_when_source_has(self, text: str) -> None:
         (self.folder / "bin" / "fail").write_text(text + "\n")

@@ -117,6 +117,21 @@ def templates_for(op: str) -> tuple[str, ...]:
     return tuple(t for t in (SM90_TEMPLATES.get(op), SM80_TEMPLATES.get(op)) if t is not None)
 
 
+# On an sm90 card, CUTLASS 2.x (sm80: no TMA, no warpgroup MMA) kernels ran 1.80-2.77x the best candidate's time on
+# every problem of the default bf16 set on the H200 (experiments/cutlass_ranks.py, twenty-first session: 13 problems,
+# M 1024 to 8192); they stay candidates only where no sm90 kernel serves the problem.
+SM80_ON_SM90 = ("left out: an sm90 kernel serves this problem, and sm80 kernels ran 1.8-2.8x the best candidate's time "
+                "on sm90 (H200, experiments/cutlass_ranks.py)")
+
+
+def superseded(problem: GemmProblem, template: str, ranked: dict[str, list[CutlassConfig]]) -> str:
+    """Why `template` is left out for `problem` given the other templates' supported configs (`ranked`), or ''."""
+    if FAMILY[template] == "sm80" and problem.arch >= 90 and any(
+            cfgs for t, cfgs in ranked.items() if FAMILY[t] == "sm90"):
+        return SM80_ON_SM90
+    return ""
+
+
 def config_pool(template: str) -> list[CutlassConfig]:
     """Every config the template is offered with, before alignment is fitted to a problem. 8-bit operands (int8,
     fp8) take the same tiles with K doubled: 128 bytes of K per stage."""

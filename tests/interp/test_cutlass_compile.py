@@ -209,3 +209,53 @@ def test_compile_scaled_fp8(scaled_binaries, index):
     # the fp8 wgmma, QGMMA, with the kernel's A then B type (swapped: the problem's B is the kernel's A)
     kernel_a, kernel_b = ("e4m3", dtype) if cfg.swap else (dtype, "e4m3")
     assert re.search(rf"QGMMA\.\w+\.F32\.{kernel_a.upper()}\.{kernel_b.upper()}", sass), "no fp8 wgmma"
+
+
+SM80_PAIR = (CutlassConfig(128, 128, 64, schedule="", stages=4, warps_m=2, warps_n=2, align=8, align_c=8),
+             CutlassConfig(64, 64, 64, schedule="", stages=5, warps_m=2, warps_n=2, align=8, align_c=8))
+
+
+def _sm80_choices():
+    p = problem(1024, 1024, 1024, dtype="fp16", la="row", lb="col", arch=80)
+    return p, [Choice("cutlass", "cutlass2x_sm80_mm", "fp16", None, c.params()) for c in SM80_PAIR]
+
+
+def test_kernels_beyond_the_parallel_compiles_share_a_translation_unit(isolated_cache):
+    """Two kernels, one compile slot: one nvcc run builds both (the headers parsed once); each gets its own binary
+    (the unit's, hard-linked), valid under its own key, loaded by its suffixed entry points."""
+    from backends.cutlass import artifact_valid
+    from backends.cutlass_render import symbol_suffix
+
+    backend = CutlassBackend()
+    p, choices = _sm80_choices()
+    assert backend.prebuild([(p, choices)], max_jobs=1) == 2
+    units = backend.root / "batches" / "units"
+    assert len(list(units.glob("*.cu"))) == 1 and not list(units.glob("*.so"))     # the unit's .so went to them
+    inodes = set()
+    for c in choices:
+        key, paths, _ = backend.artifact_paths(p, c)
+        assert artifact_valid(paths, key), paths.log.read_text()[-2000:]
+        kernel = load_library(paths.binary, 0, symbol_suffix(key))
+        size = ctypes.c_size_t(1)
+        assert kernel.workspace_size(p.m, p.n, p.k, 1, ctypes.byref(size)) == 0
+        inodes.add(paths.binary.stat().st_ino)
+    assert len(inodes) == 1
+    assert [backend.state(p, c) for c in choices] == ["built", "built"]
+    assert backend.prebuild([(p, choices)], max_jobs=1) == 0          # nothing to compile again
+
+
+def test_a_unit_that_fails_is_compiled_again_one_kernel_at_a_time(isolated_cache, monkeypatch):
+    """One config that does not compile must not cost the others sharing its unit their binaries."""
+    import backends.cutlass as cutlass_backend
+
+    p, choices = _sm80_choices()
+    real = cutlass_backend.render
+    broken = spec_for(p, choices[1])
+    monkeypatch.setattr(cutlass_backend, "render",
+                        lambda spec: real(spec) + ("\n#error broken on purpose\n" if spec == broken else ""))
+    backend = CutlassBackend()
+    backend.prebuild([(p, choices)], max_jobs=1)
+    states = [backend.state(p, c) for c in choices]
+    assert states == ["built", "failed"]
+    key, paths, _ = backend.artifact_paths(p, choices[1])
+    assert "broken on purpose" in paths.log.read_text()

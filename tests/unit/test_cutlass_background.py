@@ -83,8 +83,8 @@ def test_a_failed_build_is_recorded_keeps_the_problem_off_cutlass_with_why_and_i
     sel, _ = cold_lookup(a, b)
     assert sel.pending
     background_build.run_builder(build_queue.where(), jobs=2)
-    compiles = len(served.compiles())
-    assert compiles > 0 and background_build.read_state(build_queue.where())["failed"] == compiles
+    compiles = len(served.compiles())         # a failed translation unit's kernels are compiled again one by one
+    assert compiles > 0 and background_build.read_state(build_queue.where())["failed"] == len(set(served.compiles()))
 
     with pytest.warns(CacheWarning, match="re-tuning mm 32x64x64"):
         sel, tunes = cold_lookup(a, b)        # settled (failed): one re-tune, which records why

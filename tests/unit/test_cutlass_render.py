@@ -279,3 +279,31 @@ def test_bias_launch_passes_the_bias_after_the_operands(monkeypatch, swap):
     plain = make_launcher(kernel, replace(p, bias=False, activation=""), replace(SM90_CFG, swap=swap))
     plain(a, b)
     assert len(kernel.calls[-1]) == len(args) - 1       # no bias pointer in the plain entry point
+
+
+def test_a_batch_hoists_the_includes_and_renames_each_members_entry_points():
+    from backends.cutlass_render import ENTRY_POINTS, batch_source, symbol_suffix
+
+    a = ('#include "cutlass/cutlass.h"\nnamespace { int helper; }\n'
+         'extern "C" { int kernels_cutlass_run() { return 1; } }\n')
+    b = '#include "cutlass/cutlass.h"\n#include <cstdint>\nnamespace { int helper; }\n'
+    src = batch_source([(a, symbol_suffix("0123456789abcdef99")), (b, "_x")])
+    assert src.count('#include "cutlass/cutlass.h"') == 1 and "#include <cstdint>" in src
+    assert src.index("#include <cstdint>") < src.index("namespace kernels_batch_0")
+    for name in ENTRY_POINTS:
+        assert f"#define {name} {name}_0123456789abcdef\n" in src and f"#define {name} {name}_x\n" in src
+    assert src.count("namespace kernels_batch_") == 4       # each body opened and closed in its own namespace
+
+
+def test_translation_units_fill_the_compile_slots_once():
+    from types import SimpleNamespace
+
+    from backends.cutlass import MAX_UNIT_KERNELS, translation_units
+
+    def jobs(n, flags=("-a",)):
+        return [SimpleNamespace(spec=SimpleNamespace(flags=flags), i=i) for i in range(n)]
+    assert [len(u) for u in translation_units(jobs(12), 16)] == [1] * 12          # they fit: one kernel a unit
+    assert [len(u) for u in translation_units(jobs(31), 16)] == [2] * 15 + [1]    # the bf16 set: one wave
+    assert max(len(u) for u in translation_units(jobs(100), 2)) == MAX_UNIT_KERNELS
+    mixed = translation_units(jobs(3, ("-x",)) + jobs(3, ("-y",)), 3)
+    assert all(len({m.spec.flags for m in u}) == 1 for u in mixed)                 # flags never mix in a unit
