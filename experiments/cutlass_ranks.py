@@ -41,8 +41,10 @@ def main(argv=None) -> int:
         best = min(times.values())
         cutlass = {n: t for n, t in times.items() if n.startswith("cutlass")}
         best_cutlass = min(cutlass.values()) if cutlass else None
+        failed = {n: t[:160] for n, t in sel.timings.items() if n.startswith("cutlass") and isinstance(t, str)
+                  and not t.startswith(("unsupported", "left out"))}
         row = {"problem": problem.short(), "winner": sel.winner, "best": min(times, key=times.get),
-               "best_ms": best, "best_cutlass_ms": best_cutlass,
+               "best_ms": best, "best_cutlass_ms": best_cutlass, "cutlass_failed": failed,
                "cutlass": {n: round(t / best, 4) for n, t in sorted(cutlass.items(), key=lambda x: x[1])}}
         print(json.dumps(row), flush=True)
         for name, t in cutlass.items():
