@@ -445,7 +445,11 @@ class CutlassBackend(Backend):
         for job, members in shared:
             if job.output.exists():
                 for p in members:
-                    _place_binary(job.output, p.paths.binary, job.log, p.paths.log)
+                    try:
+                        _place_binary(job.output, p.paths.binary, job.log, p.paths.log)
+                    except OSError as e:       # that member is left unbuilt (_finish says why); the rest go on
+                        with contextlib.suppress(OSError):
+                            p.paths.log.write_text(f"could not place the unit's binary {job.output}: {e}\n")
                 job.output.unlink()
             else:
                 retry += members

@@ -1,6 +1,8 @@
 """`python -m kernels warmup`: its arguments, bad input (an error naming the argument and what is allowed, exit 2,
 no traceback), and the default CUTLASS set built with a fake nvcc (tests/fake_cutlass.py); `kernels info` says how
 much of the set is built and where the background build stands."""
+from pathlib import Path
+
 import pytest
 
 from backends.cutlass import CutlassBackend
@@ -99,3 +101,27 @@ def test_info_without_a_toolchain_says_there_is_no_set(tmp_path, monkeypatch):
     fake_cutlass.install(monkeypatch, CutlassBackend(Toolchain(None, None, "", ("nvcc: not on PATH",))))
     [line] = [ln for ln in info_lines() if ln.startswith("cutlass set:")]
     assert line.startswith("cutlass set: none for sm90: CUTLASS headers and nvcc not found")
+
+
+def test_units_of_several_kernels_give_each_its_own_binary_and_a_placing_failure_costs_one(fake, monkeypatch, capsys):
+    """13 int8 kernels on 3 compile slots: units of several kernels (fewer nvcc runs than kernels), each member
+    published under its own key; a member whose binary cannot be placed is left unbuilt, not its unit mates."""
+    import backends.cutlass as cutlass_backend
+
+    place = cutlass_backend._place_binary
+    victim = []
+
+    def flaky(unit, binary, unit_log, log):
+        if not victim:
+            victim.append(binary)
+            raise OSError("no space left on device")
+        place(unit, binary, unit_log, log)
+    monkeypatch.setattr(cutlass_backend, "_place_binary", flaky)
+    main(["warmup", "--dtypes", "int8", "--jobs", "3"])
+    cset = warmup.default_set(90, "int8")
+    calls = (fake.folder / "bin" / "calls").read_text().split()
+    assert len(calls) < len(cset.kernels) == len(set(fake.compiles()))
+    assert cset.states() == {"built": len(cset.kernels) - 1, "failed": 1}
+    assert "could not place" in victim[0].with_name("build.log").read_text() and not victim[0].exists()
+    units = {Path(c).parent for c in calls}
+    assert all(not list(u.glob("*.so")) for u in units if u.name == "units")      # the units' .so went to members
