@@ -271,14 +271,18 @@ def run_ninja(nvcc: str, jobs: list[BuildJob], batches_dir: Path, max_jobs: int,
 
 # Kernels per translation unit at most, when a build has more kernels than parallel compiles: nvcc parses the CUTLASS
 # headers once per unit (27 s of an 85 s single-kernel compile on a 2-core host; two kernels in one unit 131 s against
-# 170 s apart), and the default bf16 set's 31 kernels were two waves of compiles on 16 cores (107 s on the H200 host)
-MAX_UNIT_KERNELS = 4
+# 170 s apart), and the default bf16 set's 31 kernels were two waves of compiles on 16 cores (107 s on the H200 host;
+# 27 kernels in units of two: 88 s). Two, not more: one sm90 kernel's compile already takes ~3 GB (fp8 ~3.5 GB)
+MAX_UNIT_KERNELS = 2
 
 
 def translation_units(prepared: list, slots: int, most: int = MAX_UNIT_KERNELS) -> list[list]:
     """`prepared` split into translation units: one kernel each while they fit `slots` parallel compiles, else as
-    few kernels per unit as fills the slots once (at most `most`); only kernels built with the same flags share one."""
-    size = min(most, max(1, math.ceil(len(prepared) / max(1, slots))))
+    few waves of compiles as units of at most `most` kernels allow, the units as even as those waves let them be;
+    only kernels built with the same flags share one."""
+    slots = max(1, slots)
+    waves = max(1, math.ceil(len(prepared) / (slots * most)))
+    size = min(most, max(1, math.ceil(len(prepared) / (slots * waves))))
     by_flags: dict[tuple, list] = {}
     for p in prepared:
         by_flags.setdefault(p.spec.flags, []).append(p)
@@ -292,10 +296,15 @@ def _place_binary(unit: Path, binary: Path, unit_log: Path, log: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
     try:
-        os.link(unit, tmp)
+        try:
+            os.link(unit, tmp)
+        except OSError:
+            shutil.copyfile(unit, tmp)
+        os.replace(tmp, binary)
     except OSError:
-        shutil.copyfile(unit, tmp)
-    os.replace(tmp, binary)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     with contextlib.suppress(OSError):
         shutil.copyfile(unit_log, log)
 
@@ -423,7 +432,13 @@ class CutlassBackend(Backend):
         jobs_n = max_jobs or config.max_jobs
         # choices that differ only in run-time arguments (sm90 swizzle) share one artifact: one edge each
         unique = list({p.paths.binary: p for p in todo}.values())
-        units = translation_units(unique, jobs_n)
+        # a kernel whose compile failed before is compiled alone: in a unit it would fail its unit mates' compile too
+        failed_before = [p for p in unique if recorded_failure(p.paths, p.key) is not None]
+        units = translation_units([p for p in unique if p not in failed_before], jobs_n) + [[p] for p in failed_before]
+        units_dir = self.root / "batches" / "units"
+        for stale in (*units_dir.glob("*.so"), *units_dir.glob("*.tmp")):    # a killed build's leftovers (the lock is
+            with contextlib.suppress(OSError):                                # held: no build of ours is running)
+                stale.unlink()
         jobs, shared = [], []
         for members in units:
             if len(members) == 1:
@@ -432,31 +447,37 @@ class CutlassBackend(Backend):
                                      tools.cutlass.include_dirs))
                 continue
             text = batch_source([(p.source, symbol_suffix(p.key)) for p in members])
-            stem = self.root / "batches" / "units" / hashlib.sha256(text.encode()).hexdigest()[:16]
+            stem = units_dir / hashlib.sha256(text.encode()).hexdigest()[:16]
             write_if_different(stem.with_suffix(".cu"), text)
             job = BuildJob(stem.with_suffix(".cu"), stem.with_suffix(".so"), stem.with_suffix(".log"),
                            members[0].spec.flags, tools.cutlass.include_dirs)
             jobs.append(job)
             shared.append((job, members))
-        run_ninja(str(tools.nvcc), jobs, self.root / "batches", jobs_n, on_progress)
-        # each member's binary is the unit's (a hard link: one file on disk); a unit that failed is compiled again
-        # one kernel at a time, so one config that does not compile never costs the others theirs
+        kernels = len(unique)
+        # ninja counts compiles; the caller counts kernels (a unit's share of them as it finishes)
+        per_kernel = None if on_progress is None else (
+            lambda done, total: on_progress(done * kernels // max(1, total), kernels))
+        run_ninja(str(tools.nvcc), jobs, self.root / "batches", jobs_n, per_kernel)
+        # each member's binary is the unit's (a hard link: one file on disk); a unit that failed, or a member whose
+        # binary could not be placed, is compiled again one kernel at a time: one config that does not compile
+        # never costs the others theirs
         retry = []
         for job, members in shared:
-            if job.output.exists():
-                for p in members:
-                    try:
-                        _place_binary(job.output, p.paths.binary, job.log, p.paths.log)
-                    except OSError as e:       # that member is left unbuilt (_finish says why); the rest go on
-                        with contextlib.suppress(OSError):
-                            p.paths.log.write_text(f"could not place the unit's binary {job.output}: {e}\n")
-                job.output.unlink()
-            else:
+            if not job.output.exists():
                 retry += members
+                continue
+            for p in members:
+                try:
+                    _place_binary(job.output, p.paths.binary, job.log, p.paths.log)
+                except OSError:
+                    retry.append(p)
+            for leftover in (job.output, job.source, job.log):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
         if retry:
             run_ninja(str(tools.nvcc), [BuildJob(p.paths.source, p.paths.binary, p.paths.log, p.spec.flags,
                                                  tools.cutlass.include_dirs) for p in retry],
-                      self.root / "batches", jobs_n, on_progress)
+                      self.root / "batches", jobs_n)
         bump_stat("compiles", len(todo))
 
     def prebuild(self, work: list[tuple[GemmProblem, list[Choice]]], max_jobs: int | None = None,

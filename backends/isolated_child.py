@@ -162,7 +162,7 @@ def serve(request: dict) -> int:
                 if not context_alive(device):
                     return 3
                 continue
-            timing = measure(user_call(launch, sets), n_sets, device, budget_ms, **_cutoffs(best_ms))
+            timing = measure(user_call(launch, sets), n_sets, device, budget_ms, **_cutoffs(best_ms, device))
             best_ms = min(best_ms or timing.median_ms, timing.median_ms)
             _emit({"name": name, "timing": timing.as_dict()})
         except Exception as e:  # noqa: BLE001 - one candidate's failure is data
@@ -172,11 +172,12 @@ def serve(request: dict) -> int:
     return 0
 
 
-def _cutoffs(best_ms: float | None) -> dict:
-    """The in-process first pass's cutoffs (kernels.measure.timing), against the fastest candidate timed so far."""
+def _cutoffs(best_ms: float | None, device: str) -> dict:
+    """The in-process first pass's cutoffs (kernels.measure.timing), against the fastest candidate timed so far;
+    the screen on the GPU only, as in-process."""
     if best_ms is None:
         return {}
-    screen = best_ms * QUICK_SCREEN if best_ms >= QUICK_SCREEN_MIN_MS else None
+    screen = best_ms * QUICK_SCREEN if device == "cuda" and best_ms >= QUICK_SCREEN_MIN_MS else None
     return {"stop_above_ms": best_ms * TUNE_CUTOFF, "screen_above_ms": screen}
 
 

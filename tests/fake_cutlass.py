@@ -24,6 +24,9 @@ while [ $# -gt 0 ]; do
   case "$1" in -o) out="$2"; shift 2;; *) src="$1"; shift;; esac
 done
 echo "$src" >> "$here/calls"
+members=$(grep '^#define kernels_cutlass_run ' "$src" | sed 's/.*_//')
+if [ -n "$members" ]; then echo "$members" >> "$here/kernels"
+else basename "$(dirname "$src")" | cut -c1-16 >> "$here/kernels"; fi
 if [ -s "$here/fail" ] && grep -q -F -f "$here/fail" "$src"; then echo "error: fake nvcc refuses $src"; exit 1; fi
 echo "fake kernel of $src; niceness $(nice)" > "$out"
 """
@@ -48,15 +51,10 @@ class FakeToolchain:
     def compiles(self) -> list[str]:
         """The kernels compiled so far, as the head of each one's artifact key (its folder's name): one per nvcc run
         of a kernel's own source, one per member of a translation unit of several (cutlass_render.batch_source,
-        whose entry points carry that head as their suffix). A kernel compiled twice appears twice."""
-        calls = self.folder / "bin" / "calls"
-        out = []
-        for source in (calls.read_text().split() if calls.exists() else []):
-            text = Path(source).read_text() if Path(source).exists() else ""
-            members = [line.split()[-1].rsplit("_", 1)[-1] for line in text.splitlines()
-                       if line.startswith("#define kernels_cutlass_run ")]
-            out += members or [Path(source).parent.name[:16]]
-        return out
+        whose entry points carry that head as their suffix), as the fake nvcc saw them. A kernel compiled twice
+        appears twice."""
+        kernels = self.folder / "bin" / "kernels"
+        return kernels.read_text().split() if kernels.exists() else []
 
     def fail_when_source_has(self, text: str) -> None:
         (self.folder / "bin" / "fail").write_text(text + "\n")

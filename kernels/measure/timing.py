@@ -213,6 +213,15 @@ def measure_interleaved(calls: dict[str, Call], n_sets: int, device: str, budget
                 best = min(medians.values())
                 running = [n for n in running if medians.get(n, 0.0) <= best * cutoff]
     timed = {n: summarize(v, samplers[n].calls_per_sample) for n, v in samples.items() if n not in failed and v}
+    # the screen's reference failed after screening the others: those within the screen of the fastest left are
+    # measured after all (unscreened), rather than judged on one call against a candidate that is gone
+    revived = stopped - set(failed) - screened_out({n: q for n, q in quick.items() if n not in failed}, screen) \
+        if stopped else set()
+    if revived:
+        more, more_failed = measure_interleaved({n: calls[n] for n in calls if n in revived}, n_sets, device,
+                                                budget_ms, cutoff, min_samples, max_samples)
+        timed.update(more)
+        failed.update(more_failed)
     return timed, failed
 
 

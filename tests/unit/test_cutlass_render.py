@@ -305,5 +305,6 @@ def test_translation_units_fill_the_compile_slots_once():
     assert [len(u) for u in translation_units(jobs(12), 16)] == [1] * 12          # they fit: one kernel a unit
     assert [len(u) for u in translation_units(jobs(31), 16)] == [2] * 15 + [1]    # the bf16 set: one wave
     assert max(len(u) for u in translation_units(jobs(100), 2)) == MAX_UNIT_KERNELS
+    assert [len(u) for u in translation_units(jobs(12), 2, most=4)] == [3] * 4   # two full waves, not 4+4 then 4
     mixed = translation_units(jobs(3, ("-x",)) + jobs(3, ("-y",)), 3)
     assert all(len({m.spec.flags for m in u}) == 1 for u in mixed)                 # flags never mix in a unit

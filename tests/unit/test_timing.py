@@ -149,6 +149,26 @@ def test_the_isolated_child_applies_the_first_pass_cutoffs_against_its_best_so_f
     from backends.isolated_child import _cutoffs
     from kernels.measure.timing import QUICK_SCREEN, TUNE_CUTOFF
 
-    assert _cutoffs(None) == {}
-    assert _cutoffs(2.0) == {"stop_above_ms": 2.0 * TUNE_CUTOFF, "screen_above_ms": 2.0 * QUICK_SCREEN}
-    assert _cutoffs(0.05)["screen_above_ms"] is None          # host-bound: no screen, the cutoff only
+    assert _cutoffs(None, "cuda") == {}
+    assert _cutoffs(2.0, "cuda") == {"stop_above_ms": 2.0 * TUNE_CUTOFF, "screen_above_ms": 2.0 * QUICK_SCREEN}
+    assert _cutoffs(0.05, "cuda")["screen_above_ms"] is None    # host-bound: no screen, the cutoff only
+    assert _cutoffs(2.0, "cpu")["screen_above_ms"] is None      # interpreted: one call is not the kernel's time
+
+
+def test_candidates_screened_against_one_that_then_fails_are_measured_after_all(clock):
+    """The screen's reference crashes after its quick estimate: those it stopped are not left judged on one call."""
+    from kernels.measure.timing import QUICK_SCREEN, measure_interleaved
+
+    count = {"n": 0}
+
+    def fast_then_broken(i):
+        count["n"] += 1
+        if count["n"] > 3:                     # its quick estimate and a few calls, then nothing
+            raise RuntimeError("illegal memory access")
+        clock.now += 1e-3
+    calls = {"ref": fast_then_broken, "b": clock.call(2.0), "c": clock.call(2.1), "d": clock.call(9.0)}
+    timed, failed = measure_interleaved(calls, 1, "cpu", budget_ms=100, cutoff=1.25, min_samples=3, max_samples=9,
+                                        screen=QUICK_SCREEN)
+    assert set(failed) == {"ref"}
+    assert timed["b"].samples == timed["c"].samples == 9       # within the screen of the fastest left: measured
+    assert timed["d"].samples == 1                            # still 4.5x the fastest left: stays screened
