@@ -60,6 +60,13 @@ OUT=${OUT:-results/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 gpu_tests() { local t=$1; shift; timeout "$t" python3 -m pytest -q -m gpu --tb=short -p no:cacheprovider "$@" 2>&1 | tail -25; }
+timed_warmups() {   # the CUTLASS set of each of WARMUP_DTYPES (default bf16 int8), timed into $OUT/warmup_times.txt
+  for d in ${WARMUP_DTYPES:-bf16 int8}; do
+    local s0; s0=$(date +%s%N); python3 -m kernels warmup --backends cutlass --dtypes "$d" > "$OUT/warmup_$d.txt" 2>&1
+    echo "warmup $d: rc $? $(( ($(date +%s%N) - s0) / 1000000 )) ms" | tee -a "$OUT/warmup_times.txt"
+    tail -1 "$OUT/warmup_$d.txt"
+  done
+}
 case "${1:-native}" in
 model)
   # MODEL_KEEP_CACHE=1 keeps the kernels cache of a warm machine (the cost of a new problem with binaries built);
@@ -91,11 +98,7 @@ model)
 issue27)
   export KERNELS_CACHE_DIR=/tmp/kernels_issue27; rm -rf "$KERNELS_CACHE_DIR"
   python3 -m kernels fastpath build > /dev/null 2>&1
-  for d in ${WARMUP_DTYPES:-bf16 int8}; do
-    s0=$(date +%s%N); python3 -m kernels warmup --backends cutlass --dtypes $d > "$OUT/warmup_$d.txt" 2>&1
-    echo "warmup $d: rc $? $(( ($(date +%s%N) - s0) / 1000000 )) ms" | tee -a "$OUT/warmup_times.txt"
-    tail -3 "$OUT/warmup_$d.txt"
-  done
+  timed_warmups
   python3 -m kernels info 2>&1 | tail -2
   KERNELS_CUTLASS_BUILD=inline timeout 380 python3 -m bench.sustained --json "$OUT/sustained_cutlass.jsonl" \
     --time-limit 340 --quiet > "$OUT/sustained_cutlass.txt" 2>&1; tail -22 "$OUT/sustained_cutlass.txt"
@@ -236,10 +239,7 @@ cost)
   # checkout), with that one, each from an empty selection store. COST_SUSTAINED=1 then runs bench.sustained.
   export KERNELS_CACHE_DIR=/tmp/kernels_cost; rm -rf "$KERNELS_CACHE_DIR"
   python3 -m kernels fastpath build > /dev/null 2>&1
-  for d in ${WARMUP_DTYPES:-bf16 int8}; do
-    s0=$(date +%s%N); python3 -m kernels warmup --backends cutlass --dtypes $d > "$OUT/warmup_$d.txt" 2>&1
-    echo "warmup $d: rc $? $(( ($(date +%s%N) - s0) / 1000000 )) ms" | tee -a "$OUT/warmup_times.txt"
-  done
+  timed_warmups
   cost_run() {   # name dir: one process, every problem's first call
     rm -rf "$KERNELS_CACHE_DIR/selections"
     ( cd "$2" && PYTHONPATH=/tmp/site:$PWD KERNELS_CUTLASS_BUILD=off timeout 150 python3 -m experiments.new_problem_cost \
