@@ -11,6 +11,11 @@ size and hash: an entry without a matching marker is a miss and is rebuilt. `fai
 failed (this key's compiler output tail): background and `off` builds do not retry it (inline builds do, and
 `python -m kernels warmup --retry-failed`).
 
+A build with more kernels than parallel compiles puts them two to a translation unit (`translation_units`,
+cutlass_render.batch_source: the CUTLASS headers parsed once per unit, entry points suffixed by the key's head); each
+member's kernel.so is then a hard link of the unit's shared object, with its own marker. The loader takes the suffixed
+entry points, else the plain ones.
+
 How a tune gets binaries it lacks (KERNELS_CUTLASS_BUILD): `inline` compiles them in the tune; `background` loads
 what is built and hands back the rest as pending (kernels.tune.background_build builds them in a low-priority
 process); `off` loads what is built (`python -m kernels warmup`) and reports the rest as not built.
