@@ -390,8 +390,9 @@ class CutlassBackend(Backend):
             why_not = superseded(problem, template, kept)
             if why_not and kept[template]:
                 skipped[template] = why_not
+                kept[template] = []
                 result = [(t, c) for t, c in result if t != template]
-        picked = select(problem, {t: [c for tt, c in result if tt == t] for t in ranked}, limit)
+        picked = select(problem, kept, limit)
         chosen = [Choice("cutlass", t, problem.dtype, None, c.params()) for t, c in picked]
         names = {c.name for c in chosen}
         below = [n for n in (Choice("cutlass", t, problem.dtype, None, c.params()).name for t, c in result)
@@ -432,14 +433,20 @@ class CutlassBackend(Backend):
         return artifact_state(paths, key)
 
     # -- building ---------------------------------------------------------------------------------------------
+    def _own_job(self, p: _Prepared) -> BuildJob:
+        """The nvcc run that builds one kernel alone, from its own source to its own binary."""
+        return BuildJob(p.paths.source, p.paths.binary, p.paths.log, p.spec.flags, self.tools.cutlass.include_dirs)
+
     def _compile(self, todo: list[_Prepared], max_jobs: int | None = None, on_progress=None) -> None:
         tools = self.tools
         jobs_n = max_jobs or config.max_jobs
         # choices that differ only in run-time arguments (sm90 swizzle) share one artifact: one edge each
         unique = list({p.paths.binary: p for p in todo}.values())
         # a kernel whose compile failed before is compiled alone: in a unit it would fail its unit mates' compile too
-        failed_before = [p for p in unique if recorded_failure(p.paths, p.key) is not None]
-        units = translation_units([p for p in unique if p not in failed_before], jobs_n) + [[p] for p in failed_before]
+        failed_before, fresh = [], []
+        for p in unique:
+            (fresh if recorded_failure(p.paths, p.key) is None else failed_before).append(p)
+        units = translation_units(fresh, jobs_n) + [[p] for p in failed_before]
         units_dir = self.root / "batches" / "units"
         for stale in (*units_dir.glob("*.so"), *units_dir.glob("*.tmp")):    # a killed build's leftovers (the lock is
             with contextlib.suppress(OSError):                                # held: no build of ours is running)
@@ -447,9 +454,7 @@ class CutlassBackend(Backend):
         jobs, shared = [], []
         for members in units:
             if len(members) == 1:
-                p = members[0]
-                jobs.append(BuildJob(p.paths.source, p.paths.binary, p.paths.log, p.spec.flags,
-                                     tools.cutlass.include_dirs))
+                jobs.append(self._own_job(members[0]))
                 continue
             text = batch_source([(p.source, symbol_suffix(p.key)) for p in members])
             stem = units_dir / hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -480,9 +485,7 @@ class CutlassBackend(Backend):
                 with contextlib.suppress(OSError):
                     leftover.unlink()
         if retry:
-            run_ninja(str(tools.nvcc), [BuildJob(p.paths.source, p.paths.binary, p.paths.log, p.spec.flags,
-                                                 tools.cutlass.include_dirs) for p in retry],
-                      self.root / "batches", jobs_n)
+            run_ninja(str(tools.nvcc), [self._own_job(p) for p in retry], self.root / "batches", jobs_n)
         bump_stat("compiles", len(todo))
 
     def prebuild(self, work: list[tuple[GemmProblem, list[Choice]]], max_jobs: int | None = None,

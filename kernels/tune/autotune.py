@@ -233,7 +233,7 @@ def prebuild(problems: list[GemmProblem], backends: tuple[str, ...]) -> dict[str
     per backend that batches (`Backend.prebuild`); tune() then loads those binaries. Returns backend -> compiled.
     Best effort: a backend that fails here fails again, with its reason, in tune()."""
     compiled = {}
-    for name in _isolated_first(backends):
+    for name in backends:
         try:
             backend = get_backend(name)
             work = []
