@@ -16,7 +16,9 @@ from kernels.core.selection import Selection
 
 TIMED_S = 1.0             # the timed tail of every loop: issue 27's "mean of its last second"
 AGREE_GAP = 0.05          # the regime check compares finalist pairs whose loops differ by at least this
-FALLBACK_FINALISTS = 4    # finalists when the Selection records no final round: its fastest timed candidates
+# how many candidates are looped for the regret: the final round's (a duel meets one challenger), then the fastest
+# other timed ones; all of them when the Selection records no final round
+LOOPED_FINALISTS = 4
 FINAL_ROUND_KEYS = ("final_ms", "retimed_ms")    # a finalist's time in the tuner's final round, newest format first
 
 
@@ -81,10 +83,11 @@ def geomean(values: list[float]) -> float:
 
 
 def finalists(selection: Selection) -> tuple[list[str], dict[str, float], str]:
-    """The final round's finalists with the tuner's times for them, fastest first: the names whose details hold
-    "final_ms" (kernels.tune.final_round, either regime), else "retimed_ms" (selections stored before it), else the
-    FALLBACK_FINALISTS fastest timed candidates with their first-pass times. The winner is always among them.
-    Returns (names, tuner ms by name, which of those measurements it is)."""
+    """The candidates looped for the regret, fastest first, with the tuner's final-round times for those it has: the
+    names whose details hold "final_ms" (kernels.tune.final_round, either regime), else "retimed_ms" (selections
+    stored before it), then the fastest other timed candidates up to LOOPED_FINALISTS (with their first-pass times
+    only when there was no final round). The winner is always among them. Returns (names, tuner ms by name, which of
+    those measurements it is)."""
     tuner, source = {}, "timings"
     for key in FINAL_ROUND_KEYS:
         tuner = {n: float(d[key]) for n, d in selection.details.items()
@@ -93,8 +96,9 @@ def finalists(selection: Selection) -> tuple[list[str], dict[str, float], str]:
             source = key
             break
     if not tuner:
-        tuner = dict(selection.ranked()[:FALLBACK_FINALISTS])
+        tuner = dict(selection.ranked()[:LOOPED_FINALISTS])
     names = sorted(tuner, key=tuner.get)
+    names += [n for n, _ in selection.ranked() if n not in tuner][:max(0, LOOPED_FINALISTS - len(names))]
     if selection.winner not in names:
         names.insert(0, selection.winner)
     return names, tuner, source

@@ -1,11 +1,12 @@
 """The final round's power-steady regime: what a user's loop gets once clocks and power have settled.
 
 A 40 ms burst measures a cool chip: on the H100 cuBLAS slowed 3% and a TMA tile 7% from burst to a 3 s loop
-(issue 27), so a tile that tied aten in a burst lost to it in the loop. Here the finalists run after a heat-up, each
-back to back for a window long enough to be past the switch from the previous one, alternated round by round so a
-drift hits all alike, on the rotating input sets of the first pass. The baseline runs twice a round: the gap between
-its two windows is the spread this measurement shows for one call against itself, and a challenger must beat the
-baseline by more than that to replace it (`steady_winner`).
+(issue 27), so a tile that tied aten in a burst lost to it in the loop. Here calls run back to back in windows long
+enough for the card's power control to settle on each (the first part of each window untimed), alternated so that a
+drift hits all alike, on the rotating input sets of the first pass. The baseline runs between the others: the gap
+between its windows is the spread this measurement shows for one call against itself, and a challenger must beat
+the baseline by more than that to replace it (`steady_winner`). The tuner's final round is a duel (`measure_duel`:
+the baseline and the first pass's best challenger); bench.compare's rows time every column (`measure_steady`).
 
 The clock is injectable (`WindowClock`), so the rule is tested on CPU with a fake chip that heats up.
 """
@@ -109,6 +110,11 @@ class HostWindows(CudaWindows):
         return lambda: ms
 
 
+def _calls_in(ms: float, estimate_ms: float) -> int:
+    """Calls of `estimate_ms` each that fill `ms` (one at least)."""
+    return max(1, int(ms / max(estimate_ms, 1e-4)))
+
+
 def measure_steady(clock: WindowClock, estimate_ms: dict[str, float], baseline: str, plan: SteadyPlan,
                    ) -> SteadyResult:
     """Heat up on the baseline, then `plan.rounds` rounds in which every finalist (`estimate_ms`: name -> a first
@@ -119,7 +125,7 @@ def measure_steady(clock: WindowClock, estimate_ms: dict[str, float], baseline: 
     failures: dict[str, str] = {}
 
     def calls_in(name: str, ms: float) -> int:
-        return max(1, int(ms / max(estimate_ms[name], 1e-4)))
+        return _calls_in(ms, estimate_ms[name])
 
     if plan.heat_ms > 0:
         clock(baseline, calls_in(baseline, plan.heat_ms), 1)()
@@ -168,6 +174,67 @@ def measure_steady(clock: WindowClock, estimate_ms: dict[str, float], baseline: 
                         seconds=time.perf_counter() - started, failures=failures)
 
 
+def measure_duel(clock: WindowClock, estimate_ms: dict[str, float], baseline: str, challenger: str, plan: SteadyPlan,
+                 decided: Callable[[float], bool] | None = None) -> SteadyResult:
+    """The baseline and one challenger in turn, B C B C B ... (`plan.rounds` challenger windows at most): each
+    challenger window is compared with the baseline's windows on either side of it, and each baseline window serves
+    the rounds on both its sides. After a round, `decided(median ratio so far)` may end the duel. A call that raises
+    ends it with the reason."""
+    started = time.perf_counter()
+    windows: dict[str, list[float]] = {baseline: [], challenger: []}
+    ratios: list[float] = []
+    spreads: list[float] = []
+    failures: dict[str, str] = {}
+
+    def window(name: str) -> Callable[[], float]:
+        count = _calls_in(plan.window_ms, estimate_ms[name])
+        untimed = max(1, int(count * plan.settle_fraction))
+        return clock(name, untimed, max(1, count - untimed))
+
+    def run(names: list[str]) -> list[float] | None:
+        """Enqueue one window of each name, then read them all (the GPU never waits on the host in between)."""
+        readers = []
+        for name in names:
+            try:
+                readers.append((name, window(name)))
+            except Exception as e:  # noqa: BLE001 - a failing finalist is a result, not the end of the caller
+                failures[name] = f"{type(e).__name__}: {str(e)[:300]}"
+                break
+        values = []
+        for name, read in readers:
+            try:
+                values.append(read())
+            except Exception as e:  # noqa: BLE001
+                failures.setdefault(name, f"{type(e).__name__}: {str(e)[:300]}")
+                return None
+            windows[name].append(values[-1])
+        return values if len(values) == len(names) else None
+
+    if plan.heat_ms > 0:
+        clock(baseline, _calls_in(plan.heat_ms, estimate_ms[baseline]), 1)()
+    first = run([baseline])
+    if first is not None:
+        before = first[0]
+        for _ in range(plan.rounds):
+            got = run([challenger, baseline])
+            if got is None:
+                break
+            ms, after = got
+            base_ms = (before + after) / 2
+            ratios.append(ms / base_ms)
+            spreads.append(abs(before - after) / base_ms)
+            before = after
+            if decided is not None and decided(statistics.median(ratios)):
+                break
+    if baseline in failures and challenger not in failures and not windows[challenger]:
+        run([challenger])          # the baseline failed first: the challenger must still show that it runs
+    timings = {n: SteadyTiming(w, ratios if n == challenger else []) for n, w in windows.items()
+               if w and n not in failures}
+    return SteadyResult(timings=timings, baseline=baseline,
+                        self_spread=statistics.median(spreads) if spreads else 0.0, plan=plan,
+                        seconds=time.perf_counter() - started, failures=failures)
+
+
 def steady_winner(result: SteadyResult, floor: float) -> tuple[str, float, str]:
     """(winner, margin, why): the finalist lowest in ratio to the baseline wins if that ratio is below 1 - margin
     -- the margin being the baseline's spread against itself, at least `floor` -- else the baseline."""
@@ -194,16 +261,17 @@ def steady_winner(result: SteadyResult, floor: float) -> tuple[str, float, str]:
 # Calls at least this long are bound by the GPU's compute or memory, so its power state decides their speed; below,
 # the host's launch cost does (the final round ranks those by GPU time: kernels.tune.final_round).
 STEADY_MIN_MS = 0.1
-# The regime, from experiments/steady_regime.py on the H100 (2026-11-25, docs/measurements/
-# steady_regime_h100_fifteenth.json): under load the card reaches its 700 W cap within ~0.8 s and holds 1200-1470 MHz
-# (1980 idle-to-burst), and aten's 4096x11008x4096 goes from 0.48 ms per call cool to 0.56 in a 3 s loop. Of heat-ups
-# 0 / 0.5 / 1.5 s and windows 25 / 50 / 100 / 200 ms (3 rounds each), 25 ms windows after a heat-up showed the
-# smallest spread of aten against itself (0.0-1.2%, median over rounds) and put the best Triton tile on the right side
-# of aten on all four large problems, as the 3 s loops did; longer windows caught the cap's periodic dips (aten's
-# windows 4-17% apart). More rounds of short windows buy more than longer windows.
-HEAT_MS = 500.0
-WINDOW_MS = 25.0
-ROUNDS = 8
+# The regime: windows long enough that the card's power control settles on each call, the first half of each untimed.
+# The H100's clock follows the power drawn over ~0.2 s and reaches its 700 W cap ~0.8 s into a load (1980 -> 1200-1470
+# MHz; experiments/steady_regime.py, fifteenth session), so short windows alternated with aten run a call at a clock
+# set partly by aten's draw: 25 ms windows flattered CUTLASS tiles by 3-5% on the H100 and by up to 16% on the H200
+# (twenty-first session), and over-charged fp8 TMA tiles that draw less by 4-7% (H200). 300 ms windows put every
+# challenger on the side of aten its own 1.5 s loops put it (experiments/duel_regime.py, H200, twenty-second session,
+# docs/measurements/duel_regime_h200_twentysecond.jsonl: 10 problems, ratios to aten within 0.3-3.4% of the loops' in
+# the first round, 1.3% after it, the error towards the challenger); 150 ms windows strayed up to 7% a round.
+WINDOW_MS = 300.0
+SETTLE_FRACTION = 0.5
+ROUNDS = 2
 # a challenger must beat the baseline by more than its spread against itself, and at least this much
 MARGIN_FLOOR = 0.01
 
@@ -212,24 +280,8 @@ def plan_for(device: str) -> SteadyPlan:
     """The regime's plan on `device`: the measured one on a GPU; off the GPU (the interpreter) a token one that runs
     the same code path in milliseconds."""
     if device == "cuda":
-        return SteadyPlan(heat_ms=HEAT_MS, window_ms=WINDOW_MS, rounds=ROUNDS)
-    return SteadyPlan(heat_ms=0.0, window_ms=0.0, rounds=2)
-
-
-# A challenger that wins the short windows meets the baseline again alone in long ones (half of each window untimed,
-# while the power control settles on it): the H100's clock follows the power drawn over ~0.2 s (aten's
-# 4096x11008x4096 went from 0.48 to 0.53 ms per call in its first 200 ms), so 25 ms windows alternated with aten
-# run a kernel at a clock set partly by aten's draw. On the H100 (issue27 bench, 2026-11-25) CUTLASS finalists ran
-# 3-5% slower against aten in their own 1.5 s loops than in the short windows; Triton tiles were within 3% of their
-# loops (experiments/steady_regime.py). Paid only when a challenger is about to win.
-CONFIRM_WINDOW_MS = 300.0
-CONFIRM_ROUNDS = 2
-
-
-def confirm_plan(device: str) -> SteadyPlan:
-    if device == "cuda":
-        return SteadyPlan(heat_ms=0.0, window_ms=CONFIRM_WINDOW_MS, rounds=CONFIRM_ROUNDS, settle_fraction=0.5)
-    return SteadyPlan(heat_ms=0.0, window_ms=0.0, rounds=2)
+        return SteadyPlan(heat_ms=0.0, window_ms=WINDOW_MS, rounds=ROUNDS, settle_fraction=SETTLE_FRACTION)
+    return SteadyPlan(heat_ms=0.0, window_ms=0.0, rounds=ROUNDS)
 
 
 def window_clock(calls: dict[str, Call], n_sets: int, device: str) -> WindowClock:

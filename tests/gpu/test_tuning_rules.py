@@ -32,7 +32,7 @@ def test_host_set_first_pass_is_screened_by_gpu_time(isolated_cache):
 
 def test_large_problem_takes_no_gpu_time(isolated_cache):
     """Above HOST_BOUND_MAX_MS per call nothing is captured: the final round's call times decide, in the
-    power-steady regime, aten among the finalists with its spread against itself on record."""
+    power-steady regime (a duel of aten and the first pass's fastest other), aten's spread against itself on record."""
     kernels.config.preset = "fast"
     sel = _tuned("mm", "bf16", 4096, 4096, 4096)
     assert not any("gpu_ms" in d for d in sel.details.values()), sel.table(rounds=True)
@@ -40,9 +40,10 @@ def test_large_problem_takes_no_gpu_time(isolated_cache):
     assert sel.regime == "steady", sel.table(rounds=True)
     aten = next(n for n in sel.choices if n.startswith("aten"))
     finalists = {n: d for n, d in sel.details.items() if "final_ms" in d}
-    assert aten in finalists and "self_spread" in finalists[aten] and len(finalists) >= 2
-    assert all(len(d["final_windows_ms"]) >= 8 for d in finalists.values())
-    assert any(note.startswith("steady round:") for note in sel.notes)
+    assert aten in finalists and any(note.startswith("steady round:") for note in sel.notes)
+    if len(finalists) == 2:    # a duel ran (else no challenger came within CHALLENGER_WITHIN of aten's first pass)
+        assert "self_spread" in finalists[aten] and len(finalists[aten]["final_windows_ms"]) >= 2
+        assert all(len(d["final_windows_ms"]) >= 1 for d in finalists.values())
 
 
 def test_relabel_writes_gpu_times_below_the_call_times(tmp_path, isolated_cache):
