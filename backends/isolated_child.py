@@ -27,7 +27,8 @@ from kernels.core.cache_root import cache_root
 from kernels.core.choice import Choice
 from kernels.core.config import config
 from kernels.core.problem import GemmProblem
-from kernels.measure.timing import QUICK_SCREEN, QUICK_SCREEN_MIN_MS, TUNE_CUTOFF, Timing, measure, user_call
+from kernels.measure.timing import (GPU_BOUND_SAMPLES, QUICK_SCREEN, TUNE_CUTOFF, Timing, gpu_bound, measure,
+                                    user_call)
 from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
 from kernels.native import fastpath
 
@@ -174,11 +175,13 @@ def serve(request: dict) -> int:
 
 def _cutoffs(best_ms: float | None, device: str) -> dict:
     """The in-process first pass's cutoffs (kernels.measure.timing), against the fastest candidate timed so far;
-    the screen on the GPU only, as in-process."""
+    the screen, and the GPU-bound candidates' fewer samples, on the GPU only, as in-process."""
     if best_ms is None:
         return {}
-    screen = best_ms * QUICK_SCREEN if device == "cuda" and best_ms >= QUICK_SCREEN_MIN_MS else None
-    return {"stop_above_ms": best_ms * TUNE_CUTOFF, "screen_above_ms": screen}
+    if device == "cuda" and gpu_bound(best_ms):
+        return {"stop_above_ms": best_ms * TUNE_CUTOFF, "screen_above_ms": best_ms * QUICK_SCREEN,
+                "max_samples": GPU_BOUND_SAMPLES}
+    return {"stop_above_ms": best_ms * TUNE_CUTOFF, "screen_above_ms": None}
 
 
 def _warm_up(request: dict) -> None:

@@ -126,6 +126,20 @@ QUICK_SCREEN = 1.5
 QUICK_SCREEN_MIN_MS = 0.1
 
 
+# A GPU-bound candidate (the fastest quick estimate QUICK_SCREEN_MIN_MS or more) gets this many samples (each of >= 1
+# ms of calls) instead of KERNELS_BENCH_MS's worth (24 for bf16 8192^3). Such a problem's winner is decided by the
+# steady regime's duel (kernels.tune.final_round), which meets the first pass's fastest challenger only: the first
+# pass need not rank finer than the bias the duel corrects -- its ratios to aten were 3-22% off those of 1.5 s loops
+# on the H200 (experiments/duel_regime.py, twenty-second session) -- and a GPU-bound call's p20-p80 spans 0.3-8.7% of
+# its median (docs/measurements/compare_cutlass_int8_nt.json), so the median of five is within ~1-2%.
+GPU_BOUND_SAMPLES = 5
+
+
+def gpu_bound(best_quick_ms: float | None) -> bool:
+    """Whether the fastest quick estimate says the problem's calls are bound by the GPU, not the host."""
+    return best_quick_ms is not None and best_quick_ms >= QUICK_SCREEN_MIN_MS
+
+
 def screened_out(quick_ms: dict[str, float], factor: float = QUICK_SCREEN,
                  min_ms: float = QUICK_SCREEN_MIN_MS) -> set[str]:
     """The candidates the screen stops: slower than `factor` times the fastest quick estimate, when that one is
@@ -169,8 +183,9 @@ def measure_interleaved(calls: dict[str, Call], n_sets: int, device: str, budget
     int8 1024x8192x512's two-launch tiles (28 us in a final round) first-passed above 40 us on the H100 and left
     the running. With `cutoff`, a candidate whose median after `min_samples` is above `cutoff` times the best
     median stops there. With `screen` (the first pass passes QUICK_SCREEN), every candidate first gets a quick
-    estimate, and those `screened_out` stop there, timed by that one call. Returns (timings, failures: name -> what
-    its call raised)."""
+    estimate, and those `screened_out` stop there, timed by that one call; where the fastest estimate says the calls
+    are GPU-bound, the rest get GPU_BOUND_SAMPLES samples. Returns (timings, failures: name -> what its call
+    raised)."""
     samplers: dict[str, Sampler] = {}
     wanted: dict[str, int] = {}
     failed: dict[str, str] = {}
@@ -182,7 +197,10 @@ def measure_interleaved(calls: dict[str, Call], n_sets: int, device: str, budget
                 quick[name] = samplers[name].quick()
             except Exception as e:  # noqa: BLE001 - a failing candidate is a result, not the end of the pass
                 failed[name] = f"{type(e).__name__}: {str(e)[:300]}"
-    stopped = screened_out({n: q for n, q in quick.items() if n not in failed}, screen) if screen else set()
+    alive_quick = {n: q for n, q in quick.items() if n not in failed}
+    stopped = screened_out(alive_quick, screen) if screen else set()
+    if screen and alive_quick and gpu_bound(min(alive_quick.values())):
+        max_samples = min(max_samples or GPU_BOUND_SAMPLES, GPU_BOUND_SAMPLES)
     samples: dict[str, list[float]] = {name: [quick[name]] if name in stopped else []
                                        for name in samplers if name not in failed}
     for name, sampler in samplers.items():

@@ -104,8 +104,9 @@ def test_interleaved_first_pass_reports_a_crashing_candidate_and_times_the_rest(
 
 def test_the_quick_screen_stops_the_hopeless_after_one_call(clock):
     """bf16 8192^3's Inductor list holds tiles 2-10x slower than the best: past QUICK_SCREEN times the fastest quick
-    estimate they stop after it (timed by that one call), before the plan and minimum samples cost them ~13 calls."""
-    from kernels.measure.timing import QUICK_SCREEN, measure_interleaved
+    estimate they stop after it (timed by that one call), before the plan and minimum samples cost them ~13 calls.
+    The calls being GPU-bound, the rest get GPU_BOUND_SAMPLES samples, not the budget's nine."""
+    from kernels.measure.timing import GPU_BOUND_SAMPLES, QUICK_SCREEN, measure_interleaved
 
     calls = {"fast": clock.call(1.0), "close": clock.call(1.4), "slow": clock.call(2.0), "hopeless": clock.call(9.0)}
     timed, failed = measure_interleaved(calls, 1, "cpu", budget_ms=100, cutoff=1.25, min_samples=3, max_samples=9,
@@ -113,7 +114,8 @@ def test_the_quick_screen_stops_the_hopeless_after_one_call(clock):
     assert not failed
     assert timed["slow"].samples == timed["hopeless"].samples == 1
     assert timed["hopeless"].median_ms == pytest.approx(9.0)
-    assert timed["fast"].samples == 9 and timed["close"].samples == 3     # 1.4x: past the cutoff, not the screen
+    assert timed["fast"].samples == GPU_BOUND_SAMPLES == 5
+    assert timed["close"].samples == 3     # 1.4x: past the cutoff, not the screen
 
 
 def test_the_quick_screen_leaves_host_bound_calls_alone(clock):
@@ -147,11 +149,12 @@ def test_a_candidate_that_crashes_on_its_quick_estimate_is_reported(clock):
 
 def test_the_isolated_child_applies_the_first_pass_cutoffs_against_its_best_so_far():
     from backends.isolated_child import _cutoffs
-    from kernels.measure.timing import QUICK_SCREEN, TUNE_CUTOFF
+    from kernels.measure.timing import GPU_BOUND_SAMPLES, QUICK_SCREEN, TUNE_CUTOFF
 
     assert _cutoffs(None, "cuda") == {}
-    assert _cutoffs(2.0, "cuda") == {"stop_above_ms": 2.0 * TUNE_CUTOFF, "screen_above_ms": 2.0 * QUICK_SCREEN}
-    assert _cutoffs(0.05, "cuda")["screen_above_ms"] is None    # host-bound: no screen, the cutoff only
+    assert _cutoffs(2.0, "cuda") == {"stop_above_ms": 2.0 * TUNE_CUTOFF, "screen_above_ms": 2.0 * QUICK_SCREEN,
+                                     "max_samples": GPU_BOUND_SAMPLES}
+    assert _cutoffs(0.05, "cuda") == {"stop_above_ms": 0.05 * TUNE_CUTOFF, "screen_above_ms": None}   # host-bound
     assert _cutoffs(2.0, "cpu")["screen_above_ms"] is None      # interpreted: one call is not the kernel's time
 
 
@@ -170,5 +173,6 @@ def test_candidates_screened_against_one_that_then_fails_are_measured_after_all(
     timed, failed = measure_interleaved(calls, 1, "cpu", budget_ms=100, cutoff=1.25, min_samples=3, max_samples=9,
                                         screen=QUICK_SCREEN)
     assert set(failed) == {"ref"}
-    assert timed["b"].samples == timed["c"].samples == 9       # within the screen of the fastest left: measured
+    # within the screen of the fastest left: measured, as GPU-bound calls are (GPU_BOUND_SAMPLES)
+    assert timed["b"].samples == timed["c"].samples == 5
     assert timed["d"].samples == 1                            # still 4.5x the fastest left: stays screened
