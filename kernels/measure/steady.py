@@ -267,8 +267,9 @@ STEADY_MIN_MS = 0.1
 # set partly by aten's draw: 25 ms windows flattered CUTLASS tiles by 3-5% on the H100 and by up to 16% on the H200
 # (twenty-first session), and over-charged fp8 TMA tiles that draw less by 4-7% (H200). 300 ms windows put every
 # challenger on the side of aten its own 1.5 s loops put it (experiments/duel_regime.py, H200, twenty-second session,
-# docs/measurements/duel_regime_h200_twentysecond.jsonl: 10 problems, ratios to aten within 0.3-3.4% of the loops' in
-# the first round, 1.3% after it, the error towards the challenger); 150 ms windows strayed up to 7% a round.
+# docs/measurements/duel_regime_h200_twentysecond.jsonl: 10 problems; a challenger's ratio to aten within 0.2-3.4% of
+# its loops' in the first round and 1.3% in later ones, erring towards the challenger -- 6.2% and 3.4% for one that lost
+# by 16%); 150 ms windows strayed up to 7% a round.
 WINDOW_MS = 300.0
 SETTLE_FRACTION = 0.5
 ROUNDS = 2
