@@ -56,12 +56,15 @@ class Backend(ABC):
     def build(self, problem: GemmProblem, choices: list[Choice]) -> list[BuildOutcome]:
         """Build (or load) every choice in one batch. Never raises for a single failing choice."""
 
-    def measure_isolated(self, problem: GemmProblem, runners: list[Runner], budget_ms: float) -> dict:
+    def measure_isolated(self, problem: GemmProblem, runners: list[Runner], budget_ms: float,
+                         best_ms: float | None = None) -> dict:
         """For runners with isolated=True: verify and time each one in a child process (with the same
         kernels.verify / kernels.timing code) and return name -> kernels.timing.Timing, or name -> failure text.
-        A fault in the child is a failure for that choice, never an exception here."""
+        `best_ms`: the fastest median of the caller's own first pass, which the child's cutoffs start from. A fault
+        in the child is a failure for that choice, never an exception here."""
 
-        return run_isolated(self.name, problem, [r.choice for r in runners], budget_ms, CHILD_TIMEOUT_S)
+        return run_isolated(self.name, problem, [r.choice for r in runners], budget_ms, CHILD_TIMEOUT_S,
+                            best_ms=best_ms)
 
     def built(self, problem: GemmProblem, choices: list[Choice]) -> set[str]:
         """Names of the choices whose binaries this backend has stored, so building them compiles nothing. Backends

@@ -14,6 +14,7 @@ when it starts that candidate, so the isolation itself can be tested on any mach
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -62,9 +63,11 @@ def _parse(stdout: str) -> tuple[dict[str, dict], str | None]:
     return answers, in_flight
 
 
-def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: float) -> dict:
-    """name -> kernels.timing.Timing, or name -> failure text, for every choice of `backend`. Never raises for a
-    kernel's fault."""
+def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: float,
+                 best_ms: float | None = None) -> dict:
+    """name -> kernels.timing.Timing, or name -> failure text, for every choice of `backend`; `best_ms` (the
+    caller's fastest first-pass median, if any) seeds the child's cutoffs, so one first pass spans both processes.
+    Never raises for a kernel's fault."""
     results: dict = {}
     remaining = list(choices)
     seed = int(time.time_ns() % (1 << 31))
@@ -74,7 +77,7 @@ def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: fl
             request = {"backend": backend, "problem": json.loads(problem.key()),
                        "choices": [c.as_dict() for c in remaining], "budget_ms": budget_ms, "seed": seed,
                        "device": torch.cuda.current_device() if torch.cuda.is_available() else 0,
-                       "cache_dir": str(cache_root()), "fault": FAULT_INJECTION}
+                       "cache_dir": str(cache_root()), "fault": FAULT_INJECTION, "best_ms": best_ms}
             stdout, ended = child_handle.started().ask(request, timeout_s)
             why = ""
             if ended != "done":
@@ -146,7 +149,8 @@ def serve(request: dict) -> int:
     sets = timing_sets(problem, device, operands, seed=request["seed"] + 1)
     n_sets = len(sets)
 
-    best_ms: float | None = None         # the fastest median so far: the first pass's cutoffs, one candidate at a time
+    # the fastest median so far (the caller's first pass's to start with): the cutoffs, one candidate at a time
+    best_ms = _positive_or_none(request.get("best_ms"))
     for outcome in outcomes:
         name = outcome.choice.name
         _emit({"start": name})
@@ -171,6 +175,13 @@ def serve(request: dict) -> int:
             if not context_alive(device):
                 return 3      # the context is poisoned: the parent runs the rest in a fresh child
     return 0
+
+
+def _positive_or_none(value) -> float | None:
+    """A request's number as sent by run_isolated: a positive finite float, or None for anything else."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return float(value)
+    return None
 
 
 def _cutoffs(best_ms: float | None, device: str) -> dict:

@@ -206,9 +206,11 @@ def legend(report: Report) -> str | None:
     if not report.speed:
         return None
     plan = next((sr.steady.plan for sr in report.shapes if sr.steady is not None), None)
+    heat = f"{plan['heat_ms']:.0f} ms heat-up, then " if plan and plan.get("heat_ms") else ""
+    settle = plan.get("settle_fraction", 0.25) if plan else 0.0
     how = ("" if plan is None else
-           f" ({plan['heat_ms']:.0f} ms heat-up, then {plan['rounds']} rounds of one {plan['window_ms']:.0f} ms window "
-           f"per cell, alternated; aten twice a round)")
+           f" ({heat}{plan['rounds']} rounds of one {plan['window_ms']:.0f} ms window per cell, the first "
+           f"{settle:.0%} of each untimed, alternated; aten twice a round)")
     entry, torch_fn = entry_names(report)
     return (f"Rows measured together after tuning, in the tuner's steady regime{how}. ms/call: the median of the "
             f"cell's windows (p20-p80 of the same windows). vs aten: aten's ms/call over the cell's, as printed; "

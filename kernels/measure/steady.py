@@ -175,11 +175,11 @@ def measure_steady(clock: WindowClock, estimate_ms: dict[str, float], baseline: 
 
 
 def measure_duel(clock: WindowClock, estimate_ms: dict[str, float], baseline: str, challenger: str, plan: SteadyPlan,
-                 decided: Callable[[float], bool] | None = None) -> SteadyResult:
+                 decided: Callable[[float, float], bool] | None = None) -> SteadyResult:
     """The baseline and one challenger in turn, B C B C B ... (`plan.rounds` challenger windows at most): each
     challenger window is compared with the baseline's windows on either side of it, and each baseline window serves
-    the rounds on both its sides. After a round, `decided(median ratio so far)` may end the duel. A call that raises
-    ends it with the reason."""
+    the rounds on both its sides. After a round, `decided(median ratio so far, the baseline's median spread so far)`
+    may end the duel. A call that raises ends it with the reason (the heat-up's too)."""
     started = time.perf_counter()
     windows: dict[str, list[float]] = {baseline: [], challenger: []}
     ratios: list[float] = []
@@ -210,9 +210,14 @@ def measure_duel(clock: WindowClock, estimate_ms: dict[str, float], baseline: st
             windows[name].append(values[-1])
         return values if len(values) == len(names) else None
 
+    first = None
     if plan.heat_ms > 0:
-        clock(baseline, _calls_in(plan.heat_ms, estimate_ms[baseline]), 1)()
-    first = run([baseline])
+        try:
+            clock(baseline, _calls_in(plan.heat_ms, estimate_ms[baseline]), 1)()
+        except Exception as e:  # noqa: BLE001
+            failures[baseline] = f"{type(e).__name__}: {str(e)[:300]}"
+    if baseline not in failures:
+        first = run([baseline])
     if first is not None:
         before = first[0]
         for _ in range(plan.rounds):
@@ -224,7 +229,7 @@ def measure_duel(clock: WindowClock, estimate_ms: dict[str, float], baseline: st
             ratios.append(ms / base_ms)
             spreads.append(abs(before - after) / base_ms)
             before = after
-            if decided is not None and decided(statistics.median(ratios)):
+            if decided is not None and decided(statistics.median(ratios), statistics.median(spreads)):
                 break
     if baseline in failures and challenger not in failures and not windows[challenger]:
         run([challenger])          # the baseline failed first: the challenger must still show that it runs
@@ -269,7 +274,9 @@ STEADY_MIN_MS = 0.1
 # challenger on the side of aten its own 1.5 s loops put it (experiments/duel_regime.py, H200, twenty-second session,
 # docs/measurements/duel_regime_h200_twentysecond.jsonl: 10 problems; a challenger's ratio to aten within 0.2-3.4% of
 # its loops' in the first round and 1.3% in later ones, erring towards the challenger -- 6.2% and 3.4% for one that lost
-# by 16%); 150 ms windows strayed up to 7% a round.
+# by 16%); 150 ms windows strayed up to 7% a round. Measured as measure_steady's B C B rounds after full-budget first
+# passes and a 0.3 s pause; measure_duel shares the baseline's windows between rounds (B C B C B) and follows the
+# first pass at once.
 WINDOW_MS = 300.0
 SETTLE_FRACTION = 0.5
 ROUNDS = 2

@@ -131,7 +131,10 @@ QUICK_SCREEN_MIN_MS = 0.1
 # steady regime's duel (kernels.tune.final_round), which meets the first pass's fastest challenger only: the first
 # pass need not rank finer than the bias the duel corrects -- its ratios to aten were 3-22% off those of 1.5 s loops
 # on the H200 (experiments/duel_regime.py, twenty-second session) -- and a GPU-bound call's p20-p80 spans 0.3-8.7% of
-# its median (docs/measurements/compare_cutlass_int8_nt.json), so the median of five is within ~1-2%.
+# its median (docs/measurements/compare_cutlass_int8_nt.json), so the median of five is within ~1-2%. The test is the
+# one-call estimate, the steady regime's the fastest median: a problem near 0.1 ms may take five samples and then meet
+# the burst rules, which re-time the first pass's fastest three and aten side by side -- there too the first pass only
+# has to bring the contenders in.
 GPU_BOUND_SAMPLES = 5
 
 

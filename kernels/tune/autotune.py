@@ -205,14 +205,17 @@ def _prestart_child(device: str) -> None:
 
 
 def _measure_isolated(problem, runners, timings, details) -> dict[str, Runner]:
-    """Runners whose backend asks for isolation are verified and timed in a child process by that backend."""
+    """Runners whose backend asks for isolation are verified and timed in a child process by that backend, whose
+    cutoffs start from this process's fastest first pass (`timings` holds it by now)."""
     by_backend: dict[str, list[Runner]] = {}
     for runner in runners.values():
         by_backend.setdefault(runner.choice.backend, []).append(runner)
     passed: dict[str, Runner] = {}
+    first_pass = [t for t in timings.values() if isinstance(t, float)]      # this process's, measured just before
+    best_ms = min(first_pass) if first_pass else None
     for name, group in by_backend.items():
         try:
-            results = get_backend(name).measure_isolated(problem, group, config.bench_budget_ms)
+            results = get_backend(name).measure_isolated(problem, group, config.bench_budget_ms, best_ms=best_ms)
         except Exception as e:  # noqa: BLE001
             results = {r.choice.name: f"isolated measurement failed: {type(e).__name__}: {e}" for r in group}
         for runner in group:

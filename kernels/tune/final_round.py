@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 from kernels.core import counters
@@ -30,6 +30,7 @@ from kernels.measure.steady import (
     SteadyResult,
     WindowClock,
     measure_duel,
+    measure_steady,
     plan_for,
     steady_winner,
     window_clock,
@@ -148,7 +149,7 @@ def _baseline(timings: dict[str, float | str], choices) -> str:
 
 
 def _steady_pick(timings, choices, calls, make_clock, device, details, notes, clock: StageClock
-                 ) -> tuple[str, list[str]]:
+                 ) -> tuple[str | None, list[str]]:
     """The baseline against the first pass's fastest other candidate, in the power-steady regime's long windows
     (kernels.measure.steady.measure_duel); the baseline is kept unless the challenger beats it there by more than
     the baseline's own spread (kernels.measure.steady.steady_winner). No duel when that challenger's first pass is
@@ -162,31 +163,53 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
                      f"pass" + (f" (the fastest other, {others[0][1]}, at {others[0][0] / timings[baseline]:.3f}x)"
                                 if others else ""))
         return baseline, [baseline]
-    for challenger in contenders:      # the next one only where the challenger crashed in the duel
-        pair = (baseline, challenger)
-        with clock("final_round"):
-            result: SteadyResult = measure_duel(make_clock({n: calls[n] for n in pair}),
-                                                {n: timings[n] for n in pair}, baseline, challenger,
-                                                plan_for(device), decided=_decided)
-        for name, why in result.failures.items():
-            timings[name] = f"crashed in the final round: {why}"
-        if challenger not in result.failures or baseline in result.failures:
-            break
+    with clock("final_round"):
+        result, crashed = _duels(baseline, contenders, timings, calls, make_clock, plan_for(device))
+    if not result.timings:
+        notes.append(f"steady round: every finalist crashed ({', '.join(crashed)})")
+        return None, []
+    challenger = next((n for n in result.timings if n != baseline), None)
     for name, t in result.timings.items():
         d = details.setdefault(name, {})
         d["first_pass_ms"] = timings[name]
         d["final_ms"] = t.median_ms
         d["final_windows_ms"] = [round(w, 6) for w in t.windows_ms]
-        if name == challenger:
+        if t.ratios:
             d["final_ratio"] = round(t.ratio, 5)
         timings[name] = t.median_ms
     winner, _, why = steady_winner(result, MARGIN_FLOOR)
-    if baseline in result.timings:
+    rounds = len(result.timings[challenger].ratios) if challenger is not None else 0
+    if rounds:
         details[baseline]["self_spread"] = round(result.self_spread, 5)
-    rounds = len(result.timings[challenger].ratios) if challenger in result.timings else 0
-    notes.append(f"{why}; regime: {rounds} round(s) of {result.plan.window_ms:.0f} ms windows, "
-                 f"{result.seconds:.2f} s")
-    return winner, [n for n in pair if n in result.timings]
+    notes.append(f"{why}; regime: {rounds} round(s) of {result.plan.window_ms:.0f} ms windows (the first half "
+                 f"untimed), {result.seconds:.2f} s" + (f"; crashed in it: {', '.join(crashed)}" if crashed else ""))
+    return winner, list(result.timings)
+
+
+def _duels(baseline: str, contenders: list[str], timings, calls, make_clock, plan) -> tuple[SteadyResult, list[str]]:
+    """The baseline's duel with the first contender; with the next one where the challenger crashed (after the
+    baseline crashed, the next contender need only show that it runs). Returns the last result (it holds the
+    outcome: both, one, or none left) and the names that crashed; their timings become the failure."""
+    crashed: list[str] = []
+    baseline_ran = True
+    seconds = 0.0
+    for challenger in contenders:
+        if baseline_ran:
+            result = measure_duel(make_clock({n: calls[n] for n in (baseline, challenger)}),
+                                  {n: timings[n] for n in (baseline, challenger)}, baseline, challenger, plan,
+                                  decided=_decided)
+        else:
+            result = measure_steady(make_clock({challenger: calls[challenger]}), {challenger: timings[challenger]},
+                                    challenger, replace(plan, rounds=1))
+        seconds += result.seconds
+        for name, why in result.failures.items():
+            timings[name] = f"crashed in the final round: {why}"
+            crashed.append(name)
+        baseline_ran = baseline_ran and baseline not in result.failures
+        if challenger in result.timings:
+            break
+    result.seconds = seconds
+    return result, crashed
 
 
 # The duel's challenger is the first pass's fastest candidate other than the baseline, if within this of the
@@ -203,13 +226,15 @@ DUEL_CLEAR_LOSS = 0.05
 DUEL_CLEAR_WIN = 0.15
 
 
-def _decided(ratio: float) -> bool:
-    return ratio >= 1 + DUEL_CLEAR_LOSS or ratio <= 1 - DUEL_CLEAR_WIN
+def _decided(ratio: float, spread: float) -> bool:
+    """Whether a duel's first round(s) already decide it: the challenger beyond DUEL_CLEAR_WIN ahead or
+    DUEL_CLEAR_LOSS behind, and beyond the baseline's spread against itself either way."""
+    return ratio >= 1 + max(DUEL_CLEAR_LOSS, spread) or ratio <= 1 - max(DUEL_CLEAR_WIN, spread)
 
 
 # Calls under STEADY_MIN_MS: how many of the first pass's fastest are re-timed side by side (with the baseline; more
-# for calls under HOST_BOUND_MAX_MS) before the winner is chosen. 3 since the first version, not measured against other values; each
-# one more costs a measurement budget in the final round
+# for calls under HOST_BOUND_MAX_MS) before the winner is chosen. 3 since the first version, not measured against
+# other values; each one more costs a measurement budget in the final round
 RETIME_TOP = 3
 # Calls under HOST_BOUND_MAX_MS: finalists whose call times are within this fraction of the best are ranked by GPU time
 # (from a CUDA graph) instead, host cost that close being noise between runs. 3%, not more: the pick may then cost up

@@ -541,19 +541,20 @@ def test_bucket_benchmark_retimes_only_the_contenders(monkeypatch):
     monkeypatch.setattr(fr, "measure_interleaved", lambda calls, *a, **k: (
         {n: timing(speed[c]) for n, c in calls.items()}, {}))
     monkeypatch.setattr(fr, "plan_for", lambda device: SteadyPlan(heat_ms=0, window_ms=10, rounds=3))
-    finals = []
+    finals, ran = [], []
 
     def windows(calls, n_sets, device):
         finals.append(sorted(calls.values()))
-        return lambda name, untimed, timed: (lambda: speed[calls[name]] * 1.01)
+        return lambda name, untimed, timed: (ran.append(calls[name]), lambda: speed[calls[name]] * 1.01)[1]
     monkeypatch.setattr(fr, "window_clock", windows)
     got = dyn_mod.benchmark_choices(problem(m=5334, n=4096, k=11008), choices)
     # the final round: aten and the first pass's fastest other candidate (within CHALLENGER_WITHIN of aten)
-    assert finals == [["aten_mm", "tma"]]
+    assert finals == [["aten_mm", "tma"]] and ran == ["aten_mm", "tma", "aten_mm", "tma", "aten_mm", "tma", "aten_mm"]
     assert got[choices[2].name].startswith("not a finalist (first pass 4400.0 us)")
     assert abs(got[choices[0].name] - 0.72 * 1.01) < 1e-12
     speed["aten_mm"] = 1.5                     # an outlying first pass: aten, the baseline, still joins the final round
     finals.clear()
+    ran.clear()
     dyn_mod.benchmark_choices(problem(m=5334, n=4096, k=11008), choices)
     # the same duel, ended after its first round: the tile beats aten there by more than DUEL_CLEAR_WIN
-    assert finals == [["aten_mm", "tma"]]
+    assert finals == [["aten_mm", "tma"]] and ran == ["aten_mm", "tma", "aten_mm"]

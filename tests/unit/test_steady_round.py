@@ -125,7 +125,7 @@ def test_the_duel_alternates_and_ends_when_decided():
     assert result.timings["b"].ratios == pytest.approx([0.9] * 3) and result.self_spread == 0
     seen = []
     chip = FakeChip({"a": 1.0, "b": 0.9}, {"a": 1.0, "b": 0.9}, baseline="a")
-    result = measure_duel(chip, {"a": 1.0, "b": 0.9}, "a", "b", plan, decided=lambda r: seen.append(r) or True)
+    result = measure_duel(chip, {"a": 1.0, "b": 0.9}, "a", "b", plan, decided=lambda r, spread: seen.append(r) or True)
     assert chip.windows == ["a", "b", "a"] and seen == [pytest.approx(0.9)]
 
 
@@ -220,8 +220,63 @@ def test_a_clear_result_ends_the_duel_after_one_round(monkeypatch):
     winner, _, _, _, details, notes = _pick(chip, short)
     assert winner == TMA.name and chip.windows == [ATEN.name, TMA.name, ATEN.name]
     assert "1 round(s)" in notes[-1]
-    chip = PowerHungryChip(burst=short, sustained={ATEN.name: 0.244, TMA.name: 0.244 * (1 + fr.DUEL_CLEAR_LOSS)})
+    chip = PowerHungryChip(burst=short, sustained={ATEN.name: 0.244, TMA.name: 0.244 * (1 + fr.DUEL_CLEAR_LOSS + 0.01)})
     assert _pick(chip, short)[0] == ATEN.name and len(chip.windows) == 3
     close = {ATEN.name: 1.0, TMA.name: 0.95}
     chip = PowerHungryChip(burst=close, sustained={ATEN.name: 1.0, TMA.name: 1.0 - fr.DUEL_CLEAR_WIN + 0.01})
     assert _pick(chip, close)[0] == TMA.name and len(chip.windows) == 5
+
+
+def test_a_lead_within_the_baselines_spread_is_not_decided_in_one_round(monkeypatch):
+    """Aten's windows 20% apart: a challenger at 0.84x after one round is not a clear win; the second round runs."""
+    monkeypatch.setattr(fr, "plan_for", lambda device: PLAN)
+    times = {ATEN.name: 1.0, TMA.name: 0.84}
+    chip = FakeChip(times, times, jitter=0.10)
+    winner, _, _, _, details, _ = _pick(chip, times)
+    assert len(chip.windows) == 5 and winner == ATEN.name and details[ATEN.name]["self_spread"] > 0.15
+    assert fr._decided(0.84, 0.01) and not fr._decided(0.84, 0.2) and fr._decided(1.06, 0.01)
+    assert not fr._decided(1.06, 0.08) and not fr._decided(0.9, 0.01)
+
+
+class ReadFailChip(FakeChip):
+    """A chip on which `name`'s window raises when it is read (the kernel faulted while queued), from window `after`
+    of that name on."""
+
+    def __init__(self, times, fail_on_read, after=0, **kw):
+        super().__init__(times, times, **kw)
+        self.fail_on_read, self.after, self.seen = fail_on_read, after, {}
+
+    def __call__(self, name, untimed, timed):
+        read = super().__call__(name, untimed, timed)
+        self.seen[name] = self.seen.get(name, 0) + 1
+        if name in self.fail_on_read and self.seen[name] > self.after:
+            def broken():
+                raise RuntimeError(f"{name}: illegal memory access")
+            return broken
+        return read
+
+
+def test_failures_when_a_window_is_read(monkeypatch):
+    """A challenger that faults while its window runs is replaced by the next contender; the baseline faulting after
+    the challenger has run leaves the challenger; both gone, the next contender need only show that it runs."""
+    monkeypatch.setattr(fr, "plan_for", lambda device: PLAN)
+    times = {ATEN.name: 0.50, TMA.name: 0.40, WIDE.name: 0.45}
+    three = (ATEN, TMA, WIDE)
+    winner, _, finalists, timings, details, notes = _pick(ReadFailChip(times, {TMA.name}), times, three)
+    assert winner == WIDE.name and sorted(finalists) == sorted([ATEN.name, WIDE.name])
+    assert timings[TMA.name].startswith("crashed in the final round: RuntimeError")
+    assert "crashed in it: " + TMA.name in notes[-1] and details[WIDE.name]["final_ratio"] == pytest.approx(0.9)
+    # the baseline faults in its second window, after the challenger's first has run
+    chip = ReadFailChip(times, {ATEN.name}, after=1)
+    winner, _, finalists, timings, _, _ = _pick(chip, times, three)
+    assert winner == TMA.name and finalists == [TMA.name]
+    assert timings[ATEN.name].startswith("crashed in the final round")
+    # the baseline and the first challenger fault at once: the next one runs alone (two windows), never aten again
+    chip = ReadFailChip(times, {ATEN.name, TMA.name})
+    winner, _, finalists, timings, details, notes = _pick(chip, times, three)
+    assert winner == WIDE.name and finalists == [WIDE.name] and chip.windows.count(ATEN.name) == 1
+    assert "final_ratio" not in details[WIDE.name] and "self_spread" not in details.get(ATEN.name, {})
+    # everything faults: no winner, and the note says so (tune() then raises NoCandidateError)
+    chip = ReadFailChip(times, set(times))
+    winner, _, finalists, _, _, notes = _pick(chip, times, three)
+    assert winner is None and finalists == [] and notes[-1].startswith("steady round: every finalist crashed")

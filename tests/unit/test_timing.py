@@ -158,6 +158,54 @@ def test_the_isolated_child_applies_the_first_pass_cutoffs_against_its_best_so_f
     assert _cutoffs(2.0, "cpu")["screen_above_ms"] is None      # interpreted: one call is not the kernel's time
 
 
+def test_the_isolated_child_starts_from_the_callers_first_pass(monkeypatch):
+    """The child's cutoffs start from the caller's fastest first-pass median (one first pass over both processes), so
+    its first candidate is capped at GPU_BOUND_SAMPLES too; a malformed value is ignored."""
+    from backends import child_handle, isolated_child
+    from kernels.core.choice import Choice
+    from kernels.measure.timing import GPU_BOUND_SAMPLES
+    from kernels.space.heuristics import GemmConfig
+    from tests.helpers import problem
+
+    sent = []
+
+    class FakeChild:
+        def ask(self, request, timeout_s):
+            sent.append(request)
+            return "", "done"
+    monkeypatch.setattr(child_handle, "warmed", lambda timeout_s: "ready")
+    monkeypatch.setattr(child_handle, "started", lambda: FakeChild())
+    cs = [Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64, 32, 3, 4))]
+    isolated_child.run_isolated("triton", problem(), cs, 40.0, 10.0, best_ms=0.7)
+    isolated_child.run_isolated("triton", problem(), cs, 40.0, 10.0)
+    assert [r["best_ms"] for r in sent] == [0.7, None]
+    assert isolated_child._positive_or_none(0.7) == 0.7
+    assert all(isolated_child._positive_or_none(v) is None for v in (None, "1", True, -1.0, 0.0, float("nan")))
+    assert isolated_child._cutoffs(0.7, "cuda")["max_samples"] == GPU_BOUND_SAMPLES
+    # a sequential measurement honours the cap however large the budget
+    assert measure(lambda i: time.sleep(0.002), 1, "cpu", budget_ms=1e4, max_samples=GPU_BOUND_SAMPLES).samples == 5
+
+
+def test_the_tuner_hands_the_child_its_fastest_first_pass(monkeypatch):
+    from types import SimpleNamespace
+
+    from kernels.tune import autotune
+
+    seen = {}
+
+    class Isolated:
+        def measure_isolated(self, problem, group, budget_ms, best_ms=None):
+            seen["best_ms"] = best_ms
+            return {r.choice.name: "failed: x" for r in group}
+    monkeypatch.setattr(autotune, "get_backend", lambda name: Isolated())
+    runner = SimpleNamespace(choice=SimpleNamespace(backend="cutlass", name="k"))
+    timings = {"aten_mm": 0.52, "triton_mm_a": 0.48, "triton_mm_b": "crashed while timing: x"}
+    assert autotune._measure_isolated(None, {"k": runner}, timings, {}) == {}
+    assert seen["best_ms"] == 0.48 and timings["k"] == "failed: x"
+    autotune._measure_isolated(None, {"k": runner}, {}, {})
+    assert seen["best_ms"] is None
+
+
 def test_candidates_screened_against_one_that_then_fails_are_measured_after_all(clock):
     """The screen's reference crashes after its quick estimate: those it stopped are not left judged on one call."""
     from kernels.measure.timing import QUICK_SCREEN, measure_interleaved
