@@ -6,7 +6,8 @@ into a load and then holds 1200-1470 MHz (1980 before); aten's 4096x11008x4096 w
 loops aten beat every Triton finalist on all four large problems (0.94-0.99x), though in 40 ms bursts the tiles led
 on 4096x11008x4096 (1.015-1.032x). After a heat-up, 25 ms windows gave aten's smallest spread against itself
 (0.0-1.2%) and the best tile's ratio to aten on the loop's side every time; 50-200 ms windows caught the cap's
-periodic dips (aten's own windows 4-17% apart). Sized kernels.measure.steady's plan.
+periodic dips (aten's own windows 4-17% apart). Sized the steady round's first plan (25 ms windows); the
+duel that replaced it (twenty-second session) was sized by experiments/duel_regime.py.
 
 Per problem: tune with the given backends, take the first pass's fastest few and aten, then
   1. settle: after an idle pause, aten back to back for 4 s, ms per call in 50 ms slices;
