@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -93,8 +94,8 @@ def run(spec, idle_s: float, order: int) -> dict:
     time.sleep(idle_s)
     loops = alternate(calls, len(sets), 2, 1.5)
     out["loops_ms"] = loops
-    base = sorted(loops[aten])[len(loops[aten]) // 2] if len(loops[aten]) % 2 else sum(loops[aten]) / 2
-    out["loop_ratio"] = {n: round((sum(v) / len(v)) / base, 5) for n, v in loops.items() if n != aten}
+    out["loop_ratio"] = {n: round(statistics.median(v) / statistics.median(loops[aten]), 5)
+                         for n, v in loops.items() if n != aten}
     return out
 
 

@@ -115,6 +115,11 @@ def _calls_in(ms: float, estimate_ms: float) -> int:
     return max(1, int(ms / max(estimate_ms, 1e-4)))
 
 
+def _failure(e: Exception) -> str:
+    """What a finalist's failure is recorded as."""
+    return f"{type(e).__name__}: {str(e)[:300]}"
+
+
 def measure_steady(clock: WindowClock, estimate_ms: dict[str, float], baseline: str, plan: SteadyPlan,
                    ) -> SteadyResult:
     """Heat up on the baseline, then `plan.rounds` rounds in which every finalist (`estimate_ms`: name -> a first
@@ -124,11 +129,8 @@ def measure_steady(clock: WindowClock, estimate_ms: dict[str, float], baseline: 
     names = [n for n in estimate_ms if n != baseline]
     failures: dict[str, str] = {}
 
-    def calls_in(name: str, ms: float) -> int:
-        return _calls_in(ms, estimate_ms[name])
-
     if plan.heat_ms > 0:
-        clock(baseline, calls_in(baseline, plan.heat_ms), 1)()
+        clock(baseline, _calls_in(plan.heat_ms, estimate_ms[baseline]), 1)()
     windows: dict[str, list[float]] = {n: [] for n in [baseline, *names]}
     spreads: list[float] = []
     ratios: dict[str, list[float]] = {}
@@ -142,19 +144,19 @@ def measure_steady(clock: WindowClock, estimate_ms: dict[str, float], baseline: 
         for name in sequence:
             if name in failures:
                 continue
-            window = calls_in(name, plan.window_ms)
+            window = _calls_in(plan.window_ms, estimate_ms[name])
             untimed = max(1, int(window * plan.settle_fraction))
             try:
                 readers.append((name, clock(name, untimed, max(1, window - untimed))))
             except Exception as e:  # noqa: BLE001 - a failing finalist is a result, not the end of the round
-                failures[name] = f"{type(e).__name__}: {str(e)[:300]}"
+                failures[name] = _failure(e)
         this_round: dict[str, float] = {}
         base_pair = []
         for name, read in readers:
             try:
                 ms = read()
             except Exception as e:  # noqa: BLE001
-                failures[name] = f"{type(e).__name__}: {str(e)[:300]}"
+                failures[name] = _failure(e)
                 continue
             windows[name].append(ms)
             if name == baseline:
@@ -179,7 +181,10 @@ def measure_duel(clock: WindowClock, estimate_ms: dict[str, float], baseline: st
     """The baseline and one challenger in turn, B C B C B ... (`plan.rounds` challenger windows at most): each
     challenger window is compared with the baseline's windows on either side of it, and each baseline window serves
     the rounds on both its sides. After a round, `decided(median ratio so far, the baseline's median spread so far)`
-    may end the duel. A call that raises ends it with the reason (the heat-up's too)."""
+    may end the duel. A call that raises ends it with the reason. No heat-up: the baseline's first window, its first
+    part untimed, is one (a plan with `heat_ms` is refused)."""
+    if plan.heat_ms > 0:
+        raise ValueError(f"measure_duel runs no heat-up; the plan asks for {plan.heat_ms} ms")
     started = time.perf_counter()
     windows: dict[str, list[float]] = {baseline: [], challenger: []}
     ratios: list[float] = []
@@ -198,26 +203,19 @@ def measure_duel(clock: WindowClock, estimate_ms: dict[str, float], baseline: st
             try:
                 readers.append((name, window(name)))
             except Exception as e:  # noqa: BLE001 - a failing finalist is a result, not the end of the caller
-                failures[name] = f"{type(e).__name__}: {str(e)[:300]}"
+                failures[name] = _failure(e)
                 break
         values = []
         for name, read in readers:
             try:
                 values.append(read())
             except Exception as e:  # noqa: BLE001
-                failures.setdefault(name, f"{type(e).__name__}: {str(e)[:300]}")
+                failures.setdefault(name, _failure(e))
                 return None
             windows[name].append(values[-1])
         return values if len(values) == len(names) else None
 
-    first = None
-    if plan.heat_ms > 0:
-        try:
-            clock(baseline, _calls_in(plan.heat_ms, estimate_ms[baseline]), 1)()
-        except Exception as e:  # noqa: BLE001
-            failures[baseline] = f"{type(e).__name__}: {str(e)[:300]}"
-    if baseline not in failures:
-        first = run([baseline])
+    first = run([baseline])
     if first is not None:
         before = first[0]
         for _ in range(plan.rounds):

@@ -127,6 +127,8 @@ def test_the_duel_alternates_and_ends_when_decided():
     chip = FakeChip({"a": 1.0, "b": 0.9}, {"a": 1.0, "b": 0.9}, baseline="a")
     result = measure_duel(chip, {"a": 1.0, "b": 0.9}, "a", "b", plan, decided=lambda r, spread: seen.append(r) or True)
     assert chip.windows == ["a", "b", "a"] and seen == [pytest.approx(0.9)]
+    with pytest.raises(ValueError, match="no heat-up"):
+        measure_duel(chip, {"a": 1.0, "b": 0.9}, "a", "b", SteadyPlan(heat_ms=10, window_ms=4, rounds=1))
 
 
 def test_the_steady_round_alternates_and_runs_the_baseline_twice_a_round():
