@@ -143,14 +143,11 @@ def gpu_bound(best_quick_ms: float | None) -> bool:
     return best_quick_ms is not None and best_quick_ms >= QUICK_SCREEN_MIN_MS
 
 
-def screened_out(quick_ms: dict[str, float], factor: float = QUICK_SCREEN,
-                 min_ms: float = QUICK_SCREEN_MIN_MS) -> set[str]:
-    """The candidates the screen stops: slower than `factor` times the fastest quick estimate, when that one is
-    `min_ms` or more; none otherwise (host-bound calls: one call measures the host)."""
-    if not quick_ms:
-        return set()
-    best = min(quick_ms.values())
-    if best < min_ms:
+def screened_out(quick_ms: dict[str, float], factor: float = QUICK_SCREEN) -> set[str]:
+    """The candidates the screen stops: slower than `factor` times the fastest quick estimate, when that one says
+    the calls are GPU-bound (`gpu_bound`); none otherwise (host-bound calls: one call measures the host)."""
+    best = min(quick_ms.values(), default=None)
+    if not gpu_bound(best):
         return set()
     return {n for n, ms in quick_ms.items() if ms > best * factor}
 
