@@ -5,6 +5,11 @@ layer's weight requires grad: with grad enabled the call belongs to autograd, no
 
     python -m experiments.linear_host_cost                        # CUDA: M=1, 4096x4096 (N x K), bf16
     python -m experiments.linear_host_cost --device cpu           # CPU: M=1, 64x64, bf16 (torch's products)
+    python -m experiments.linear_host_cost --grad                 # a training step's layer: forward + backward
+
+--grad times forward + backward (`y.sum().backward()`, x and the layer's parameters requiring grad) instead, and
+adds kernels' autograd Function called directly: what every grad call ran before calls whose products all picked
+aten were handed to torch's own autograd.
 
 Timing: bursts of --burst calls, the host time of each burst (no sync inside it) with a sync between bursts (not
 timed), the median over --bursts bursts. A burst is short enough that the launch queue never fills, so the GPU's time
@@ -84,6 +89,22 @@ def contenders(x: torch.Tensor, layer: nn.Linear) -> dict[str, object]:
     return found
 
 
+def grad_contenders(x: torch.Tensor, layer: nn.Linear) -> dict[str, object]:
+    """Forward + backward of one layer: the timed call is a training step's share of it (its sum's backward)."""
+    w, b = layer.weight, layer.bias
+    found = {
+        "F.linear": lambda: F.linear(x, w, b).sum().backward(),
+        "nn.Linear": lambda: layer(x).sum().backward(),
+        "kernels.linear": lambda: kernels.linear(x, w, b).sum().backward(),
+        "kernels' autograd Function": lambda: api._custom.eager_linear(x, w, b, None).sum().backward(),
+    }
+    patch = patch_function()
+    if patch is not None:
+        patched = patch(copy.deepcopy(layer))
+        found["kernels.patch(nn.Linear)"] = lambda: patched(x).sum().backward()
+    return found
+
+
 def burst_us(fn, burst: int, sync) -> float:
     sync()
     t0 = time.perf_counter()
@@ -116,6 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bursts", type=int, default=30)
     ap.add_argument("--burst", type=int, default=100, help="calls per timed burst")
     ap.add_argument("--backends", help="KERNELS_BACKENDS for this run (default: as configured)")
+    ap.add_argument("--grad", action="store_true", help="time forward + backward with grad (a training step's layer)")
     ap.add_argument("--json", help="write the results here too")
     args = ap.parse_args(argv)
 
@@ -133,16 +155,22 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     dtype = DTYPES[args.dtype]
     layer = nn.Linear(k, n, device=device, dtype=dtype)
-    x = torch.randn(args.m, k, device=device, dtype=dtype)
-    with torch.no_grad():
-        fns = contenders(x, layer)
+    x = torch.randn(args.m, k, device=device, dtype=dtype, requires_grad=args.grad)
+    if args.grad:
+        fns = grad_contenders(x, layer)
         per_call = measure(fns, args.bursts, args.burst, sync)
-        served = {name: served_by_table(fn) for name, fn in fns.items() if "kernels" in name}
+        served = {}
+    else:
+        with torch.no_grad():
+            fns = contenders(x, layer)
+            per_call = measure(fns, args.bursts, args.burst, sync)
+            served = {name: served_by_table(fn) for name, fn in fns.items() if "kernels" in name}
+    with torch.no_grad():
         winner = kernels.explain(x, layer.weight, op="linear", bias=layer.bias).winner
 
-    print(f"warm host cost per call, {device} ({torch.cuda.get_device_name() if device == 'cuda' else 'host'}), "
-          f"x {args.m}x{k}, weight {n}x{k}, {args.dtype}, torch.no_grad; median of {args.bursts} bursts of "
-          f"{args.burst} calls")
+    what = ("forward + backward, everything requiring grad" if args.grad else "per call, torch.no_grad")
+    print(f"warm host cost {what}, {device} ({torch.cuda.get_device_name() if device == 'cuda' else 'host'}), "
+          f"x {args.m}x{k}, weight {n}x{k}, {args.dtype}; median of {args.bursts} bursts of {args.burst} calls")
     print(f"fastpath: {status}; linear winner (with bias): {winner}; kernels.patch: "
           f"{'present' if patch_function() else 'not in this checkout'}")
     print(f"{'call':38s} {'us/call':>8s} {'x F.linear':>10s} {'C++ table':>9s}")
@@ -153,7 +181,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device, "m": args.m, "k": k, "n": n, "dtype": args.dtype, "fastpath": status,
-                       "winner": winner, "us_per_call": per_call, "served_by_table": served}, f, indent=1)
+                       "winner": winner, "grad": args.grad, "us_per_call": per_call, "served_by_table": served}, f, indent=1)
     return 0
 
 

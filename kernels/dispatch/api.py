@@ -29,6 +29,13 @@ _ATEN = {"mm": torch.mm, "int_mm": torch._int_mm}
 # warm path: fast key -> launch(a, b, out). Filled on the first call of each problem.
 _dispatch: dict[tuple, object] = {}
 _memory_hits = [0]
+# calls that need grad (an input requires it, grad mode on, not traced): (warm key, which inputs require grad) -> the
+# call: kernels' autograd Function, or torch's own function where the layer's winners (forward and backward products)
+# save less GPU time over aten than the Function costs in host time (_torchs_autograd_serves): aten everywhere, or
+# small wins that a host-bound training step would pay for. Entries are (call, C++ kind or None): torch's routes are
+# mirrored into the C++ table (at::mm / at::linear under grad mode), kernels' Function stays here.
+_grad_routes: dict[tuple, tuple] = {}
+_FAST_TORCH_LINEAR_KIND = 6    # the C++ table's at::linear then the activation, for a grad route
 _lock = selected.lock          # one lock for the warm table and the selections behind it
 _fast = _fastpath.Fastpath()
 _fast_call = None       # the C++ table's call(op, a, b) once loaded: the product, or None when it does not serve it
@@ -135,20 +142,26 @@ def _plain_linear(x, weight, bias, activation, route: bool = False):
     try:
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         wt = weight.t()
-        entry = _dispatch.get(_linear_key(x2, wt, bias, activation))
+        key = _linear_key(x2, wt, bias, activation)
+        entry = _dispatch.get(key)
     except (AttributeError, TypeError, IndexError, RuntimeError):
-        entry = None
+        key = entry = None
     if entry is not None:
         _memory_hits[0] += 1
         out = entry[0](x2, wt) if bias is None else entry[0](x2, wt, bias)
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[1])
+    if route and key is not None:
+        grad_route = _grad_routes.get((key, x.requires_grad, weight.requires_grad))
+        if grad_route is not None:
+            _memory_hits[0] += 1
+            return grad_route[0](x, weight, bias)
     return _linear_cold(x, weight, bias, activation, route=route)
 
 
 def _linear_cold(x, weight, bias, activation, route: bool = True):
     validate_linear(x, weight, bias, activation)
     if route and _needs_grad(x, weight, bias):
-        return _routed_linear(x, weight, bias, activation)
+        return _grad_route_linear(x, weight, bias, activation)(x, weight, bias)
     if _fast_call is None:
         _fast.try_load(_fast_loaded)
     act = activation or ""
@@ -350,10 +363,19 @@ def _cpu_fallback(a) -> bool:
 
 
 def _cold(op: str, a, b, out, dynamic=None, route: bool = True):
+    if route and op == "mm" and out is None:
+        # a grad call (their keys never reach the warm tables) met before: its route, without validating again
+        try:
+            grad_route = _grad_routes.get((_fast_key(op, a, b), a.requires_grad, b.requires_grad))
+        except (AttributeError, TypeError):
+            grad_route = None
+        if grad_route is not None:
+            _memory_hits[0] += 1
+            return grad_route[0](a, b)
     validate(op, a, b, out)
     if route and op == "mm" and _needs_grad(a, b):
         # torch.mm decides about out= under autograd (it refuses it, as for any out= op)
-        return _custom.eager_mm(a, b) if out is None else torch.mm(a, b, out=out)
+        return _grad_route_mm(a, b)(a, b) if out is None else torch.mm(a, b, out=out)
     if _fast_call is None:
         _fast.try_load(_fast_loaded)
     dyn = _dynamic.resolve(dynamic)
@@ -405,6 +427,76 @@ def _routed_linear(x, weight, bias, activation):
     if activation and _needs_grad(x, weight, bias):
         return _activate(product(x, weight, bias, None), activation)
     return product(x, weight, bias, activation)
+
+
+def _grad_route_mm(a, b):
+    """The route of a validated mm call that needs grad (see _grad_routes), registered for the next ones."""
+    needs = (a.requires_grad, b.requires_grad)
+    if not _routable(a, (a.shape[0], a.shape[1], b.shape[1])):
+        return _custom.eager_mm
+    problems = [GemmProblem.from_tensors("mm", a, b), *_ops.mm_backward_problems(a, b, needs)]
+    if _torchs_autograd_serves(a, problems):
+        _stats.bump("torch_autograd")
+        return _add_grad_route((_fast_key("mm", a, b), *needs), torch.mm, _FAST_ATEN_KIND[torch.mm])
+    return _add_grad_route((_fast_key("mm", a, b), *needs), _custom.eager_mm)
+
+
+def _grad_route_linear(x, weight, bias, activation):
+    """The route of a validated linear call that needs grad: call(x, weight, bias). The activation is torch's
+    either way (autograd differentiates it from its own saved input): fusion is for inference."""
+    act = activation or ""
+    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    wt = weight.t()
+    if not _routable(x, (x2.shape[0], x2.shape[1], wt.shape[1])):
+        return lambda x, weight, bias: _routed_linear(x, weight, bias, activation)
+    needs = (x.requires_grad, weight.requires_grad)
+    problems = [GemmProblem.from_tensors("mm", x2, wt, bias=bias is not None),
+                *_ops.linear_backward_problems(x, weight, needs)]
+    key = (_linear_key(x2, wt, bias, activation), *needs)
+    if _torchs_autograd_serves(x, problems):
+        _stats.bump("torch_autograd")
+        call = F.linear if not act else lambda x, weight, bias: _activate(F.linear(x, weight, bias), act)
+        return _add_grad_route(key, call, _FAST_TORCH_LINEAR_KIND)
+    if not act:
+        return _add_grad_route(key, lambda x, weight, bias: _custom.eager_linear(x, weight, bias, None))
+    return _add_grad_route(key, lambda x, weight, bias: _activate(_custom.eager_linear(x, weight, bias, None), act))
+
+
+def _routable(like: torch.Tensor, mnk) -> bool:
+    """Whether a grad call's route may be worked out and kept now: not for a zero-size product (nothing to tune),
+    nor while a CUDA graph is being captured (a tune there would be recorded: kernels' autograd serves the call)."""
+    return 0 not in mnk and not (like.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def _torchs_autograd_serves(like: torch.Tensor, problems: list[GemmProblem]) -> bool:
+    """Resolve the forward product (problems[0]; its failure is the caller's, as on any cold call) and look the
+    backward ones up ahead (never raising: the backward looks a failed one up again); then whether torch's own
+    autograd is to serve the calls: on the CPU fallback (every product is torch's), or where the winners save less
+    GPU time over aten than kernels' autograd Function costs in host time (ops.FUNCTION_HOST_US; aten everywhere
+    saves nothing)."""
+    if _fast_call is None:          # a training-only process meets no other cold path that would load it
+        _fast.try_load(_fast_loaded)
+    if _cpu_fallback(like):
+        _stats.bump("cpu_fallbacks")
+        return True
+    with selected.device_context(like):
+        _record.resolve(problems[0])
+    for problem in problems[1:]:
+        _prepare(problem, like)
+    return _ops.kernels_gain_us([selected.selection(p) for p in problems]) <= _ops.FUNCTION_HOST_US
+
+
+def _add_grad_route(key: tuple, call, fast_kind: int | None = None):
+    """Keep a grad call's route; torch's (fast_kind: the C++ kind computing it) goes into the C++ table too."""
+    with _lock:
+        _grad_routes[key] = (call, fast_kind)
+        if _fast.module is not None and fast_kind is not None:
+            _fast.module.add(key, fast_kind, call)
+        if len(_grad_routes) > config.max_problems:
+            for old in list(_grad_routes)[:len(_grad_routes) - max(1, config.max_problems // 2)]:
+                del _grad_routes[old]
+            _remirror()
+    return call
 
 
 def _plain(op: str):
@@ -461,13 +553,25 @@ def _shrink(limit: int) -> None:
     keep = max(1, limit // 2)
     for key in list(_dispatch)[:len(_dispatch) - keep]:
         del _dispatch[key]
+    _remirror()
+    selected.trim(keep)
+    _dynamic.trim(keep)
+
+
+def _remirror() -> None:
+    """The C++ table again from the Python ones (after entries were dropped from them)."""
     if _fast.module is not None:
         _fast.module.clear()
         for key, entry in _dispatch.items():
             _fast_register(_fast.module, key, entry)
+        _mirror_grad_routes(_fast.module)
         _scaled.mirror(_fast.module)
-    selected.trim(keep)
-    _dynamic.trim(keep)
+
+
+def _mirror_grad_routes(module) -> None:
+    for key, (call, fast_kind) in _grad_routes.items():
+        if fast_kind is not None:
+            module.add(key, fast_kind, call)
 
 
 def _fast_register(module, key: tuple, entry: tuple) -> None:
@@ -485,6 +589,7 @@ def _fast_loaded(module) -> None:
     with _lock:
         for key, entry in list(_dispatch.items()):
             _fast_register(module, key, entry)
+        _mirror_grad_routes(module)
         _scaled.table_loaded(module)
         _fast_linear = module.call_linear
         _fast_call = module.call
@@ -561,6 +666,7 @@ def clear_memory_cache() -> None:
     """Forget in-process selections and launchers (the persistent store is untouched)."""
     with _lock:
         _dispatch.clear()
+        _grad_routes.clear()
         if _fast.module is not None:
             _fast.module.clear()
         selected.clear()

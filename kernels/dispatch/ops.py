@@ -41,6 +41,31 @@ _ACTIVATION_BACKWARD = {
 assert set(_ACTIVATION_BACKWARD) == set(ACTIVATIONS), "an epilogue activation without a backward"
 
 
+# How much more host time kernels' eager autograd Function costs than torch's own autograd per forward + backward of
+# one layer (its Python forward and backward around the three products). A layer whose winners save less GPU time
+# than that over aten is handed to torch's autograd: in a host-bound step (small M) the Function's cost is the step's,
+# while in a GPU-bound one the forgone gain is at most this much per layer. H100 host, experiments.linear_host_cost
+# --grad (twenty-third session).
+FUNCTION_HOST_US = 40.0
+
+
+def kernels_gain_us(selections: list) -> float:
+    """GPU time per forward + backward that a layer's winners save over aten, by their tunes' own timings (first-pass
+    medians): nothing where aten won or a product has no selection (torch then computes it), without bound where
+    aten has no time to compare with (the winner is the only way the tune found)."""
+    gain = 0.0
+    for sel in selections:
+        if sel is None or sel.winner_choice.backend == "aten":
+            continue
+        aten = [t for name, t in sel.timings.items() if sel.choices.get(name) is not None
+                and sel.choices[name].backend == "aten" and isinstance(t, float)]
+        winner = sel.timings.get(sel.winner)
+        if not aten or not isinstance(winner, float):
+            return float("inf")
+        gain += max(0.0, min(aten) - winner) * 1000.0
+    return gain
+
+
 @dataclass(frozen=True)
 class Plain:
     """The products the ops run: kernels.dispatch.api's warm table / cold path, never routed back to the ops."""
@@ -209,30 +234,45 @@ class BackwardAhead:
             return True
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, needs: tuple[bool, ...]) -> None:
-        if not (needs[0] or needs[1]) or not self._first((id(weight), x.shape, needs[0], needs[1])):
-            return
-        m, (n, k) = x.numel() // x.shape[-1], weight.shape
-        try:                                   # X as the backward's x.reshape(-1, K) gives it: a view...
-            x2_stride, x2_align = tuple(x.view(-1, k).stride()), _alignment(x)
-        except RuntimeError:                   # ...or a fresh contiguous copy
-            x2_stride, x2_align = (k, 1), 16
-        if needs[0]:                           # dY: (m, n), dense and fresh
-            self._ahead(x, (m, k, n), (n, 1), tuple(weight.stride()), 16, _alignment(weight))
-        if needs[1]:
-            self._ahead(x, (n, k, m), (1, n), x2_stride, 16, x2_align)
+        if (needs[0] or needs[1]) and self._first((id(weight), x.shape, needs[0], needs[1])):
+            for problem in linear_backward_problems(x, weight, needs):
+                self.prepare(problem, x)
 
     def mm(self, a: torch.Tensor, b: torch.Tensor, needs: tuple[bool, ...]) -> None:
-        if not (needs[0] or needs[1]) or not self._first((id(b), id(a), a.shape, needs[0], needs[1])):
-            return
-        (m, k), n = a.shape, b.shape[1]
-        if needs[0]:
-            self._ahead(a, (m, k, n), (n, 1), (b.stride(1), b.stride(0)), 16, _alignment(b))
-        if needs[1]:
-            self._ahead(a, (k, n, m), (a.stride(1), a.stride(0)), (n, 1), _alignment(a), 16)
+        if (needs[0] or needs[1]) and self._first((id(b), id(a), a.shape, needs[0], needs[1])):
+            for problem in mm_backward_problems(a, b, needs):
+                self.prepare(problem, a)
 
-    def _ahead(self, like: torch.Tensor, mnk, stride_a, stride_b, align_a: int, align_b: int) -> None:
-        problem = GemmProblem.from_layout("mm", like.dtype, like.device, mnk, stride_a, stride_b, align_a, align_b)
-        self.prepare(problem, like)
+
+def linear_backward_problems(x: torch.Tensor, weight: torch.Tensor, needs: tuple[bool, ...]) -> list[GemmProblem]:
+    """The products kernels.linear's backward will ask for (dX = dY·W, dW = dYᵀ·X, with dY dense as _dense leaves it
+    and X as the backward's x.reshape(-1, K) gives it), for the grads `needs` names (x's, weight's)."""
+    m, (n, k) = x.numel() // x.shape[-1], weight.shape
+    try:                                   # X as the backward's x.reshape(-1, K) gives it: a view...
+        x2_stride, x2_align = tuple(x.view(-1, k).stride()), _alignment(x)
+    except RuntimeError:                   # ...or a fresh contiguous copy
+        x2_stride, x2_align = (k, 1), 16
+    problems = []
+    if needs[0]:                           # dY: (m, n), dense and fresh
+        problems.append(_problem(x, (m, k, n), (n, 1), tuple(weight.stride()), 16, _alignment(weight)))
+    if needs[1]:
+        problems.append(_problem(x, (n, k, m), (1, n), x2_stride, 16, x2_align))
+    return problems
+
+
+def mm_backward_problems(a: torch.Tensor, b: torch.Tensor, needs: tuple[bool, ...]) -> list[GemmProblem]:
+    """The products kernels.mm's backward will ask for (dA = dY·Bᵀ, dB = Aᵀ·dY), for the grads `needs` names."""
+    (m, k), n = a.shape, b.shape[1]
+    problems = []
+    if needs[0]:
+        problems.append(_problem(a, (m, k, n), (n, 1), (b.stride(1), b.stride(0)), 16, _alignment(b)))
+    if needs[1]:
+        problems.append(_problem(a, (k, n, m), (a.stride(1), a.stride(0)), (n, 1), _alignment(a), 16))
+    return problems
+
+
+def _problem(like: torch.Tensor, mnk, stride_a, stride_b, align_a: int, align_b: int) -> GemmProblem:
+    return GemmProblem.from_layout("mm", like.dtype, like.device, mnk, stride_a, stride_b, align_a, align_b)
 
 
 def _alignment(t: torch.Tensor) -> int:

@@ -70,9 +70,10 @@ def test_linear_grads_match_torch(activation, dtype):
     assert_grads_close(got, want, dtype)
 
 
-def test_grad_fn_is_kernels_own_and_no_grad_stays_plain():
-    """Eager calls that need grad record kernels' autograd Functions (the custom ops are what torch.compile traces:
-    tests/interp/test_compile.py); no_grad calls record nothing."""
+def test_grad_fn_is_kernels_own_where_a_product_is_not_aten_and_no_grad_stays_plain():
+    """Eager calls that need grad, with a Triton winner, record kernels' autograd Functions (the custom ops are what
+    torch.compile traces: tests/interp/test_compile.py); no_grad calls record nothing."""
+    kernels.config.backends = ("triton",)
     x, w = leaves((8, 16), (4, 16), dtype=torch.float32)
     assert "EagerLinear" in type(kernels.linear(x, w).grad_fn).__name__
     assert "EagerMm" in type(kernels.mm(x, w.t()).grad_fn).__name__
@@ -80,6 +81,58 @@ def test_grad_fn_is_kernels_own_and_no_grad_stays_plain():
         assert kernels.linear(x, w).grad_fn is None and kernels.mm(x, w.t()).grad_fn is None
     # under autograd the activation is torch's (not fused): autograd differentiates it from its own saved input
     assert "Gelu" in type(kernels.linear(x, w, activation="gelu").grad_fn).__name__
+
+
+def test_all_aten_products_hand_grad_calls_to_torchs_own_autograd():
+    """aten won the forward and both backward products: the call is torch's own (its autograd, its host cost), and
+    the warm calls after the first look nothing up again."""
+    kernels.config.backends = ("aten",)
+    x, w, bias = leaves((3, 5, 16), (6, 16), (6,), dtype=torch.float32, seed=2)
+    a, b = leaves((9, 16), (16, 7), dtype=torch.float32, seed=3)
+    before = kernels.stats()
+    out, prod = kernels.linear(x, w, bias, activation="silu"), kernels.mm(a, b)
+    assert graph_of(out) >= {"SiluBackward0", "AddmmBackward0"} and graph_of(prod) == {"MmBackward0"}
+    assert not any("Eager" in name for name in graph_of(out) | graph_of(prod))
+    middle = kernels.stats()
+    assert middle["tunes"] - before["tunes"] == 6           # linear, its dX and dW; mm, its dA and dB
+    for _ in range(3):
+        kernels.linear(x, w, bias, activation="silu")
+        kernels.mm(a, b)
+    after = kernels.stats()
+    assert after["tunes"] == middle["tunes"] and after["memory_hits"] - middle["memory_hits"] == 6
+
+    def loss(x, w, bias, a, b, lin=kernels.linear, mm=kernels.mm):
+        return lin(x, w, bias, activation="silu").sum() + mm(a, b).square().sum()
+
+    want = reference_grads(lambda *t: loss(*t, lin=lambda x, w, bias, activation: F.silu(F.linear(x, w, bias)),
+                                           mm=torch.mm), [x, w, bias, a, b])
+    assert_grads_close(grads_of(lambda: loss(x, w, bias, a, b), [x, w, bias, a, b]), want, torch.float32)
+
+
+def graph_of(t: torch.Tensor) -> set[str]:
+    """The class names of every autograd node behind t."""
+    names, todo = set(), [t.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None:
+            names.add(type(node).__name__)
+            todo.extend(next_fn for next_fn, _ in node.next_functions)
+    return names - {"AccumulateGrad"}
+
+
+def test_a_grad_route_is_kept_per_pattern_of_inputs_needing_grad():
+    """A frozen weight (only x needs grad) and a trained one are routed apart: the first looks up no dW product."""
+    kernels.config.backends = ("aten",)
+    torch.manual_seed(4)
+    x = torch.randn(10, 12, requires_grad=True)
+    w = torch.randn(5, 12)
+    before = kernels.stats()["tunes"]
+    kernels.linear(x, w).sum().backward()
+    assert kernels.stats()["tunes"] - before == 2           # the forward and dX
+    w.requires_grad_()
+    kernels.linear(x, w).sum().backward()
+    assert kernels.stats()["tunes"] - before == 3           # dW now
+    torch.testing.assert_close(w.grad, x.detach().sum(0).expand(5, 12))
 
 
 def test_bias_only_training_gets_a_bias_grad():

@@ -47,6 +47,42 @@ def test_int_mm_aten_winner(fast):
     assert out.dtype == torch.int32 and torch.equal(out, torch.mm(a.int(), b.int()))
 
 
+def test_grad_routes_to_torchs_autograd_are_served_by_the_table(fast):
+    """aten won a layer's products: its grad calls after the first are the table's at::mm / at::linear under grad
+    mode, recorded by torch's own autograd, per pattern of inputs needing grad; the grads are torch's."""
+    torch.manual_seed(0)
+    a, b = torch.randn(6, 16).half().requires_grad_(), torch.randn(16, 5).half()
+    x, w = torch.randn(2, 3, 16).half().requires_grad_(), torch.randn(4, 16).half().requires_grad_()
+    bias = torch.zeros(4).half().requires_grad_()
+    kernels.mm(a, b), kernels.linear(x, w, bias, activation="silu")       # cold: tuned, routed
+    out = []
+    assert served(lambda: out.append(kernels.mm(a, b))) == 1 and type(out[-1].grad_fn).__name__ == "MmBackward0"
+    assert served(lambda: out.append(kernels.linear(x, w, bias, activation="silu"))) == 1
+    assert type(out[-1].grad_fn).__name__ == "SiluBackward0"
+    out[-1].float().sum().backward()
+    want_x, want_w = [t.detach().float().requires_grad_() for t in (x, w)]
+    torch.nn.functional.silu(torch.nn.functional.linear(want_x, want_w)).sum().backward()
+    torch.testing.assert_close(x.grad.float(), want_x.grad, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(w.grad.float(), want_w.grad, rtol=2e-2, atol=2e-2)
+    w.requires_grad_(False)                 # another pattern: a route of its own, worked out on its first call
+    assert served(lambda: kernels.linear(x, w, bias, activation="silu")) == 0
+    assert served(lambda: kernels.linear(x, w, bias, activation="silu")) == 1
+    with torch.no_grad():                   # the no-grad call is another key again
+        assert served(lambda: kernels.mm(a, b)) == 0 and served(lambda: kernels.mm(a, b)) == 1
+
+
+def test_the_table_refuses_a_grad_entry_that_is_not_torchs_own(fast):
+    a, b = torch.randn(4, 8).half(), torch.randn(8, 2).half()
+    kernels.mm(a, b)                                                      # loads the table
+    module = api._fast.module
+    grad_key = (api._fast_key("mm", a.requires_grad_(), b), True, False)
+    with pytest.raises(ValueError, match="cannot compute"):
+        module.add(grad_key, 2, lambda a, b: a @ b)                       # a Python launch under autograd: no
+    with pytest.raises(ValueError, match="cannot compute"):
+        module.add(api._fast_key("mm", a.detach(), b), 6, torch.mm)       # at::linear for a no-grad mm key: no
+    assert module.add((api._fast_key("mm", a.detach(), b), False, False), 0, torch.mm) is False   # no input needs grad
+
+
 def test_layout_and_alignment_are_part_of_the_key(fast):
     a, b = torch.randn(8, 12).half(), torch.randn(12, 6).half()
     kernels.mm(a, b)
@@ -76,9 +112,16 @@ def test_declined_calls_take_the_python_path(fast):
         nonlocal result
         result = kernels.mm(g, b16)
 
-    # declined (autograd needs it), the call goes to the custom op kernels::mm, whose product below autograd (no
-    # grad there) is the table's: one call served, and the result has the op's grad_fn
-    assert served(grad_call) == 1 and "EagerMm" in type(result.grad_fn).__name__
+    # declined (autograd needs it): aten won the product and its backward ones here, so the call is torch.mm itself
+    # under torch's autograd (with another winner, kernels' autograd Function, whose product below autograd is the
+    # table's: tests/interp/test_autograd.py)
+    assert served(grad_call) == 0 and type(result.grad_fn).__name__ == "MmBackward0"
+    kernels.config.backends = ("triton",)
+    g2 = torch.randn(4, 8).half().requires_grad_()
+    b2 = torch.randn(8, 4).half()
+    kernels.mm(g2.detach(), b2)
+    calls = []
+    assert served(lambda: calls.append(kernels.mm(g2, b2))) == 1 and "EagerMm" in type(calls[-1].grad_fn).__name__
 
     class Sub(torch.Tensor):
         pass

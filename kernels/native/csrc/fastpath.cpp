@@ -9,6 +9,11 @@
 // Only keys with precision None (no fp32) and grad flag False are accepted; everything else stays in Python.
 // All access happens with the GIL held, which is what serialises the table.
 //
+// Grad routes (api._grad_routes): a call autograd needs (grad mode on, an input requiring grad) whose layer api handed
+// to torch's own autograd is computed here by at::mm / at::linear with grad mode on, so autograd records torch's own
+// nodes, at torch's host cost. Registered from the route's key (the call's no-grad-style key, which inputs require
+// grad) under an op code of its own per (op, which of a/x, b/weight, bias require grad): grad_op.
+//
 // kernels.linear(x, weight, bias, activation) is served by call_linear: its key is mm's key for (x viewed as 2-D,
 // weight.t()) under an op code of its own per (bias present, activation), registered from api's linear key
 // (mm key, activation, bias facts). The bias facts are not keyed: every bias this table serves has the same ones
@@ -42,6 +47,7 @@
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
+#include <ATen/ops/linear.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/relu.h>
 #include <ATen/ops/silu.h>
@@ -72,7 +78,10 @@ struct KeyHash {
   }
 };
 
-enum Kind : int { kAtenMm = 0, kAtenIntMm = 1, kPython = 2, kNative = 3, kAtenAddmm = 4, kAtenScaledMm = 5 };
+enum Kind : int {
+  kAtenMm = 0, kAtenIntMm = 1, kPython = 2, kNative = 3, kAtenAddmm = 4, kAtenScaledMm = 5,
+  kTorchLinear = 6,  // a grad route's at::linear and the activation out of place (torch's autograd records both)
+};
 
 // Op codes: the key's first field. Linear's: kOpLinear + 4 * (bias present) + activation.
 constexpr int64_t kOpMm = 0, kOpIntMm = 1, kOpLinear = 8;
@@ -81,6 +90,13 @@ enum Activation : int { kActNone = 0, kActRelu = 1, kActGelu = 2, kActSilu = 3 }
 int64_t linear_op(bool bias, int activation) { return kOpLinear + (bias ? 4 : 0) + activation; }
 bool is_linear_op(int64_t op) { return op >= kOpLinear && op < kOpLinear + 8; }
 bool linear_has_bias(int64_t op) { return ((op - kOpLinear) & 4) != 0; }
+
+// Grad routes' op codes: kGradBase * (1 + pattern) + the call's op, pattern = 1 * (a or x requires grad) + 2 * (b or
+// weight does) + 4 * (the bias does); every other op code is below kGradBase.
+constexpr int64_t kGradBase = 32;
+int64_t grad_op(int64_t op, int pattern) { return kGradBase * (1 + pattern) + op; }
+bool is_grad_op(int64_t op) { return op >= kGradBase; }
+int64_t grad_base_op(int64_t op) { return op % kGradBase; }
 
 // scaled_mm's op codes: kOpScaled + 8 * (row-wise scales) + 4 * (bias present) + the out dtype's index in
 // kScaledOut. A problem's scaling, bias and out dtype pick its kernel (they are part of GemmProblem), so they are
@@ -242,11 +258,14 @@ bool is_long(PyObject* o, int64_t value) {
 
 // api's bias facts (dtype, shape, stride, device[, grad flag]) -> true when they are the ones servable_bias checks
 // for the problem of key k (k[1] x's dtype, k[6] N, k[11] x's device).
-bool bias_facts_servable(PyObject* facts, const Key& k) {
+// A grad route's key (grad = true) may carry either grad flag; `bias_grad` then says which.
+bool bias_facts_servable(PyObject* facts, const Key& k, bool grad = false, bool* bias_grad = nullptr) {
   if (!PyTuple_Check(facts) || PyTuple_GET_SIZE(facts) < 4 || PyTuple_GET_SIZE(facts) > 5) return false;
   PyObject *dtype = PyTuple_GET_ITEM(facts, 0), *shape = PyTuple_GET_ITEM(facts, 1);
   PyObject *stride = PyTuple_GET_ITEM(facts, 2), *device = PyTuple_GET_ITEM(facts, 3);
-  if (PyTuple_GET_SIZE(facts) == 5 && PyTuple_GET_ITEM(facts, 4) != Py_False) return false;
+  PyObject* flag = PyTuple_GET_SIZE(facts) == 5 ? PyTuple_GET_ITEM(facts, 4) : Py_False;
+  if (flag != Py_False && !(grad && flag == Py_True)) return false;
+  if (bias_grad != nullptr) *bias_grad = flag == Py_True;
   if (!THPDtype_Check(dtype) || !THPDevice_Check(device) || !PyTuple_Check(shape) || !PyTuple_Check(stride) ||
       PyTuple_GET_SIZE(shape) != 1 || PyTuple_GET_SIZE(stride) != 1) {
     return false;
@@ -257,15 +276,33 @@ bool bias_facts_servable(PyObject* facts, const Key& k) {
          is_long(PyTuple_GET_ITEM(stride, 0), 1);
 }
 
-bool product_key_from_python(PyObject* t, Key& k);
+bool product_key_from_python(PyObject* t, Key& k, bool grad = false);
 
-// linear: (api._fast_key's tuple for ("mm", x2, weight.t()), activation, bias facts or None).
-bool linear_key_from_python(PyObject* t, Key& k) {
-  if (!product_key_from_python(PyTuple_GET_ITEM(t, 0), k) || k[0] != kOpMm) return false;
+// linear: (api._fast_key's tuple for ("mm", x2, weight.t()), activation, bias facts or None). With grad (a grad
+// route's inner key) the grad flags may be set; `bias_grad` says the bias's.
+bool linear_key_from_python(PyObject* t, Key& k, bool grad = false, bool* bias_grad = nullptr) {
+  if (!product_key_from_python(PyTuple_GET_ITEM(t, 0), k, grad) || k[0] != kOpMm) return false;
   const int act = activation_code(PyTuple_GET_ITEM(t, 1));
   PyObject* bias = PyTuple_GET_ITEM(t, 2);
-  if (act < 0 || (bias != Py_None && !bias_facts_servable(bias, k))) return false;
+  if (act < 0 || (bias != Py_None && !bias_facts_servable(bias, k, grad, bias_grad))) return false;
   k[0] = linear_op(bias != Py_None, act);
+  return true;
+}
+
+// A grad route's key: (mm's key or linear's, a/x requires grad, b/weight requires grad); false for anything else,
+// and for a pattern with no input requiring grad (such a call is no grad route's).
+bool grad_key_from_python(PyObject* t, Key& k) {
+  PyObject *inner = PyTuple_GET_ITEM(t, 0), *a_grad = PyTuple_GET_ITEM(t, 1), *b_grad = PyTuple_GET_ITEM(t, 2);
+  if (!PyTuple_Check(inner) || !PyBool_Check(a_grad) || !PyBool_Check(b_grad)) return false;
+  bool bias_grad = false;
+  if (PyTuple_GET_SIZE(inner) == 3) {
+    if (!linear_key_from_python(inner, k, true, &bias_grad)) return false;
+  } else if (!product_key_from_python(inner, k, true) || k[0] != kOpMm) {
+    return false;
+  }
+  const int pattern = (a_grad == Py_True ? 1 : 0) + (b_grad == Py_True ? 2 : 0) + (bias_grad ? 4 : 0);
+  if (pattern == 0) return false;
+  k[0] = grad_op(k[0], pattern);
   return true;
 }
 
@@ -286,8 +323,8 @@ bool scaled_key_from_python(PyObject* t, Key& k) {
 bool key_from_python(PyObject* t, Key& k) {
   if (!PyTuple_Check(t)) return false;
   switch (PyTuple_GET_SIZE(t)) {
-    case 3:
-      return linear_key_from_python(t, k);
+    case 3:  // linear's (its second field the activation) or a grad route's (a bool there)
+      return PyBool_Check(PyTuple_GET_ITEM(t, 1)) ? grad_key_from_python(t, k) : linear_key_from_python(t, k);
     case 4:
       return scaled_key_from_python(t, k);
     default:
@@ -295,7 +332,7 @@ bool key_from_python(PyObject* t, Key& k) {
   }
 }
 
-bool product_key_from_python(PyObject* t, Key& k) {
+bool product_key_from_python(PyObject* t, Key& k, bool grad) {
   if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 13) return false;
   PyObject* op = PyTuple_GET_ITEM(t, 0);
   int64_t op_code;
@@ -311,7 +348,8 @@ bool product_key_from_python(PyObject* t, Key& k) {
   PyObject *dta = PyTuple_GET_ITEM(t, 1), *dtb = PyTuple_GET_ITEM(t, 2);
   PyObject *dva = PyTuple_GET_ITEM(t, 7), *dvb = PyTuple_GET_ITEM(t, 8);
   if (!THPDtype_Check(dta) || !THPDtype_Check(dtb) || !THPDevice_Check(dva) || !THPDevice_Check(dvb)) return false;
-  if (PyTuple_GET_ITEM(t, 11) != Py_None || PyTuple_GET_ITEM(t, 12) != Py_False) return false;
+  PyObject* grad_flag = PyTuple_GET_ITEM(t, 12);
+  if (PyTuple_GET_ITEM(t, 11) != Py_None || (grad_flag != Py_False && !(grad && grad_flag == Py_True))) return false;
   k[0] = op_code;
   k[1] = static_cast<int64_t>(reinterpret_cast<THPDtype*>(dta)->scalar_type);
   k[2] = static_cast<int64_t>(reinterpret_cast<THPDtype*>(dtb)->scalar_type);
@@ -781,6 +819,14 @@ struct ReleaseGil {
   ~ReleaseGil() { PyEval_RestoreThread(state); }
 };
 
+// Which inputs of a call autograd records: 1 * a (or x) + 2 * b (or the weight) + 4 * the bias, each where it requires
+// grad; 0 when grad mode is off.
+int grad_pattern(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias) {
+  const int pattern = (a.requires_grad() ? 1 : 0) + (b.requires_grad() ? 2 : 0) +
+                      (bias != nullptr && bias->requires_grad() ? 4 : 0);
+  return pattern != 0 && at::GradMode::is_enabled() ? pattern : 0;
+}
+
 // call(op, a, b) -> the product, or None when this table does not serve the call (the Python path then does).
 PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
@@ -792,7 +838,7 @@ PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!THPVariable_CheckExact(pa) || !THPVariable_CheckExact(pb)) Py_RETURN_NONE;  // subclasses: __torch_function__
   const at::Tensor& a = THPVariable_Unpack(pa);
   const at::Tensor& b = THPVariable_Unpack(pb);
-  if ((a.requires_grad() || b.requires_grad()) && at::GradMode::is_enabled()) Py_RETURN_NONE;
+  const int pattern = grad_pattern(a, b, nullptr);
   if (at::impl::torch_function_mode_enabled()) Py_RETURN_NONE;  // torch.mm from Python must see the mode
   const int64_t op = PyLong_AsLongLong(args[0]);
   if (op != kOpMm && op != kOpIntMm) {
@@ -800,7 +846,7 @@ PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
   }
   Key k;
-  if (!key_from_tensors(op, a, b, k)) Py_RETURN_NONE;
+  if (!key_from_tensors(pattern != 0 ? grad_op(op, pattern) : op, a, b, k)) Py_RETURN_NONE;
   auto& t = table();
   auto it = t.find(k);
   if (it == t.end()) Py_RETURN_NONE;
@@ -840,6 +886,15 @@ at::Tensor aten_linear(const at::Tensor& x2, const at::Tensor& wt, const at::Ten
   return out;
 }
 
+at::Tensor torch_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor* bias, int activation) {
+  // api's grad route: F.linear, then the activation out of place (autograd saves the input it differentiates)
+  at::Tensor out = at::linear(x, w, bias != nullptr ? std::optional<at::Tensor>(*bias) : std::nullopt);
+  if (activation == kActRelu) return at::relu(out);
+  if (activation == kActGelu) return at::gelu(out, "tanh");
+  if (activation == kActSilu) return at::silu(out);
+  return out;
+}
+
 // A launch's (M, N) result -> x.shape[:-1] + (N,). Steals `result` (a new reference); nullptr with an error set
 // when the launch failed or returned something else than a tensor.
 PyObject* unflatten(PyObject* result, const at::Tensor& x) {
@@ -876,13 +931,12 @@ PyObject* call_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const at::Tensor& x = THPVariable_Unpack(px);
   const at::Tensor& w = THPVariable_Unpack(pw);
   const at::Tensor* bias = has_bias ? &THPVariable_Unpack(pbias) : nullptr;
-  if (at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (has_bias && bias->requires_grad()))) {
-    Py_RETURN_NONE;
-  }
+  const int pattern = grad_pattern(x, w, bias);
   if (x.scalar_type() == at::kFloat) Py_RETURN_NONE;  // fp32 depends on the matmul precision, read in Python
   Key k;
   try {
-    if (!key_from_linear(linear_op(has_bias, act), x, w, k)) Py_RETURN_NONE;
+    const int64_t op = linear_op(has_bias, act);
+    if (!key_from_linear(pattern != 0 ? grad_op(op, pattern) : op, x, w, k)) Py_RETURN_NONE;
     if (has_bias && !servable_bias(*bias, x.scalar_type(), x.device(), k[6])) Py_RETURN_NONE;
   } catch (const c10::Error&) {
     Py_RETURN_NONE;  // a tensor without strides or data (sparse, nested, batched): Python decides about it
@@ -892,6 +946,10 @@ PyObject* call_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (it == t.end()) Py_RETURN_NONE;
   ++g_hits;
   const int kind = it->second.kind;
+  if (kind == kTorchLinear) {  // F.linear itself (its own flattening), then the activation: torch's autograd records
+    c10::OptionalDeviceGuard guard(x.device());
+    return THPVariable_Wrap(torch_linear(x, w, bias, act));
+  }
   const at::Tensor x2 = x.dim() == 2 ? x : x.view({k[3], k[4]});
   const at::Tensor wt = w.t();
   if (kind == kNative || kind == kPython) {
@@ -1006,7 +1064,12 @@ PyObject* call_scaled_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // Whether an entry of this kind computes the op: an aten kind names the product it runs, a native launch takes the
 // op's epilogue (scales of its scaling, a bias exactly when the op has one) and writes its out dtype.
 bool kind_serves(long kind, int64_t op, PyObject* launch) {
+  if (is_grad_op(op)) {  // grad routes: torch's own function, whose autograd records the call
+    return (kind == kAtenMm && grad_base_op(op) == kOpMm) || (kind == kTorchLinear && is_linear_op(grad_base_op(op)));
+  }
   switch (kind) {
+    case kTorchLinear:
+      return false;
     case kAtenMm:
       return op == kOpMm || op == linear_op(false, kActNone);
     case kAtenIntMm:
@@ -1041,7 +1104,7 @@ PyObject* add(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "add: a native entry's launch must be a NativeLaunch");
     return nullptr;
   }
-  if (kind < kAtenMm || kind > kAtenScaledMm) {
+  if (kind < kAtenMm || kind > kTorchLinear) {
     PyErr_Format(PyExc_ValueError, "unknown entry kind %ld", kind);
     return nullptr;
   }
