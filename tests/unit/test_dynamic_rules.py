@@ -526,7 +526,7 @@ def test_bucket_benchmark_retimes_only_the_contenders(monkeypatch):
     from kernels.space.heuristics import GemmConfig
     from kernels.tune import final_round as fr
 
-    speed = {"aten_mm": 0.72, "tma": 0.73, "tiny": 4.4}
+    speed = {"aten_mm": 0.72, "tma": 0.68, "tiny": 4.4}       # the tile 5.6% ahead: both rounds run
     choices = [Choice("aten", "aten_mm", "bf16"),
                Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8)),
                Choice("triton", "split_k", "bf16", GemmConfig(16, 64, 64, 4, 4), (("split", 4),))]

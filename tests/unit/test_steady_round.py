@@ -71,34 +71,34 @@ def test_a_challenger_faster_in_bursts_and_slower_sustained_loses(monkeypatch):
     assert sorted(finalists) == sorted([ATEN.name, TMA.name])
     assert timings[TMA.name] == pytest.approx(0.58) and details[TMA.name]["first_pass_ms"] == 0.57
     assert details[TMA.name]["final_ratio"] > 1.01
-    assert "does not beat" in notes[-1] and "2 round(s) of 300 ms windows" in notes[-1]
-    # the baseline first and last, the challenger between: B C B C B
-    assert chip.windows == [ATEN.name, TMA.name, ATEN.name, TMA.name, ATEN.name]
+    # behind in the first round: decided there (the baseline first and last, the challenger between: B C B)
+    assert "does not beat" in notes[-1] and "1 round(s) of 300 ms windows" in notes[-1]
+    assert chip.windows == [ATEN.name, TMA.name, ATEN.name]
 
 
 def test_the_baselines_own_spread_sets_the_margin(monkeypatch):
-    """A challenger 3% faster sustained wins where aten's windows agree within 1%, and not where they are 5% apart;
-    a 0.5% lead never wins (the 1% floor)."""
+    """A challenger 5% faster sustained wins where aten's windows agree within 1%, and not where they are 7% apart
+    (both rounds run: the lead is beyond the first round's error); a 0.5% lead never wins."""
     monkeypatch.setattr(fr, "plan_for", lambda device: PLAN)
-    times = {ATEN.name: 0.50, TMA.name: 0.485}
-    winner = _pick(FakeChip(times, times, jitter=0.005), times)[0]
-    assert winner == TMA.name
-    winner, _, _, _, details, notes = _pick(FakeChip(times, times, jitter=0.025), times)
-    assert winner == ATEN.name and details[ATEN.name]["self_spread"] == pytest.approx(0.05, rel=0.01)
-    assert "by more than 5.0%" in notes[-1]
+    times = {ATEN.name: 0.50, TMA.name: 0.475}
+    chip = FakeChip(times, times, jitter=0.005)
+    assert _pick(chip, times)[0] == TMA.name and len(chip.windows) == 5
+    winner, _, _, _, details, notes = _pick(FakeChip(times, times, jitter=0.035), times)
+    assert winner == ATEN.name and details[ATEN.name]["self_spread"] == pytest.approx(0.07, rel=0.01)
+    assert "by more than 7.0%" in notes[-1]
     close = {ATEN.name: 0.50, TMA.name: 0.4975}
     assert _pick(FakeChip(close, close), close)[0] == ATEN.name
 
 
 def test_a_clock_drift_between_rounds_cancels_in_the_ratio(monkeypatch):
     """Each finalist is compared with the baseline's windows of its own round: a chip whose clock slows 0.5% a
-    window still ranks the challenger 2% faster."""
+    window still ranks the challenger 5% faster."""
     monkeypatch.setattr(fr, "plan_for", lambda device: PLAN)
-    times = {ATEN.name: 0.50, TMA.name: 0.49}
+    times = {ATEN.name: 0.50, TMA.name: 0.475}
     chip = FakeChip(times, times, drift=0.005)
     winner, _, _, _, details, _ = _pick(chip, times)
     assert winner == TMA.name
-    assert details[TMA.name]["final_ratio"] == pytest.approx(0.98, abs=0.006)
+    assert details[TMA.name]["final_ratio"] == pytest.approx(0.95, abs=0.006)
 
 
 def test_a_finalist_that_crashes_in_the_steady_round_never_wins(monkeypatch):
@@ -215,14 +215,15 @@ def test_a_close_loss_in_the_first_pass_still_meets_the_baseline(monkeypatch):
 
 def test_a_clear_result_ends_the_duel_after_one_round(monkeypatch):
     """int8 with CUTLASS on the H200: 0.61-0.66x aten's time in the duel's first round, as in 1.5 s loops. Beyond
-    DUEL_CLEAR_WIN ahead, or DUEL_CLEAR_LOSS behind, the first round decides; nearer, the second one runs."""
+    DUEL_CLEAR_WIN ahead, or not ahead by more than DUEL_FIRST_ROUND_LEAD, the first round decides; between, the
+    second one runs."""
     monkeypatch.setattr(fr, "plan_for", lambda device: PLAN)
     short = {ATEN.name: 0.279, TMA.name: 0.131}
     chip = PowerHungryChip(burst=short, sustained={ATEN.name: 0.244, TMA.name: 0.145})
     winner, _, _, _, details, notes = _pick(chip, short)
     assert winner == TMA.name and chip.windows == [ATEN.name, TMA.name, ATEN.name]
     assert "1 round(s)" in notes[-1]
-    chip = PowerHungryChip(burst=short, sustained={ATEN.name: 0.244, TMA.name: 0.244 * (1 + fr.DUEL_CLEAR_LOSS + 0.01)})
+    chip = PowerHungryChip(burst=short, sustained={ATEN.name: 0.244, TMA.name: 0.244 * 1.06})
     assert _pick(chip, short)[0] == ATEN.name and len(chip.windows) == 3
     close = {ATEN.name: 1.0, TMA.name: 0.95}
     chip = PowerHungryChip(burst=close, sustained={ATEN.name: 1.0, TMA.name: 1.0 - fr.DUEL_CLEAR_WIN + 0.01})
@@ -237,7 +238,24 @@ def test_a_lead_within_the_baselines_spread_is_not_decided_in_one_round(monkeypa
     winner, _, _, _, details, _ = _pick(chip, times)
     assert len(chip.windows) == 5 and winner == ATEN.name and details[ATEN.name]["self_spread"] > 0.15
     assert fr._decided(0.84, 0.01) and not fr._decided(0.84, 0.2) and fr._decided(1.06, 0.01)
-    assert not fr._decided(1.06, 0.08) and not fr._decided(0.9, 0.01)
+    # a lead within the first round's error is no win, however noisy the baseline (noise only raises the bar)
+    assert fr._decided(1.06, 0.08) and fr._decided(0.97, 0.2) and not fr._decided(0.9, 0.01)
+
+
+def test_a_lead_within_the_first_rounds_error_keeps_the_baseline_after_one_round(monkeypatch):
+    """bf16 8192^3 on the H200: CUTLASS at 0.972x aten in the duel's first round, 0.987x in 1.5 s loops; the first
+    round errs towards the challenger by up to 3.4%, so a lead under DUEL_FIRST_ROUND_LEAD ends the duel on aten
+    (0.6 s saved) and the one round's ratio is judged with that margin."""
+    monkeypatch.setattr(fr, "plan_for", lambda device: PLAN)
+    times = {ATEN.name: 1.0, TMA.name: 0.972}
+    chip = FakeChip(times, times)
+    winner, _, _, _, details, notes = _pick(chip, times)
+    assert winner == ATEN.name and len(chip.windows) == 3 and "1 round(s)" in notes[-1]
+    assert details[TMA.name]["final_ratio"] == pytest.approx(0.972) and "does not beat" in notes[-1]
+    # a lead beyond it runs the second round and is judged there with the usual margin
+    times = {ATEN.name: 1.0, TMA.name: 0.95}
+    chip = FakeChip(times, times)
+    assert _pick(chip, times)[0] == TMA.name and len(chip.windows) == 5
 
 
 class ReadFailChip(FakeChip):
