@@ -39,7 +39,7 @@ ALL_WINDOW_MS = 200.0
 ROUNDS = 3
 
 
-def _first_pass(sel) -> dict[str, float]:
+def first_pass_ms(sel) -> dict[str, float]:
     out = {}
     for name, t in sel.timings.items():
         if isinstance(t, float):
@@ -56,20 +56,13 @@ def _regime(calls, n_sets: int, est, aten, window_ms: float) -> dict:
             "failures": res.failures}
 
 
-def run(spec, idle_s: float, order: int) -> dict:
-    problem = problem_for(Shape(spec.m, spec.n, spec.k), spec.dtype, spec.layout, "cuda")
-    t0 = time.perf_counter()
-    sel, _ = tune(problem, config.backends)
-    tune_s = time.perf_counter() - t0
-    first = _first_pass(sel)
-    aten = next((n for n in sorted(first, key=first.get) if n.startswith("aten")), None)
-    ranked = [n for n in sorted(first, key=first.get) if n != aten]
-    out = {"problem": spec.label(), "winner": sel.winner, "tune_s": round(tune_s, 2), "notes": sel.notes,
-           "stages": sel.stage_seconds, "first_pass_ms": {n: first[n] for n in ranked[:6] + [aten]}}
+def direct_calls(problem, sel, names: list[str], out: dict) -> tuple[dict, list]:
+    """A call per name as the dispatcher would launch it, over rotating input sets (each run once); one that cannot
+    be built is recorded in out["build_failures"]."""
     a, b = make_inputs(problem, "cuda", seed=1)[:2]
     sets = timing_sets(problem, "cuda", (a, b), seed=2)
     calls = {}
-    for name in [aten] + ranked[:3]:
+    for name in names:
         launch, why = build_launch(problem, sel.choices[name])
         if launch is None:
             out.setdefault("build_failures", {})[name] = why
@@ -77,6 +70,20 @@ def run(spec, idle_s: float, order: int) -> dict:
         calls[name] = user_call(launch, sets)
         calls[name](0)
     torch.cuda.synchronize()
+    return calls, sets
+
+
+def run(spec, idle_s: float, order: int) -> dict:
+    problem = problem_for(Shape(spec.m, spec.n, spec.k), spec.dtype, spec.layout, "cuda")
+    t0 = time.perf_counter()
+    sel, _ = tune(problem, config.backends)
+    tune_s = time.perf_counter() - t0
+    first = first_pass_ms(sel)
+    aten = next((n for n in sorted(first, key=first.get) if n.startswith("aten")), None)
+    ranked = [n for n in sorted(first, key=first.get) if n != aten]
+    out = {"problem": spec.label(), "winner": sel.winner, "tune_s": round(tune_s, 2), "notes": sel.notes,
+           "stages": sel.stage_seconds, "first_pass_ms": {n: first[n] for n in ranked[:6] + [aten]}}
+    calls, sets = direct_calls(problem, sel, [aten] + ranked[:3], out)
     challengers = [n for n in ranked[:3] if n in calls]
     out["challengers"] = challengers
     if not challengers:
@@ -106,13 +113,18 @@ def main(argv=None) -> int:
     p.add_argument("--start", type=int, default=0, help="first problem of the set (0-based)")
     p.add_argument("--stop", type=int, default=None, help="the problem after the last")
     args = p.parse_args(argv)
-    for i, spec in list(enumerate(problem_set(args.set)))[args.start:args.stop]:
+    print_rows(list(enumerate(problem_set(args.set)))[args.start:args.stop], lambda i, spec: run(spec, args.idle, i))
+    return 0
+
+
+def print_rows(indexed_specs, run_one) -> None:
+    """One JSON line per problem: run_one(index, spec)'s row, or the error that stopped it (the rest still run)."""
+    for i, spec in indexed_specs:
         try:
-            row = run(spec, args.idle, i)
+            row = run_one(i, spec)
         except Exception as e:  # noqa: BLE001 - one problem's failure is a result; the rest still run
             row = {"problem": spec.label(), "error": f"{type(e).__name__}: {e}"}
         print(json.dumps(row), flush=True)
-    return 0
 
 
 if __name__ == "__main__":

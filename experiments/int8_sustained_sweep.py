@@ -11,20 +11,14 @@ back-to-back loops, alternated, 2 rounds: each one's ratio to aten there beside 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-
-import torch
 
 from bench.measure import problem_for
 from bench.shapes import Shape
 from bench.sustained import alternate, problem_set
-from experiments.duel_regime import _first_pass
+from experiments.duel_regime import first_pass_ms, direct_calls, print_rows
 from kernels.core.config import config
-from kernels.dispatch.dynamic import build_launch
-from kernels.measure.timing import user_call
-from kernels.measure.verify import make_inputs, timing_sets
 from kernels.tune.autotune import tune
 
 
@@ -32,22 +26,12 @@ def run(spec, top: int, seconds: float) -> dict:
     problem = problem_for(Shape(spec.m, spec.n, spec.k), spec.dtype, spec.layout, "cuda")
     t0 = time.perf_counter()
     sel, _ = tune(problem, config.backends)
-    first = _first_pass(sel)
+    first = first_pass_ms(sel)
     aten = next(n for n in sorted(first, key=first.get) if n.startswith("aten"))
     ranked = [n for n in sorted(first, key=first.get) if n != aten][:top]
     out = {"problem": spec.label(), "winner": sel.winner, "tune_s": round(time.perf_counter() - t0, 2),
            "notes": sel.notes}
-    a, b = make_inputs(problem, "cuda", seed=1)[:2]
-    sets = timing_sets(problem, "cuda", (a, b), seed=2)
-    calls = {}
-    for name in [aten] + ranked:
-        launch, why = build_launch(problem, sel.choices[name])
-        if launch is None:
-            out.setdefault("build_failures", {})[name] = why
-            continue
-        calls[name] = user_call(launch, sets)
-        calls[name](0)
-    torch.cuda.synchronize()
+    calls, sets = direct_calls(problem, sel, [aten] + ranked, out)
     loops = alternate(calls, len(sets), 2, seconds)
     base = statistics.median(loops[aten])
     out["aten_ms"] = round(base, 5)
@@ -64,12 +48,7 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=16, help="how many of the first pass's fastest to loop")
     p.add_argument("--seconds", type=float, default=1.5, help="each loop (its last second timed)")
     args = p.parse_args(argv)
-    for spec in problem_set(args.set):
-        try:
-            row = run(spec, args.top, args.seconds)
-        except Exception as e:  # noqa: BLE001 - one problem's failure is a result; the rest still run
-            row = {"problem": spec.label(), "error": f"{type(e).__name__}: {e}"}
-        print(json.dumps(row), flush=True)
+    print_rows(enumerate(problem_set(args.set)), lambda i, spec: run(spec, args.top, args.seconds))
     return 0
 
 
