@@ -18,7 +18,7 @@ class Stats:
     memory_hits: int = 0         # calls served by the in-memory dispatch table... counted on first use per problem
     disk_hits: int = 0           # problems whose selection came from the persistent store
     cpu_fallbacks: int = 0       # problems computed with torch on CPU tensors (no interpreter)
-    torch_autograd: int = 0      # grad calls' problems handed to torch's own autograd: aten won every product of them
+    torch_autograd: int = 0      # grad calls' layers handed to torch's own autograd (kernels' winners saved too little)
     bucket_benchmarks: int = 0   # dynamic shapes: buckets whose hint winners were benchmarked at runtime
     bucket_disk_hits: int = 0    # dynamic shapes: bucket decisions read from the persistent store
     passthroughs: int = 0        # calls routed to kernels but handed to torch unchanged (reasons: passthrough:*)

@@ -140,7 +140,7 @@ def _plain_linear(x, weight, bias, activation, route: bool = False):
         if result is not None:
             return result
     try:
-        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        x2 = _ops.as_2d(x)
         wt = weight.t()
         key = _linear_key(x2, wt, bias, activation)
         entry = _dispatch.get(key)
@@ -165,7 +165,7 @@ def _linear_cold(x, weight, bias, activation, route: bool = True):
     if _fast_call is None:
         _fast.try_load(_fast_loaded)
     act = activation or ""
-    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    x2 = _ops.as_2d(x)
     wt = weight.t()
     shape = (*x.shape[:-1], weight.shape[0])
     if 0 in (x2.shape[0], x2.shape[1], wt.shape[1]):
@@ -445,7 +445,7 @@ def _grad_route_linear(x, weight, bias, activation):
     """The route of a validated linear call that needs grad: call(x, weight, bias). The activation is torch's
     either way (autograd differentiates it from its own saved input): fusion is for inference."""
     act = activation or ""
-    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    x2 = _ops.as_2d(x)
     wt = weight.t()
     if not _routable(x, (x2.shape[0], x2.shape[1], wt.shape[1])):
         return lambda x, weight, bias: _routed_linear(x, weight, bias, activation)
@@ -616,7 +616,7 @@ def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None, *, b
         return _scaled.explain(a, b, scale_a, scale_b, bias, out_dtype)
     if op == "linear":
         validate_linear(a, b, bias, activation)
-        a, b = (a if a.dim() == 2 else a.reshape(-1, a.shape[-1])), b.t()
+        a, b = _ops.as_2d(a), b.t()
         problem = GemmProblem.from_tensors("mm", a, b, bias=bias is not None, activation=activation or "")
     else:
         validate(op, a, b)

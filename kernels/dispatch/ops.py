@@ -16,6 +16,7 @@ the constant True) instead of tracing the registration, and the op is there when
 """
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -160,6 +161,12 @@ def _save_linear(ctx, inputs, output) -> None:
     ctx.activation = activation
 
 
+def as_2d(t: torch.Tensor) -> torch.Tensor:
+    """t (..., K) as (rows, K): a view where its strides allow, else a copy. The rows are spelled out, not -1, so a
+    K of 0 flattens too."""
+    return t if t.dim() == 2 else t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
 def _dense(grad: torch.Tensor) -> torch.Tensor:
     # a broadcast grad (stride 0: the backward of sum() or mean()) is materialized: a product over a broadcast is
     # not a layout worth a tune of its own
@@ -191,12 +198,12 @@ def _linear_grads(ctx, grad, mm, linear):
     if ctx.activation:
         z = linear(x, weight, bias, None)
         grad = _ACTIVATION_BACKWARD[ctx.activation](grad, z)
-    grad2 = grad.reshape(-1, grad.shape[-1])
+    grad2 = as_2d(grad)
     grad_x = grad_w = grad_bias = None
     if ctx.needs_input_grad[0]:
         grad_x = mm(grad2, weight).reshape(x.shape)
     if ctx.needs_input_grad[1]:
-        grad_w = mm(grad2.t(), x.reshape(-1, x.shape[-1]))
+        grad_w = mm(grad2.t(), as_2d(x))
     if bias is not None and ctx.needs_input_grad[2]:
         grad_bias = grad2.sum(0, dtype=torch.float32).to(bias.dtype)
     return grad_x, grad_w, grad_bias, None
@@ -247,10 +254,10 @@ class BackwardAhead:
 
 def linear_backward_problems(x: torch.Tensor, weight: torch.Tensor, needs: tuple[bool, ...]) -> list[GemmProblem]:
     """The products kernels.linear's backward will ask for (dX = dY·W, dW = dYᵀ·X, with dY dense as _dense leaves it
-    and X as the backward's x.reshape(-1, K) gives it), for the grads `needs` names (x's, weight's)."""
-    m, (n, k) = x.numel() // x.shape[-1], weight.shape
-    try:                                   # X as the backward's x.reshape(-1, K) gives it: a view...
-        x2_stride, x2_align = tuple(x.view(-1, k).stride()), _alignment(x)
+    and X as the backward's as_2d(x) gives it), for the grads `needs` names (x's, weight's)."""
+    m, (n, k) = math.prod(x.shape[:-1]), weight.shape
+    try:                                   # X as the backward's as_2d(x) gives it: a view...
+        x2_stride, x2_align = tuple(x.view(m, k).stride()), _alignment(x)
     except RuntimeError:                   # ...or a fresh contiguous copy
         x2_stride, x2_align = (k, 1), 16
     problems = []

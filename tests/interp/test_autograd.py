@@ -207,6 +207,16 @@ def test_zero_size_inner_dim_keeps_the_graph():
     assert a.grad.shape == (4, 0) and b.grad.shape == (0, 3)
 
 
+def test_a_3d_input_with_zero_inner_dim_is_the_bias_as_torch_gives_it():
+    x, w, bias = leaves((2, 3, 0), (4, 0), (4,), dtype=torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(kernels.linear(x, w, bias), F.linear(x, w, bias))
+    out = kernels.linear(x, w, bias)
+    out.sum().backward()
+    assert out.shape == (2, 3, 4) and x.grad.shape == (2, 3, 0) and w.grad.shape == (4, 0)
+    torch.testing.assert_close(bias.grad, torch.full((4,), 6.0))
+
+
 def test_out_argument_under_autograd_is_refused_as_torch_refuses_it():
     a, b = leaves((4, 8), (8, 3), dtype=torch.float32)
     with pytest.raises(RuntimeError, match="out="):
