@@ -75,9 +75,10 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dyn
         if result is not None:
             return result
     try:
-        entry = _dispatch.get(_fast_key("mm", a, b) if dynamic is None else (_fast_key("mm", a, b), dynamic))
+        key = _fast_key("mm", a, b)
+        entry = _dispatch.get(key if dynamic is None else (key, dynamic))
     except (AttributeError, TypeError):
-        entry = None
+        key = entry = None
     if entry is not None:
         if out is None:
             _memory_hits[0] += 1
@@ -85,7 +86,7 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dyn
         if _out_matches(out, a, b, a.dtype):
             _memory_hits[0] += 1
             return entry[1](a, b, out)
-    return _cold("mm", a, b, out, dynamic)
+    return _cold("mm", a, b, out, dynamic, key=key)
 
 
 def int_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dynamic=None) -> torch.Tensor:
@@ -98,9 +99,10 @@ def int_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         if result is not None:
             return result
     try:
-        entry = _dispatch.get(_fast_key("int_mm", a, b) if dynamic is None else (_fast_key("int_mm", a, b), dynamic))
+        key = _fast_key("int_mm", a, b)
+        entry = _dispatch.get(key if dynamic is None else (key, dynamic))
     except (AttributeError, TypeError):
-        entry = None
+        key = entry = None
     if entry is not None:
         if out is None:
             _memory_hits[0] += 1
@@ -108,7 +110,7 @@ def int_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         if _out_matches(out, a, b, torch.int32):
             _memory_hits[0] += 1
             return entry[1](a, b, out)
-    return _cold("int_mm", a, b, out, dynamic)
+    return _cold("int_mm", a, b, out, dynamic, key=key)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -362,13 +364,11 @@ def _cpu_fallback(a) -> bool:
     return a.device.type == "cpu" and not interpret_mode()
 
 
-def _cold(op: str, a, b, out, dynamic=None, route: bool = True):
-    if route and op == "mm" and out is None:
+def _cold(op: str, a, b, out, dynamic=None, route: bool = True, key: tuple | None = None):
+    """`key`: the call's _fast_key when the caller has made it (mm(), int_mm()), else None."""
+    if route and op == "mm" and out is None and key is not None:
         # a grad call (their keys never reach the warm tables) met before: its route, without validating again
-        try:
-            grad_route = _grad_routes.get((_fast_key(op, a, b), a.requires_grad, b.requires_grad))
-        except (AttributeError, TypeError):
-            grad_route = None
+        grad_route = _grad_routes.get((key, a.requires_grad, b.requires_grad))
         if grad_route is not None:
             _memory_hits[0] += 1
             return grad_route[0](a, b)
@@ -381,7 +381,9 @@ def _cold(op: str, a, b, out, dynamic=None, route: bool = True):
     dyn = _dynamic.resolve(dynamic)
     if 0 in (a.shape[0], a.shape[1], b.shape[1]):
         return _trivial(op, a, b, out)
-    key = _fast_key(op, a, b) if dynamic is None else (_fast_key(op, a, b), dynamic)
+    key = key or _fast_key(op, a, b)
+    if dynamic is not None:
+        key = (key, dynamic)
     if a.device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
         return _under_capture(op, a, b, out)
     if _cpu_fallback(a):
@@ -435,31 +437,30 @@ def _grad_route_mm(a, b):
     if not _routable(a, (a.shape[0], a.shape[1], b.shape[1])):
         return _custom.eager_mm
     problems = [GemmProblem.from_tensors("mm", a, b), *_ops.mm_backward_problems(a, b, needs)]
+    key = (_fast_key("mm", a, b), *needs)
     if _torchs_autograd_serves(a, problems):
         _stats.bump("torch_autograd")
-        return _add_grad_route((_fast_key("mm", a, b), *needs), torch.mm, _FAST_ATEN_KIND[torch.mm])
-    return _add_grad_route((_fast_key("mm", a, b), *needs), _custom.eager_mm)
+        return _add_grad_route(key, torch.mm, _FAST_ATEN_KIND[torch.mm])
+    return _add_grad_route(key, _custom.eager_mm)
 
 
 def _grad_route_linear(x, weight, bias, activation):
     """The route of a validated linear call that needs grad: call(x, weight, bias). The activation is torch's
     either way (autograd differentiates it from its own saved input): fusion is for inference."""
-    act = activation or ""
+    kernels_autograd = lambda x, weight, bias: _routed_linear(x, weight, bias, activation)   # noqa: E731
     x2 = _ops.as_2d(x)
     wt = weight.t()
     if not _routable(x, (x2.shape[0], x2.shape[1], wt.shape[1])):
-        return lambda x, weight, bias: _routed_linear(x, weight, bias, activation)
+        return kernels_autograd
     needs = (x.requires_grad, weight.requires_grad)
     problems = [GemmProblem.from_tensors("mm", x2, wt, bias=bias is not None),
                 *_ops.linear_backward_problems(x, weight, needs)]
     key = (_linear_key(x2, wt, bias, activation), *needs)
-    if _torchs_autograd_serves(x, problems):
-        _stats.bump("torch_autograd")
-        call = F.linear if not act else lambda x, weight, bias: _activate(F.linear(x, weight, bias), act)
-        return _add_grad_route(key, call, _FAST_TORCH_LINEAR_KIND)
-    if not act:
-        return _add_grad_route(key, lambda x, weight, bias: _custom.eager_linear(x, weight, bias, None))
-    return _add_grad_route(key, lambda x, weight, bias: _activate(_custom.eager_linear(x, weight, bias, None), act))
+    if not _torchs_autograd_serves(x, problems):
+        return _add_grad_route(key, kernels_autograd)
+    _stats.bump("torch_autograd")
+    call = F.linear if not activation else lambda x, weight, bias: _activate(F.linear(x, weight, bias), activation)
+    return _add_grad_route(key, call, _FAST_TORCH_LINEAR_KIND)
 
 
 def _routable(like: torch.Tensor, mnk) -> bool:
