@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from tests.helpers import served
 
 
 @pytest.fixture(autouse=True)
@@ -42,6 +43,27 @@ def test_patched_mlp_forward_and_grads_match_torch(dtype):
     for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
         assert _rel(p.grad, q.grad) < 3e-2, name
     kernels.unpatch(ours)
+
+
+@pytest.mark.gpu
+def test_an_all_aten_layer_trains_through_torchs_autograd_served_by_the_table():
+    """aten as the only backend: a patched layer's grad calls are torch's own F.linear after the first, served by the
+    C++ table (at::linear under grad mode) on CUDA, and its grads are torch's."""
+    kernels.config.backends = ("aten",)
+    kernels.clear_memory_cache()                          # routes kept by earlier tests would be other backends'
+    assert kernels.load_fastpath(wait=True) == "loaded"
+    ref = _mlp(torch.bfloat16, bias=False)
+    ours = kernels.patch(copy.deepcopy(ref))
+    x = torch.randn(2, 32, 256, device="cuda", dtype=torch.bfloat16)
+    before = kernels.stats()["torch_autograd"]
+    ours(x)                                               # the first calls work the routes out
+    assert kernels.stats()["torch_autograd"] - before == 2
+    out = []
+    assert served(lambda: out.append(ours(x))) == 2       # both layers' grad calls
+    out[-1].float().square().mean().backward()
+    ref(x).float().square().mean().backward()
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+        assert torch.equal(p.grad, q.grad), name          # the same torch calls, the same grads
 
 
 @pytest.mark.gpu
