@@ -59,13 +59,14 @@ class SteadyTiming:
 @dataclass
 class SteadyResult:
     """The regime's outcome: per finalist its windows, the baseline's spread against itself (the median over rounds
-    of |first - second window| / their mean), failures."""
+    of |first - second window| / their mean), failures, whether a duel ended at the challenger's first window."""
     timings: dict[str, SteadyTiming]
     baseline: str
     self_spread: float
     plan: SteadyPlan
     seconds: float = 0.0
     failures: dict[str, str] = field(default_factory=dict)
+    stopped_early: bool = False       # a duel ended at the challenger's first window (measure_duel's `hopeless`)
 
 
 class WindowClock(Protocol):
@@ -177,12 +178,16 @@ def measure_steady(clock: WindowClock, estimate_ms: dict[str, float], baseline: 
 
 
 def measure_duel(clock: WindowClock, estimate_ms: dict[str, float], baseline: str, challenger: str, plan: SteadyPlan,
-                 decided: Callable[[float, float], bool] | None = None) -> SteadyResult:
+                 decided: Callable[[float, float], bool] | None = None,
+                 hopeless: Callable[[float], bool] | None = None) -> SteadyResult:
     """The baseline and one challenger in turn, B C B C B ... (`plan.rounds` challenger windows at most): each
     challenger window is compared with the baseline's windows on either side of it, and each baseline window serves
     the rounds on both its sides. After a round, `decided(median ratio so far, the baseline's median spread so far)`
-    may end the duel. A call that raises ends it with the reason. No heat-up: the baseline's first window, its first
-    part untimed, is one (a plan with `heat_ms` is refused)."""
+    may end the duel. `hopeless(challenger's first window / the baseline's first)` may end it before the first
+    round's closing baseline window (the challenger window is then read before that one is enqueued; the closing
+    window's untimed start covers the gap); the round's ratio is then that one. A call that raises ends it with the
+    reason. No heat-up: the baseline's first window, its first part untimed, is one (a plan with `heat_ms` is
+    refused)."""
     if plan.heat_ms > 0:
         raise ValueError(f"measure_duel runs no heat-up; the plan asks for {plan.heat_ms} ms")
     started = time.perf_counter()
@@ -216,10 +221,22 @@ def measure_duel(clock: WindowClock, estimate_ms: dict[str, float], baseline: st
         return values if len(values) == len(names) else None
 
     first = run([baseline])
+    stopped_early = False
     if first is not None:
         before = first[0]
-        for _ in range(plan.rounds):
-            got = run([challenger, baseline])
+        for round_ in range(plan.rounds):
+            if round_ == 0 and hopeless is not None:
+                alone = run([challenger])
+                if alone is None:
+                    break
+                if hopeless(alone[0] / before):
+                    ratios.append(alone[0] / before)
+                    stopped_early = True
+                    break
+                closing = run([baseline])
+                got = None if closing is None else [alone[0], closing[0]]
+            else:
+                got = run([challenger, baseline])
             if got is None:
                 break
             ms, after = got
@@ -235,7 +252,7 @@ def measure_duel(clock: WindowClock, estimate_ms: dict[str, float], baseline: st
                if w and n not in failures}
     return SteadyResult(timings=timings, baseline=baseline,
                         self_spread=statistics.median(spreads) if spreads else 0.0, plan=plan,
-                        seconds=time.perf_counter() - started, failures=failures)
+                        seconds=time.perf_counter() - started, failures=failures, stopped_early=stopped_early)
 
 
 def steady_winner(result: SteadyResult, floor: float) -> tuple[str, float, str]:

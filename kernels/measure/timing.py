@@ -85,6 +85,12 @@ class Sampler:
             self.calls_per_sample = 1
         return self.estimate_ms
 
+    def plan_from(self, estimate_ms: float, target_sample_ms: float = 1.0) -> float:
+        """`plan` from an estimate already taken (a GPU-bound call's `quick`: its kernel's time), running nothing."""
+        self.estimate_ms = estimate_ms
+        self.calls_per_sample = int(min(1000, max(1, math.ceil(target_sample_ms / max(estimate_ms, 1e-4)))))
+        return estimate_ms
+
     def _timed(self, count: int) -> float:
         """Milliseconds for `count` back-to-back calls."""
         if self.device == "cuda":
@@ -199,7 +205,8 @@ def measure_interleaved(calls: dict[str, Call], n_sets: int, device: str, budget
                 failed[name] = f"{type(e).__name__}: {str(e)[:300]}"
     alive_quick = {n: q for n, q in quick.items() if n not in failed}
     stopped = screened_out(alive_quick, screen) if screen else set()
-    if screen and alive_quick and gpu_bound(min(alive_quick.values())):
+    bound_by_gpu = bool(screen and alive_quick and gpu_bound(min(alive_quick.values())))
+    if bound_by_gpu:
         max_samples = min(max_samples or GPU_BOUND_SAMPLES, GPU_BOUND_SAMPLES)
     samples: dict[str, list[float]] = {name: [quick[name]] if name in stopped else []
                                        for name in samplers if name not in failed}
@@ -207,7 +214,10 @@ def measure_interleaved(calls: dict[str, Call], n_sets: int, device: str, budget
         if name in failed or name in stopped:
             continue
         try:
-            sampler.plan(warmup=1 if name in quick else 3)
+            if bound_by_gpu:    # the quick estimate is the kernel's time: the plan's probe would only repeat it
+                sampler.plan_from(quick[name])
+            else:
+                sampler.plan(warmup=1 if name in quick else 3)
         except Exception as e:  # noqa: BLE001
             failed[name] = f"{type(e).__name__}: {str(e)[:300]}"
             del samples[name]

@@ -180,10 +180,11 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
     rounds = len(result.timings[challenger].ratios) if challenger is not None else 0
     # one round: its ratio errs towards the challenger by up to DUEL_FIRST_ROUND_LEAD (see _decided)
     winner, _, why = steady_winner(result, max(MARGIN_FLOOR, DUEL_FIRST_ROUND_LEAD) if rounds == 1 else MARGIN_FLOOR)
-    if rounds:
+    if rounds and not result.stopped_early:
         details[baseline]["self_spread"] = round(result.self_spread, 5)
-    notes.append(f"{why}; regime: {rounds} round(s) of {result.plan.window_ms:.0f} ms windows (the first half "
-                 f"untimed), {result.seconds:.2f} s" + (f"; crashed in it: {', '.join(crashed)}" if crashed else ""))
+    shape = ("the challenger's first window" if result.stopped_early else f"{rounds} round(s)")
+    notes.append(f"{why}; regime: {shape} of {result.plan.window_ms:.0f} ms windows (the first half untimed), "
+                 f"{result.seconds:.2f} s" + (f"; crashed in it: {', '.join(crashed)}" if crashed else ""))
     return winner, list(result.timings)
 
 
@@ -198,7 +199,7 @@ def _duels(baseline: str, contenders: list[str], timings, calls, make_clock, pla
         if baseline_ran:
             result = measure_duel(make_clock({n: calls[n] for n in (baseline, challenger)}),
                                   {n: timings[n] for n in (baseline, challenger)}, baseline, challenger, plan,
-                                  decided=_decided)
+                                  decided=_decided, hopeless=_hopeless)
         else:
             result = measure_steady(make_clock({challenger: calls[challenger]}), {challenger: timings[challenger]},
                                     challenger, replace(plan, rounds=1))
@@ -228,6 +229,21 @@ CHALLENGER_WITHIN = 0.10
 # 8192^3, round one 0.972x, loops 0.987x: kept on aten now, 0.6 s saved on every such problem).
 DUEL_FIRST_ROUND_LEAD = 0.035
 DUEL_CLEAR_WIN = 0.15
+
+
+# A duel ends at the challenger's first window when that window is more than DUEL_FIRST_WINDOW_BEHIND slower than the
+# baseline's first (the baseline is kept without its closing window, 0.3 s saved). The round's verdict would keep the
+# baseline unless the closing window ran 2 * (1.05 / (1 - DUEL_FIRST_ROUND_LEAD) - 1) = 17.6% slower than the first;
+# the baseline's spread against itself was 0.1-2.4% in the H200 duels (twenty-second session) and under 7% on the
+# H100's noisiest (twenty-fourth). Where the challenger lost there: a llama-7B layer's 12 problems at M=4096 on the H100
+# (twenty-fourth session, docs/measurements/stages_*_h100_twentyfourth.jsonl), the Triton TMA challenger 0.82-1.02x
+# aten in the first pass ran 1.01-1.26x it in the duel, 9 of 12 beyond 1.05x.
+DUEL_FIRST_WINDOW_BEHIND = 0.05
+
+
+def _hopeless(first_window_ratio: float) -> bool:
+    """Whether the challenger's first window already loses the duel (DUEL_FIRST_WINDOW_BEHIND)."""
+    return first_window_ratio > 1 + DUEL_FIRST_WINDOW_BEHIND
 
 
 def _decided(ratio: float, spread: float) -> bool:

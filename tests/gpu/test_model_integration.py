@@ -46,10 +46,10 @@ def test_patched_mlp_forward_and_grads_match_torch(dtype):
 
 
 @pytest.mark.gpu
-def test_an_all_aten_layer_trains_through_torchs_autograd_served_by_the_table():
-    """aten as the only backend: a patched layer's grad calls are torch's own F.linear after the first, served by the
-    C++ table (at::linear under grad mode) on CUDA, and its grads are torch's."""
-    kernels.config.backends = ("aten",)
+def test_an_all_aten_layer_trains_through_torchs_autograd_served_by_the_table(fast):
+    """aten as the only backend (the `fast` fixture: the C++ table built and on): a patched layer's grad calls are
+    torch's own F.linear after the first, served by the C++ table (at::linear under grad mode) on CUDA, and its grads
+    are torch's."""
     kernels.clear_memory_cache()                          # routes kept by earlier tests would be other backends'
     assert kernels.load_fastpath(wait=True) == "loaded"
     ref = _mlp(torch.bfloat16, bias=False)

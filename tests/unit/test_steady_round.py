@@ -223,7 +223,7 @@ def test_a_clear_result_ends_the_duel_after_one_round(monkeypatch):
     winner, _, _, _, details, notes = _pick(chip, short)
     assert winner == TMA.name and chip.windows == [ATEN.name, TMA.name, ATEN.name]
     assert "1 round(s)" in notes[-1]
-    chip = PowerHungryChip(burst=short, sustained={ATEN.name: 0.244, TMA.name: 0.244 * 1.06})
+    chip = PowerHungryChip(burst=short, sustained={ATEN.name: 0.244, TMA.name: 0.244 * 1.04})
     assert _pick(chip, short)[0] == ATEN.name and len(chip.windows) == 3
     close = {ATEN.name: 1.0, TMA.name: 0.95}
     chip = PowerHungryChip(burst=close, sustained={ATEN.name: 1.0, TMA.name: 1.0 - fr.DUEL_CLEAR_WIN + 0.01})
@@ -256,6 +256,50 @@ def test_a_lead_within_the_first_rounds_error_keeps_the_baseline_after_one_round
     times = {ATEN.name: 1.0, TMA.name: 0.95}
     chip = FakeChip(times, times)
     assert _pick(chip, times)[0] == TMA.name and len(chip.windows) == 5
+
+
+def test_a_challenger_far_behind_in_its_first_window_ends_the_duel_there(monkeypatch):
+    """The llama-7B layer at M=4096 on the H100: Triton TMA tiles ahead of aten in the first pass ran 1.08-1.26x it
+    in the duel. Beyond DUEL_FIRST_WINDOW_BEHIND behind in its first window, the challenger's duel ends there: B C,
+    aten kept, no closing window; within it, the round runs whole."""
+    monkeypatch.setattr(fr, "plan_for", lambda device: PLAN)
+    first_pass = {ATEN.name: 0.50, TMA.name: 0.45}
+    chip = PowerHungryChip(burst=first_pass, sustained={ATEN.name: 0.50, TMA.name: 0.60})
+    winner, _, finalists, timings, details, notes = _pick(chip, first_pass)
+    assert winner == ATEN.name and chip.windows == [ATEN.name, TMA.name]
+    assert sorted(finalists) == sorted([ATEN.name, TMA.name]) and timings[TMA.name] == pytest.approx(0.60)
+    assert details[TMA.name]["final_ratio"] == pytest.approx(1.2) and "self_spread" not in details[ATEN.name]
+    assert "does not beat" in notes[-1] and "the challenger's first window of 300 ms windows" in notes[-1]
+    chip = PowerHungryChip(burst=first_pass, sustained={ATEN.name: 0.50, TMA.name: 0.50 * 1.049})
+    assert _pick(chip, first_pass)[0] == ATEN.name and len(chip.windows) == 3
+    assert fr._hopeless(1.051) and not fr._hopeless(1.049) and not fr._hopeless(0.8)
+
+
+def test_the_first_window_stop_never_ends_a_duel_the_round_would_not():
+    """Stopped at C/B1 > 1.05, the round's ratio C / mean(B1, B2) stays above 1 - DUEL_FIRST_ROUND_LEAD unless the
+    baseline's closing window runs over 17% slower than its first, far beyond any spread measured (under 7%)."""
+    bound = 2 * ((1 + fr.DUEL_FIRST_WINDOW_BEHIND) / (1 - fr.DUEL_FIRST_ROUND_LEAD) - 1)
+    assert bound > 0.17
+    for drift in (0.0, 0.07, 0.15):
+        ratio = (1 + fr.DUEL_FIRST_WINDOW_BEHIND) / (1 + drift / 2)
+        assert fr._decided(ratio, drift) and ratio >= 1 - fr.DUEL_FIRST_ROUND_LEAD
+
+
+def test_measure_duel_reads_the_challengers_first_window_before_the_closing_one():
+    seen = []
+    chip = FakeChip({"a": 1.0, "b": 1.2}, {"a": 1.0, "b": 1.2}, baseline="a")
+    plan = SteadyPlan(heat_ms=0, window_ms=4, rounds=2)
+    result = measure_duel(chip, {"a": 1.0, "b": 1.2}, "a", "b", plan, hopeless=lambda r: seen.append(r) or True)
+    assert chip.windows == ["a", "b"] and seen == [pytest.approx(1.2)] and result.stopped_early
+    assert result.timings["b"].ratios == [pytest.approx(1.2)] and result.self_spread == 0
+    chip = FakeChip({"a": 1.0, "b": 1.2}, {"a": 1.0, "b": 1.2}, baseline="a")
+    result = measure_duel(chip, {"a": 1.0, "b": 1.2}, "a", "b", plan, hopeless=lambda r: False)
+    assert chip.windows == ["a", "b", "a", "b", "a"] and not result.stopped_early
+    assert result.timings["b"].ratios == pytest.approx([1.2, 1.2])
+    # the challenger crashing in that window: the next contender's turn, as before
+    chip = FakeChip({"a": 1.0, "b": 1.2}, {"a": 1.0, "b": 1.2}, baseline="a", fails={"b"})
+    result = measure_duel(chip, {"a": 1.0, "b": 1.2}, "a", "b", plan, hopeless=lambda r: True)
+    assert "b" in result.failures and not result.stopped_early and "b" not in result.timings
 
 
 class ReadFailChip(FakeChip):

@@ -118,6 +118,31 @@ def test_the_quick_screen_stops_the_hopeless_after_one_call(clock):
     assert timed["close"].samples == 3     # 1.4x: past the cutoff, not the screen
 
 
+def test_gpu_bound_candidates_are_planned_from_their_quick_estimate(clock):
+    """Where the quick estimates say the calls are GPU-bound, that one call (the kernel's time) sizes the samples:
+    no plan probe is run (on the GPU: a warm-up and five calls a candidate), each candidate makes its quick call
+    and its GPU_BOUND_SAMPLES samples only. Host-bound calls keep the probe."""
+    from kernels.measure.timing import GPU_BOUND_SAMPLES, QUICK_SCREEN, measure_interleaved
+
+    made = {}
+
+    def counted(name, ms):
+        run = clock.call(ms)
+
+        def call(i):
+            made[name] = made.get(name, 0) + 1
+            run(i)
+        return call
+    calls = {"a": counted("a", 0.5), "b": counted("b", 0.55)}
+    timed, _ = measure_interleaved(calls, 1, "cpu", budget_ms=100, min_samples=3, max_samples=9, screen=QUICK_SCREEN)
+    assert timed["a"].calls_per_sample == 2 and timed["b"].calls_per_sample == 2     # ceil(1 ms / estimate)
+    assert made == {"a": 1 + 2 * GPU_BOUND_SAMPLES, "b": 1 + 2 * GPU_BOUND_SAMPLES}
+    made.clear()
+    calls = {"a": counted("a", 0.02), "b": counted("b", 0.03)}
+    measure_interleaved(calls, 1, "cpu", budget_ms=100, min_samples=3, max_samples=9, screen=QUICK_SCREEN)
+    assert made == {"a": 1 + 1 + 9, "b": 1 + 1 + 9}      # quick, the probe (one call off the GPU), the samples
+
+
 def test_the_quick_screen_leaves_host_bound_calls_alone(clock):
     """Under QUICK_SCREEN_MIN_MS one call measures the host's launch as much as the kernel: no one is screened."""
     from kernels.measure.timing import QUICK_SCREEN, measure_interleaved, screened_out
