@@ -43,9 +43,6 @@ class Backend(ABC):
     # runs problems with an epilogue (GemmProblem.bias / .activation): launch(a, b[, bias], out) computes
     # activation(a @ b + bias); backends without it are left out of such problems' tunes with the reason
     epilogues: bool = False
-    # its `prebuild` takes seconds in the caller's compile workers, so tuning runs it in the background for problems
-    # met next (kernels.tune.build_ahead); CUTLASS's nvcc builds have their own background build
-    builds_ahead: bool = False
 
     @abstractmethod
     def available(self, problem: GemmProblem) -> tuple[bool, str]:

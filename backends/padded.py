@@ -81,7 +81,6 @@ def hopper_wave_tiles(inner: GemmProblem, configs: list, chosen: list) -> list:
 
 class PaddedBackend(Backend):
     name = "padded"
-    builds_ahead = True      # its kernels are the inner backends' (Triton's prebuild)
 
     def available(self, problem: GemmProblem) -> tuple[bool, str]:
         if problem.op not in INNER_TEMPLATES:
@@ -100,17 +99,6 @@ class PaddedBackend(Backend):
             result += [Choice("padded", "padded_" + triton_template, problem.dtype, cfg) for cfg in configs]
         skipped = {} if triton_ok else {"padded_" + triton_template: f"triton unavailable: {why}"}
         return result, skipped
-
-    def prebuild(self, work):
-        """The inner problems' kernels, by the inner backends that build ahead."""
-        inner_work: dict[str, list] = {}
-        for problem, choices in work:
-            inner = inner_problem(problem)
-            for choice in choices:
-                inner_choice = _inner_choice(choice)
-                inner_work.setdefault(inner_choice.backend, []).append((inner, [inner_choice]))
-        return sum(get_backend(name).prebuild(w) for name, w in inner_work.items()
-                   if get_backend(name).builds_ahead)
 
     def build(self, problem, choices):
         outcomes = []

@@ -43,7 +43,6 @@ def triton_version() -> str:
 class TritonBackend(Backend):
     name = "triton"
     epilogues = True     # every mm family applies bias + activation in its kernel (templates/triton/_gemm.jinja)
-    builds_ahead = True
 
     def __init__(self):
         self._pool: WorkerPool | None = None
@@ -85,10 +84,10 @@ class TritonBackend(Backend):
                 skipped.update(left_out)
         return result, skipped
 
-    def _render(self, problem, choices, kernels: dict[str, tuple[TritonKernelSpec, Path, str]]) -> list[tuple]:
-        """Render every kernel the choices need into `kernels` (build key -> (spec, module, source)); returns per
-        choice (choice, specs, build keys, start time, render error or None)."""
+    def build(self, problem, choices):
+        """Render every kernel the choices need, compile the distinct ones in parallel, then assemble launchers."""
         plans: list[tuple[Choice, list[TritonKernelSpec], list[str], float, str | None]] = []
+        kernels: dict[str, tuple[TritonKernelSpec, Path, str]] = {}    # build key -> (spec, module, source)
         for choice in choices:
             start = time.perf_counter()
             try:
@@ -105,26 +104,6 @@ class TritonBackend(Backend):
                 plans.append((choice, specs, keys, start, None))
             except Exception as e:  # noqa: BLE001 - a template that does not render is one failed candidate
                 plans.append((choice, [], [], start, f"render failed: {type(e).__name__}: {e}"))
-        return plans
-
-    def prebuild(self, work):
-        """Compile, in one batch, the kernels these problems' builds would compile (what the artifact store lacks);
-        nothing is loaded: each tune's build then finds them. Returns how many were compiled here."""
-        if interpret_mode():
-            return 0
-        compiled = 0
-        by_arch: dict[int, tuple[GemmProblem, dict]] = {}
-        for problem, choices in work:
-            _, kernels = by_arch.setdefault(problem.arch, (problem, {}))
-            self._render(problem, choices, kernels)
-        for problem, kernels in by_arch.values():
-            compiled += len(self._compile_missing(problem, kernels)[0])
-        return compiled
-
-    def build(self, problem, choices):
-        """Render every kernel the choices need, compile the distinct ones in parallel, then assemble launchers."""
-        kernels: dict[str, tuple[TritonKernelSpec, Path, str]] = {}
-        plans = self._render(problem, choices, kernels)
         if interpret_mode():
             handles, compiled_now = self._interpreted(kernels), set()
         else:
@@ -183,19 +162,10 @@ class TritonBackend(Backend):
                 "options": spec.options}
 
     def _compiled(self, problem, kernels) -> tuple[dict[str, object], set[str]]:
-        """(build key -> CompiledHandle or the failure text, the keys compiled now): `_compile_missing`, then each
-        kernel loaded."""
-        compiled_now, handles = self._compile_missing(problem, kernels)
-        for key, (spec, path, _) in kernels.items():
-            if key not in handles:
-                handles[key] = self._load(problem, spec, path, key, from_store=key not in compiled_now)
-        return handles, compiled_now
-
-    def _compile_missing(self, problem, kernels) -> tuple[set[str], dict[str, str]]:
-        """Compile what the artifact store lacks of `kernels`, in parallel; returns (the keys compiled now, key ->
-        failure text). A kernel another process or thread is compiling at the same time (a tuning worker on the
-        host's other GPU, a build ahead) is waited for rather than compiled twice."""
-        handles: dict[str, str] = {}
+        """(build key -> CompiledHandle or the failure text, the keys compiled now). Compiles what the artifact store
+        lacks, in parallel; a kernel another process is compiling at the same time (a tuning worker on the host's
+        other GPU) is waited for rather than compiled twice."""
+        handles: dict[str, object] = {}
         missing = [key for key, (spec, _, _) in kernels.items() if not self._stored(key, spec, problem.arch)]
 
         def compile_these(keys: list[str]) -> None:
@@ -223,7 +193,10 @@ class TritonBackend(Backend):
             compiled_now = set(build_each_once(
                 missing, lambda key: self.root / "locks" / f"{key}.lock",
                 lambda key: self._stored(key, kernels[key][0], problem.arch), compile_these))
-        return compiled_now, handles
+        for key, (spec, path, _) in kernels.items():
+            if key not in handles:
+                handles[key] = self._load(problem, spec, path, key, from_store=key not in compiled_now)
+        return handles, compiled_now
 
     def _stored(self, key: str, spec: TritonKernelSpec, arch: int) -> bool:
         """The artifact store has a well-formed record of this kernel under its build key, and the kernel's files

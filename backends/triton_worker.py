@@ -69,17 +69,8 @@ def cache_group(kernel_hash: str) -> str:
     return os.path.basename(os.path.normpath(get_cache_manager(kernel_hash).cache_dir))
 
 
-# A compile worker yields the CPU to its caller: a build ahead (kernels.tune.build_ahead) compiles while the caller's
-# thread times host-bound calls, and a training process's own threads come first
-NICENESS = 5
-
-
 def _serve() -> None:
     os.environ.pop("TRITON_INTERPRET", None)
-    try:
-        os.nice(NICENESS)
-    except OSError:
-        pass
     for line in sys.stdin:
         if not line.strip():
             continue

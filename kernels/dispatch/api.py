@@ -21,7 +21,6 @@ from kernels.dispatch import record as _record
 from kernels.dispatch import scaled as _scaled
 from kernels.dispatch import selected
 from kernels.native import fastpath as _fastpath
-from kernels.tune import build_ahead as _build_ahead
 from backends.aten import epilogue_launch
 
 _MM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -481,12 +480,10 @@ def _torchs_autograd_serves(like: torch.Tensor, problems: list[GemmProblem]) -> 
     if _cpu_fallback(like):
         _stats.bump("cpu_fallbacks")
         return True
-    # the backward products' candidates compile while the forward one is timed (kernels.tune.build_ahead)
-    with _build_ahead.coming(problems[1:], config.backends, needed=selected.needs_tune):
-        with selected.device_context(like):
-            _record.resolve(problems[0])
-        for problem in problems[1:]:
-            _prepare(problem, like)
+    with selected.device_context(like):
+        _record.resolve(problems[0])
+    for problem in problems[1:]:
+        _prepare(problem, like)
     return _ops.kernels_gain_us([selected.selection(p) for p in problems]) <= _ops.FUNCTION_HOST_US
 
 

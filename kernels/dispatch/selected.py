@@ -206,14 +206,6 @@ def selection(problem: GemmProblem) -> Selection | None:
         return _selections.get(problem)
 
 
-def needs_tune(problem: GemmProblem) -> bool:
-    """Whether neither this process nor the local store holds a selection for the problem (the entry read, not
-    loaded or verified): what a build ahead asks before compiling its candidates."""
-    if selection(problem) is not None:
-        return False
-    return _store.get(store_key(problem, fingerprint(config.backends))) is None
-
-
 def aten_winner(problem: GemmProblem) -> bool:
     """Whether the problem's selection in this process picked aten (the C++ table then calls aten itself)."""
     sel = selection(problem)

@@ -26,7 +26,6 @@ from kernels.core.version import __version__
 from kernels.measure.timing import user_call
 from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
 from kernels.space.families import template_tree_hash
-from kernels.tune import build_ahead
 from kernels.tune.build_queue import request as request_build
 from kernels.tune.candidates import fingerprint_extra, narrow
 from kernels.tune.final_round import StageClock, select
@@ -136,7 +135,6 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
                 _prestart_child(device)
         except Exception as e:  # noqa: BLE001 - one broken backend must not take tuning down
             notes.append(f"{name} failed: {type(e).__name__}: {e}")
-    build_ahead.start_after_build(prebuild)     # the caller's next problems compile while this one is timed
 
     details: dict[str, dict] = {}
     isolated = {n: r for n, r in runners.items() if r.isolated}

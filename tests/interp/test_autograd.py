@@ -1,15 +1,12 @@
 """kernels.mm and kernels.linear under autograd, on CPU through the tuner (TRITON_INTERPRET=1): gradients match
 torch's, and the backward products (dX = dY·W, dW = dYᵀ·X) are kernels products, each tuned as its own problem."""
-import threading
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels.dispatch import api, selected
+from kernels.dispatch import api
 from kernels.core.config import interpret_mode
-from kernels.tune import autotune
 
 pytestmark = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
 
@@ -262,19 +259,3 @@ def test_a_strided_3d_input_meets_its_backward_ahead_too():
     assert kernels.stats()["tunes"] == after_forward and after_forward - before == 3
     want = reference_grads(lambda a, b: F.linear(a.transpose(0, 1), b).square().sum(), [base, w])
     assert_grads_close([base.grad, w.grad], want, torch.float32)
-
-
-def test_the_backward_products_compile_ahead_while_the_forward_one_is_timed(monkeypatch):
-    """kernels.tune.build_ahead: the forward's tune, once its own build is done, starts the build of dX's and dW's
-    candidates in the background (the backends that build ahead: Triton), for those not tuned yet."""
-    started = []
-    monkeypatch.setattr(autotune, "prebuild", lambda problems, backends: started.append((problems, backends)))
-    monkeypatch.setattr(selected, "needs_tune", lambda problem: problem.k != 10)     # dW (k = M = 10) is stored
-    x, w = leaves((2, 5, 12), (13, 12), dtype=torch.float32)
-    kernels.linear(x, w)
-    for thread in [t for t in threading.enumerate() if t.name == "kernels-build-ahead"]:
-        thread.join(10)
-    assert len(started) == 1
-    problems, backends = started[0]
-    assert backends == ("triton",)
-    assert [(p.m, p.n, p.k) for p in problems] == [(10, 12, 13)]          # dX = dY·W only

@@ -226,37 +226,3 @@ def test_fp8_families_compile_for_sm90_with_fp8_wgmma():
     for (p, choice), r in zip(cases, results):
         sass = sass_of(backend, r)
         assert ("QGMMA" if choice.config.block_m >= 64 else "HMMA") in sass, r["kernel"]
-
-
-def test_prebuild_compiles_several_problems_in_one_batch_and_the_builds_then_compile_nothing(tmp_path, monkeypatch):
-    """What kernels.tune.build_ahead runs in the background: the distinct kernels of two problems' choices compiled
-    for sm90 at once (those the problems share once), recorded in the artifact store; a second prebuild and each
-    problem's own build find them (their load fails here: no GPU); padded's prebuild is its inner problem's."""
-    import backends.triton as triton_backend
-    from backends import get_backend
-    from backends.padded import PaddedBackend
-    from kernels import config
-
-    config.cache_dir = str(tmp_path)
-    monkeypatch.setattr(triton_backend, "interpret_mode", lambda: False)
-    backend = TritonBackend()
-    rows, cols = problem(m=256, n=256, k=256, dtype="bf16"), problem(m=256, n=256, k=256, dtype="bf16", lb="col")
-    choices = [Choice("triton", "triton_mm", "bf16", GemmConfig(64, 64, 32, s, 4)) for s in (2, 3)]
-    try:
-        assert backend.prebuild([(rows, choices), (cols, choices)]) == 4
-        assert backend.prebuild([(rows, choices), (cols, choices)]) == 0
-        assert backend.built(rows, choices) == backend.built(cols, choices) == {c.name for c in choices}
-        outcomes = backend.build(cols, choices)
-    finally:
-        backend.close()
-    assert not any(o.compiled for o in outcomes) and all("load failed" in (o.error or "") for o in outcomes)
-    # padded: a misaligned problem's Triton choices are its inner (padded, aligned) problem's kernels
-    odd = problem(m=250, n=250, k=250, dtype="bf16")
-    padded_choices = [c for c in PaddedBackend().choices(odd)[0] if c.config is not None][:1]
-    try:
-        assert PaddedBackend().prebuild([(odd, padded_choices)]) == 1
-        assert PaddedBackend().prebuild([(odd, padded_choices)]) == 0
-    finally:
-        get_backend("triton").close()
-    monkeypatch.setattr(triton_backend, "interpret_mode", lambda: True)
-    assert backend.prebuild([(rows, choices)]) == 0              # the interpreter compiles nothing
