@@ -229,7 +229,7 @@ def measure_duel(clock: WindowClock, estimate_ms: dict[str, float], baseline: st
                 alone = run([challenger])
                 if alone is None:
                     break
-                if hopeless(alone[0] / before):
+                if before > 0 and hopeless(alone[0] / before):
                     ratios.append(alone[0] / before)
                     stopped_early = True
                     break
