@@ -100,3 +100,28 @@ def test_cutlass_ranks_reads_each_candidates_first_pass_time():
     sel = SimpleNamespace(timings={"aten_mm": 1.0, "cutlass_x_sw1": 0.9, "cutlass_y_sw1": "crashed: boom"},
                           details={"aten_mm": {"first_pass_ms": 1.1}, "cutlass_x_sw1": {}})
     assert first_pass_ms(sel) == {"aten_mm": 1.1, "cutlass_x_sw1": 0.9}
+
+
+def test_selection_stages_sets_the_first_pass_beside_the_duel():
+    """experiments.selection_stages (issue 28's layer tune, stage by stage): the first pass's fastest challenger by
+    its first-pass time (not its final one), its ratio to aten there and in the duel, and the gap since the last
+    tune ended."""
+    from experiments.selection_stages import summary
+    from kernels.core.choice import Choice
+    from kernels.core.selection import Selection
+    from kernels.space.heuristics import GemmConfig
+    from tests.helpers import problem
+
+    aten = Choice("aten", "aten_mm", "bf16")
+    tma = Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 128, 64, 5, 4))
+    wide = Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 256, 64, 3, 8))
+    sel = Selection(problem=problem(), winner=aten.name, choices={c.name: c for c in (aten, tma, wide)},
+                    timings={aten.name: 0.50, tma.name: 0.56, wide.name: 0.48, "broken": "crashed"},
+                    details={aten.name: {"first_pass_ms": 0.50, "final_ms": 0.50},
+                             tma.name: {"first_pass_ms": 0.45, "final_ms": 0.56, "final_ratio": 1.12}},
+                    tune_seconds=1.5, created=100.0, stage_seconds={"final_round": 0.6}, regime="steady")
+    row = summary(sel, previous_end=98.0)
+    assert (row["challenger"], row["challenger_first_ratio"], row["challenger_final_ratio"]) == (tma.name, 0.9, 1.12)
+    assert row["baseline_first_ms"] == 0.5 and row["timed"] == 3 and row["candidates"] == 3
+    assert row["gap_before_s"] == 0.5 and row["stages"] == {"final_round": 0.6}
+    assert "gap_before_s" not in summary(sel, previous_end=None)
