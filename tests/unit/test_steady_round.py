@@ -259,7 +259,7 @@ def test_a_lead_within_the_first_rounds_error_keeps_the_baseline_after_one_round
 
 
 def test_a_challenger_far_behind_in_its_first_window_ends_the_duel_there(monkeypatch):
-    """The llama-7B layer at M=4096 on the H100: Triton TMA tiles ahead of aten in the first pass ran 1.08-1.26x it
+    """The llama-7B layer at M=4096 on the H100: Triton TMA tiles ahead of aten in the first pass ran up to 1.26x it
     in the duel. Beyond DUEL_FIRST_WINDOW_BEHIND behind in its first window, the challenger's duel ends there: B C,
     aten kept, no closing window; within it, the round runs whole."""
     monkeypatch.setattr(fr, "plan_for", lambda device: PLAN)
@@ -270,17 +270,18 @@ def test_a_challenger_far_behind_in_its_first_window_ends_the_duel_there(monkeyp
     assert sorted(finalists) == sorted([ATEN.name, TMA.name]) and timings[TMA.name] == pytest.approx(0.60)
     assert details[TMA.name]["final_ratio"] == pytest.approx(1.2) and "self_spread" not in details[ATEN.name]
     assert "does not beat" in notes[-1] and "the challenger's first window of 300 ms windows" in notes[-1]
-    chip = PowerHungryChip(burst=first_pass, sustained={ATEN.name: 0.50, TMA.name: 0.50 * 1.049})
+    chip = PowerHungryChip(burst=first_pass, sustained={ATEN.name: 0.50, TMA.name: 0.50 * 1.079})
     assert _pick(chip, first_pass)[0] == ATEN.name and len(chip.windows) == 3
-    assert fr._hopeless(1.051) and not fr._hopeless(1.049) and not fr._hopeless(0.8)
+    assert fr._hopeless(1.081) and not fr._hopeless(1.079) and not fr._hopeless(0.8)
 
 
 def test_the_first_window_stop_never_ends_a_duel_the_round_would_not():
-    """Stopped at C/B1 > 1.05, the round's ratio C / mean(B1, B2) stays above 1 - DUEL_FIRST_ROUND_LEAD unless the
-    baseline's closing window runs over 17% slower than its first, far beyond any spread measured (under 7%)."""
+    """Stopped at C/B1 > 1.08, the round's ratio C / mean(B1, B2) stays above 1 - DUEL_FIRST_ROUND_LEAD unless the
+    baseline's closing window runs over 23% slower than its first, beyond the widest spread measured (15.4%, an H100
+    duel on bf16 4096^3)."""
     bound = 2 * ((1 + fr.DUEL_FIRST_WINDOW_BEHIND) / (1 - fr.DUEL_FIRST_ROUND_LEAD) - 1)
-    assert bound > 0.17
-    for drift in (0.0, 0.07, 0.15):
+    assert bound > 0.23
+    for drift in (0.0, 0.07, 0.154, 0.2):
         ratio = (1 + fr.DUEL_FIRST_WINDOW_BEHIND) / (1 + drift / 2)
         assert fr._decided(ratio, drift) and ratio >= 1 - fr.DUEL_FIRST_ROUND_LEAD
 
