@@ -28,9 +28,10 @@ def summary(selection, previous_end: float | None) -> dict:
         row["baseline_first_ms"] = round(first[baseline], 5)
         row["challenger"] = others[0][1]
         row["challenger_first_ratio"] = round(others[0][0] / first[baseline], 4)
-        ratio = selection.details.get(others[0][1], {}).get("final_ratio")
-        if ratio is not None:
-            row["challenger_final_ratio"] = ratio
+        detail = selection.details.get(others[0][1], {})
+        if detail.get("final_ratio") is not None:
+            row["challenger_final_ratio"] = detail["final_ratio"]
+            row["first_window_stop"] = bool(detail.get("first_window_stop"))  # then: to aten's first window alone
     return row
 
 

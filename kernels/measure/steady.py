@@ -48,7 +48,8 @@ class SteadyTiming:
     @property
     def ratio(self) -> float:
         """Median over rounds of (this window / the mean of the baseline's two windows of that round): the clock's
-        drift between rounds cancels in each ratio. 1.0 for the baseline itself."""
+        drift between rounds cancels in each ratio. A duel stopped at the challenger's first window (measure_duel's
+        `hopeless`) has one ratio, to the baseline's first window alone. 1.0 for the baseline itself."""
         return statistics.median(self.ratios) if self.ratios else 1.0
 
     def as_dict(self) -> dict:
@@ -71,7 +72,8 @@ class SteadyResult:
 
 class WindowClock(Protocol):
     """Runs `name` back to back: `untimed` calls, then `timed` calls; returns a reader of ms per timed call (read
-    after the round, so the GPU never idles between windows waiting on the host)."""
+    after the round, so the GPU never idles between windows waiting on the host; measure_duel reads the challenger's
+    first window before it enqueues the next, a gap the next window's untimed start absorbs)."""
 
     def __call__(self, name: str, untimed: int, timed: int) -> Callable[[], float]: ...
 
@@ -274,8 +276,9 @@ def steady_winner(result: SteadyResult, floor: float) -> tuple[str, float, str]:
     return winner, margin, (f"steady round: {fastest} {'beats' if beats else 'does not beat'} {base} by more than "
                             f"{margin:.1%} ({challengers[fastest]:.3f}x its time per call, "
                             f"{result.timings[fastest].median_ms * 1e3:.1f} vs "
-                            f"{result.timings[base].median_ms * 1e3:.1f} us; {base} against itself "
-                            f"{result.self_spread:.1%})")
+                            f"{result.timings[base].median_ms * 1e3:.1f} us; " +
+                            (f"{base}'s closing window not run)" if result.stopped_early else
+                             f"{base} against itself {result.self_spread:.1%})"))
 
 
 # Calls at least this long are bound by the GPU's compute or memory, so its power state decides their speed; below,

@@ -86,9 +86,11 @@ class Sampler:
         return self.estimate_ms
 
     def plan_from(self, estimate_ms: float, target_sample_ms: float = 1.0) -> float:
-        """`plan` from an estimate already taken (a GPU-bound call's `quick`: its kernel's time), running nothing."""
+        """`plan` from an estimate already taken (a GPU-bound call's `quick`: its kernel's time), running nothing;
+        off the GPU, one call a sample, as `plan` gives."""
         self.estimate_ms = estimate_ms
-        self.calls_per_sample = int(min(1000, max(1, math.ceil(target_sample_ms / max(estimate_ms, 1e-4)))))
+        self.calls_per_sample = (int(min(1000, max(1, math.ceil(target_sample_ms / max(estimate_ms, 1e-4)))))
+                                 if self.device == "cuda" else 1)
         return estimate_ms
 
     def _timed(self, count: int) -> float:

@@ -176,6 +176,8 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
         d["final_windows_ms"] = [round(w, 6) for w in t.windows_ms]
         if t.ratios:
             d["final_ratio"] = round(t.ratio, 5)
+            if result.stopped_early:        # then to the baseline's first window alone
+                d["first_window_stop"] = True
         timings[name] = t.median_ms
     rounds = len(result.timings[challenger].ratios) if challenger is not None else 0
     # one round: its ratio errs towards the challenger by up to DUEL_FIRST_ROUND_LEAD (see _decided)

@@ -122,6 +122,7 @@ def test_selection_stages_sets_the_first_pass_beside_the_duel():
                     tune_seconds=1.5, created=100.0, stage_seconds={"final_round": 0.6}, regime="steady")
     row = summary(sel, previous_end=98.0)
     assert (row["challenger"], row["challenger_first_ratio"], row["challenger_final_ratio"]) == (tma.name, 0.9, 1.12)
+    assert row["first_window_stop"] is False
     assert row["baseline_first_ms"] == 0.5 and row["timed"] == 3 and row["candidates"] == 3
     assert row["gap_before_s"] == 0.5 and row["stages"] == {"final_round": 0.6}
     assert "gap_before_s" not in summary(sel, previous_end=None)

@@ -269,7 +269,9 @@ def test_a_challenger_far_behind_in_its_first_window_ends_the_duel_there(monkeyp
     assert winner == ATEN.name and chip.windows == [ATEN.name, TMA.name]
     assert sorted(finalists) == sorted([ATEN.name, TMA.name]) and timings[TMA.name] == pytest.approx(0.60)
     assert details[TMA.name]["final_ratio"] == pytest.approx(1.2) and "self_spread" not in details[ATEN.name]
+    assert details[TMA.name]["first_window_stop"] is True
     assert "does not beat" in notes[-1] and "the challenger's first window of 300 ms windows" in notes[-1]
+    assert "closing window not run" in notes[-1] and "against itself" not in notes[-1]
     chip = PowerHungryChip(burst=first_pass, sustained={ATEN.name: 0.50, TMA.name: 0.50 * 1.079})
     assert _pick(chip, first_pass)[0] == ATEN.name and len(chip.windows) == 3
     assert fr._hopeless(1.081) and not fr._hopeless(1.079) and not fr._hopeless(0.8)
@@ -301,6 +303,24 @@ def test_measure_duel_reads_the_challengers_first_window_before_the_closing_one(
     chip = FakeChip({"a": 1.0, "b": 1.2}, {"a": 1.0, "b": 1.2}, baseline="a", fails={"b"})
     result = measure_duel(chip, {"a": 1.0, "b": 1.2}, "a", "b", plan, hopeless=lambda r: True)
     assert "b" in result.failures and not result.stopped_early and "b" not in result.timings
+    # ...or faulting when that window is read: the same, and the baseline's closing window is never enqueued
+    chip = ReadFailChip({"a": 1.0, "b": 1.2}, fail_on_read={"b"}, baseline="a")
+    result = measure_duel(chip, {"a": 1.0, "b": 1.2}, "a", "b", plan, hopeless=lambda r: True)
+    assert "illegal memory access" in result.failures["b"] and chip.windows == ["a", "b"]
+    assert not result.stopped_early and list(result.timings) == ["a"]
+
+
+def test_a_zero_first_baseline_window_never_stops_the_duel():
+    """A host clock too coarse for the baseline's first window (0 ms): no ratio to it is taken; the round runs."""
+    class ZeroFirst(FakeChip):
+        def __call__(self, name, untimed, timed):
+            read = super().__call__(name, untimed, timed)
+            return (lambda: 0.0) if self.windows == ["a"] else read
+    chip = ZeroFirst({"a": 1.0, "b": 1.2}, {"a": 1.0, "b": 1.2}, baseline="a")
+    seen = []
+    result = measure_duel(chip, {"a": 1.0, "b": 1.2}, "a", "b", SteadyPlan(heat_ms=0, window_ms=4, rounds=1),
+                          hopeless=lambda r: seen.append(r) or True)
+    assert seen == [] and not result.stopped_early and chip.windows == ["a", "b", "a"]
 
 
 class ReadFailChip(FakeChip):

@@ -135,12 +135,24 @@ def test_gpu_bound_candidates_are_planned_from_their_quick_estimate(clock):
         return call
     calls = {"a": counted("a", 0.5), "b": counted("b", 0.55)}
     timed, _ = measure_interleaved(calls, 1, "cpu", budget_ms=100, min_samples=3, max_samples=9, screen=QUICK_SCREEN)
-    assert timed["a"].calls_per_sample == 2 and timed["b"].calls_per_sample == 2     # ceil(1 ms / estimate)
-    assert made == {"a": 1 + 2 * GPU_BOUND_SAMPLES, "b": 1 + 2 * GPU_BOUND_SAMPLES}
+    assert timed["a"].calls_per_sample == timed["b"].calls_per_sample == 1     # off the GPU: one call a sample
+    assert made == {"a": 1 + GPU_BOUND_SAMPLES, "b": 1 + GPU_BOUND_SAMPLES}
     made.clear()
     calls = {"a": counted("a", 0.02), "b": counted("b", 0.03)}
     measure_interleaved(calls, 1, "cpu", budget_ms=100, min_samples=3, max_samples=9, screen=QUICK_SCREEN)
     assert made == {"a": 1 + 1 + 9, "b": 1 + 1 + 9}      # quick, the probe (one call off the GPU), the samples
+
+
+def test_plan_from_sizes_gpu_samples_to_a_millisecond():
+    from kernels.measure.timing import Sampler
+
+    on_gpu = Sampler(lambda i: None, 1, "cuda")
+    assert on_gpu.plan_from(0.3) == 0.3 and on_gpu.calls_per_sample == 4 and on_gpu.estimate_ms == 0.3
+    on_gpu.plan_from(2.0)
+    assert on_gpu.calls_per_sample == 1
+    off_gpu = Sampler(lambda i: None, 1, "cpu")
+    off_gpu.plan_from(0.3)
+    assert off_gpu.calls_per_sample == 1
 
 
 def test_the_quick_screen_leaves_host_bound_calls_alone(clock):
