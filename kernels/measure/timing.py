@@ -74,20 +74,17 @@ class Sampler:
         return self._timed(1)
 
     def plan(self, target_sample_ms: float = 1.0, warmup: int = 3) -> float:
+        """Estimate ms per call with a probe, then size the samples from it (`plan_from`)."""
         if self.device == "cuda":
             self._run(warmup)
             torch.cuda.current_stream().synchronize()    # not the device's: see verify_launch
             probe = 5
-            self.estimate_ms = self._timed(probe) / probe
-            self.calls_per_sample = int(min(1000, max(1, math.ceil(target_sample_ms / max(self.estimate_ms, 1e-4)))))
-        else:
-            self.estimate_ms = self._timed(1)
-            self.calls_per_sample = 1
-        return self.estimate_ms
+            return self.plan_from(self._timed(probe) / probe, target_sample_ms)
+        return self.plan_from(self._timed(1), target_sample_ms)
 
     def plan_from(self, estimate_ms: float, target_sample_ms: float = 1.0) -> float:
-        """`plan` from an estimate already taken (a GPU-bound call's `quick`: its kernel's time), running nothing;
-        off the GPU, one call a sample, as `plan` gives."""
+        """Size the samples from an estimate of ms per call (a GPU-bound call's `quick` is its kernel's time, so the
+        first pass passes that and runs no probe): calls filling `target_sample_ms` on the GPU, one call off it."""
         self.estimate_ms = estimate_ms
         self.calls_per_sample = (int(min(1000, max(1, math.ceil(target_sample_ms / max(estimate_ms, 1e-4)))))
                                  if self.device == "cuda" else 1)
