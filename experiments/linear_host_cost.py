@@ -6,6 +6,7 @@ layer's weight requires grad: with grad enabled the call belongs to autograd, no
     python -m experiments.linear_host_cost                        # CUDA: M=1, 4096x4096 (N x K), bf16
     python -m experiments.linear_host_cost --device cpu           # CPU: M=1, 64x64, bf16 (torch's products)
     python -m experiments.linear_host_cost --grad                 # a training step's layer: forward + backward
+    python -m experiments.linear_host_cost --compiled             # under torch.compile: plain and patched layer
 
 --grad times forward + backward (`y.sum().backward()`, x and the layer's parameters requiring grad) instead, and
 adds kernels' autograd Function called directly: what every grad call ran before calls whose products all picked
@@ -89,6 +90,18 @@ def contenders(x: torch.Tensor, layer: nn.Linear) -> dict[str, object]:
     return found
 
 
+def compiled_contenders(x: torch.Tensor, layer: nn.Linear) -> dict[str, object]:
+    """Under torch.compile (Inductor, default mode): the graph's call into kernels::linear against Inductor's own
+    product, with F.linear for scale. A patched layer's compiled call costs the op's dispatch on top of the graph's."""
+    compiled = torch.compile(copy.deepcopy(layer), fullgraph=True)
+    found = {"F.linear": lambda: F.linear(x, layer.weight, layer.bias), "compile(nn.Linear)": lambda: compiled(x)}
+    patch = patch_function()
+    if patch is not None:
+        patched = torch.compile(patch(copy.deepcopy(layer)), fullgraph=True)
+        found["compile(kernels.patch(nn.Linear))"] = lambda: patched(x)
+    return found
+
+
 def grad_contenders(x: torch.Tensor, layer: nn.Linear) -> dict[str, object]:
     """Forward + backward of one layer: the timed call is a training step's share of it (its sum's backward)."""
     w, b = layer.weight, layer.bias
@@ -138,6 +151,8 @@ def main(argv=None) -> int:
     ap.add_argument("--burst", type=int, default=100, help="calls per timed burst")
     ap.add_argument("--backends", help="KERNELS_BACKENDS for this run (default: as configured)")
     ap.add_argument("--grad", action="store_true", help="time forward + backward with grad (a training step's layer)")
+    ap.add_argument("--compiled", action="store_true",
+                    help="time the layer under torch.compile, plain and patched (kernels::linear in the graph)")
     ap.add_argument("--json", help="write the results here too")
     args = ap.parse_args(argv)
 
@@ -162,13 +177,14 @@ def main(argv=None) -> int:
         served = {}
     else:
         with torch.no_grad():
-            fns = contenders(x, layer)
+            fns = compiled_contenders(x, layer) if args.compiled else contenders(x, layer)
             per_call = measure(fns, args.bursts, args.burst, sync)
             served = {name: served_by_table(fn) for name, fn in fns.items() if "kernels" in name}
     with torch.no_grad():
         winner = kernels.explain(x, layer.weight, op="linear", bias=layer.bias).winner
 
-    what = ("forward + backward, everything requiring grad" if args.grad else "per call, torch.no_grad")
+    what = ("forward + backward, everything requiring grad" if args.grad else
+            "per call under torch.compile, torch.no_grad" if args.compiled else "per call, torch.no_grad")
     print(f"warm host cost {what}, {device} ({torch.cuda.get_device_name() if device == 'cuda' else 'host'}), "
           f"x {args.m}x{k}, weight {n}x{k}, {args.dtype}; median of {args.bursts} bursts of {args.burst} calls")
     print(f"fastpath: {status}; linear winner (with bias): {winner}; kernels.patch: "
@@ -181,7 +197,8 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device, "m": args.m, "k": k, "n": n, "dtype": args.dtype, "fastpath": status,
-                       "winner": winner, "grad": args.grad, "us_per_call": per_call, "served_by_table": served}, f, indent=1)
+                       "winner": winner, "grad": args.grad, "compiled": args.compiled, "us_per_call": per_call,
+                       "served_by_table": served}, f, indent=1)
     return 0
 
 

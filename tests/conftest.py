@@ -85,4 +85,8 @@ def fast(built_library, monkeypatch):
     monkeypatch.setattr(scaled, "_table", None)       # kernels.scaled_mm's view of the same table
     monkeypatch.setattr(scaled, "_fast_call", None)
     kernels.config.backends = ("aten",)
-    return where
+    yield where
+    if api._fast.module is not None:
+        # the table lives in the library, beyond this test: the ops' C++ dispatcher kernels (bound once per process,
+        # maybe to this copy) must not serve a later test from this one's entries
+        api._fast.module.clear()

@@ -534,7 +534,8 @@ def _prepare(problem: GemmProblem, like: torch.Tensor) -> None:
 
 
 _custom = _ops.CustomOps(_ops.Plain(mm=_plain("mm"), int_mm=_plain("int_mm"), linear=_plain_linear,
-                                    prepare=_prepare, max_problems=lambda: config.max_problems))
+                                    prepare=_prepare, max_problems=lambda: config.max_problems,
+                                    defined=lambda: _ops.bind_native(_fast.module)))
 
 
 def _under_capture(op: str, a, b, out):
@@ -594,6 +595,7 @@ def _fast_loaded(module) -> None:
         _scaled.table_loaded(module)
         _fast_linear = module.call_linear
         _fast_call = module.call
+    _ops.bind_native(module)        # the ops' dispatcher kernels, if the ops are defined (else when they are)
 
 
 def _load_fast() -> None:

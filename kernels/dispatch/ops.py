@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -78,6 +79,8 @@ class Plain:
     # BackwardAhead hands its problems to
     prepare: Callable[[GemmProblem, torch.Tensor], None] = lambda problem, like: None
     max_problems: Callable[[], int] = lambda: 4096      # how many layers BackwardAhead remembers (KERNELS_MAX_PROBLEMS)
+    # called once, right after the ops are defined: api binds the C++ table's dispatcher kernels then (native_hooks)
+    defined: Callable[[], None] = lambda: None
 
 
 _registered: list[Plain] = []      # the products the ops were registered around: one registration per process
@@ -123,9 +126,12 @@ def _registrar(plain: Plain) -> Callable[[], bool]:
     def ready() -> bool:
         if not _registered:
             with _lock:
-                if not _registered:
+                first = not _registered
+                if first:
                     _define(plain)
                     _registered.append(plain)
+            if first:
+                plain.defined()
         return True
 
     # what torch.compiler.assume_constant_result(ready) sets; calling that here would import torch._dynamo (~1 s)
@@ -149,6 +155,30 @@ def _define(plain: Plain) -> None:
         lambda x, weight, bias, activation: plain.linear(x, weight, bias, activation))
     linear.register_fake(lambda x, weight, bias, activation: x.new_empty((*x.shape[:-1], weight.shape[0])))
     linear.register_autograd(_linear_backward, setup_context=_save_linear)
+
+
+_native: list = []       # the C++ table module whose dispatcher kernels serve the ops
+
+
+def bind_native(module) -> bool:
+    """Once the ops are defined, have the C++ table's dispatcher kernels serve them (kernels/native/csrc/fastpath.cpp,
+    register_ops), calling back per op into the product the ops were registered around on a table miss, and into
+    the op's differentiable forward for a call autograd records (int_mm: none, not differentiable). A process loads
+    one library; where another copy is loaded later (the tests load one per cache directory), the latest takes over
+    (its table is the one api fills). True when this call bound them."""
+    if module is None or not _registered:
+        return False
+    with _lock:
+        if _native and _native[0] is module:
+            return False
+        plain = _registered[0]
+        with warnings.catch_warnings():
+            # a later copy overriding the earlier one's kernels is the point; the dispatcher warns about it
+            warnings.filterwarnings("ignore", r"(?s).*Overriding a previously registered kernel")
+            module.register_ops({"mm": plain.mm, "int_mm": plain.int_mm, "linear": plain.linear},
+                                {"mm": _TracedMm.apply, "int_mm": None, "linear": _TracedLinear.apply})
+        _native[:] = [module]
+    return True
 
 
 def _save_inputs(ctx, inputs, output) -> None:
@@ -216,6 +246,41 @@ def _mm_backward(ctx, grad):
 
 def _linear_backward(ctx, grad):
     return _linear_grads(ctx, grad, _op_mm, _op_linear)
+
+
+class _TracedMm(torch.autograd.Function):
+    """kernels::mm with the autograd registered for it (_save_inputs, _mm_backward), as an autograd.Function: what
+    the C++ dispatcher kernel at Autograd<device> hands a call autograd records, so autograd, AOTAutograd's joint trace
+    and a double backward see the same forward and backward as through the Python registration. Its forward runs
+    with grad mode off, so the op inside goes below autograd."""
+
+    @staticmethod
+    def forward(a, b):
+        return torch.ops.kernels.mm(a, b)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _save_inputs(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _mm_backward(ctx, grad)
+
+
+class _TracedLinear(torch.autograd.Function):
+    """kernels::linear with its registered autograd (_save_linear, _linear_backward); see _TracedMm."""
+
+    @staticmethod
+    def forward(x, weight, bias, activation):
+        return torch.ops.kernels.linear(x, weight, bias, activation)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _save_linear(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _linear_backward(ctx, grad)
 
 
 class BackwardAhead:

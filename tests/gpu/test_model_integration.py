@@ -111,3 +111,31 @@ def test_cuda_graph_captures_a_patched_model():
     torch.cuda.synchronize()
     with torch.no_grad():
         assert _rel(out, kernels.unpatch(copy.deepcopy(model))(x)) < 2e-2
+
+
+@pytest.mark.gpu
+def test_a_compiled_patched_model_runs_through_the_ops_cpp_kernels(fast):
+    """With the C++ table loaded, the compiled graph's kernels::linear calls are served by it through the ops' C++
+    dispatcher kernels (Inductor, and CUDA-graph trees), and a compiled training step's grads are torch's."""
+    kernels.config.backends = ("aten", "triton")
+    assert kernels.load_fastpath(wait=True) == "loaded"
+    model = kernels.patch(_mlp(torch.bfloat16))
+    ref = kernels.unpatch(copy.deepcopy(model))
+    x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(model, fullgraph=True)
+        compiled(x)                                       # traces, compiles, tunes both products
+        out = []
+        assert served(lambda: out.append(compiled(x))) == 2
+        assert _rel(out[0], ref(x)) < 2e-2
+        graphed = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+        for _ in range(3):                                # warm-up, record, replay
+            y = graphed(x)
+        assert _rel(y.clone(), ref(x)) < 2e-2
+    torch._dynamo.reset()
+    train = torch.compile(model, fullgraph=True)
+    train(x).float().square().mean().backward()
+    ref(x).float().square().mean().backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert _rel(p.grad, q.grad) < 3e-2, name

@@ -37,9 +37,12 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/library.h>
 
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/TensorUtils.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/stack.h>
 #include <ATen/core/DimVector.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_int_mm.h>
@@ -59,6 +62,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -1158,6 +1162,184 @@ PyObject* discard(PyObject*, PyObject* key) {
   Py_RETURN_TRUE;
 }
 
+// -- The custom ops' dispatcher kernels ---------------------------------------------------------------------------
+// kernels::mm / int_mm / linear are defined in Python (kernels.dispatch.ops, torch.library.custom_op), whose
+// dispatcher kernels are Python: per call, the autograd layer (autograd_impl, forward_no_grad, redispatch) and the
+// backend layer (backend_impl, wrapped_fn) before kernels' own product, ~50-70 us of host time against F.linear's
+// ~4-15. A torch.compile'd graph calls the ops once per product, so on a host-bound step kernels.patch +
+// torch.compile lost to torch.compile alone (0.76x against 1.61x eager at M=128, H100). register_ops adds C++ kernels
+// at the Autograd<device> and <device> keys of CPU and CUDA, which take precedence over the Python ones registered
+// at the alias keys (Autograd, CompositeExplicitAutograd); fake tensors still meet the Python fake implementation,
+// below these keys.
+//   Autograd<device>: no input needs grad (or grad mode is off) -> redispatch below autograd, in C++. Otherwise the
+//     Python Function given for the op (the op's traced forward and backward, kernels.dispatch.ops): autograd,
+//     AOTAutograd's joint trace and a double backward see what they saw with the Python kernel.
+//   <device>: this table (call / call_linear), and on a miss the Python product given for the op (api's plain
+//     product: Python warm table, then the cold path), whose errors come back as the Python exception.
+namespace ops {
+
+enum Op : int { kMm = 0, kIntMm = 1, kLinear = 2, kOps = 3 };
+const char* const kNames[kOps] = {"mm", "int_mm", "linear"};
+PyObject* g_plain[kOps] = {nullptr, nullptr, nullptr};  // owned: the product on a miss
+PyObject* g_grad[kOps] = {nullptr, nullptr, nullptr};   // owned: the differentiable forward (None: not differentiable)
+PyObject* g_op_code[2] = {nullptr, nullptr};           // the `call` op codes as Python ints
+bool g_registered = false;
+
+struct Gil {
+  PyGILState_STATE state;
+  Gil() : state(PyGILState_Ensure()) {}
+  ~Gil() { PyGILState_Release(state); }
+};
+
+[[noreturn]] void raise_python() {
+  python_error e;
+  e.persist();  // the Python exception travels inside the C++ one, restored where the call returns to Python
+  throw e;
+}
+
+// The op's last n stack values as new Python references (n = the schema's arguments). Throws with the error set.
+void to_python(const torch::jit::Stack& stack, size_t n, PyObject** out) {
+  for (size_t i = 0; i < n; ++i) out[i] = nullptr;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = stack[stack.size() - n + i];
+    if (v.isTensor()) {
+      out[i] = THPVariable_Wrap(v.toTensor());
+    } else if (v.isNone()) {
+      Py_INCREF(Py_None);
+      out[i] = Py_None;
+    } else if (v.isString()) {
+      const std::string& text = v.toStringRef();
+      out[i] = PyUnicode_FromStringAndSize(text.data(), static_cast<Py_ssize_t>(text.size()));
+    } else {
+      PyErr_Format(PyExc_TypeError, "kernels ops: argument %zu is of a type the op's schema does not have", i);
+    }
+    if (out[i] == nullptr) {
+      for (size_t j = 0; j < i; ++j) Py_XDECREF(out[j]);
+      raise_python();
+    }
+  }
+}
+
+// Replace the op's n arguments on the stack by `result` (a new reference to a tensor, or nullptr with an error set).
+void finish(torch::jit::Stack* stack, size_t n, PyObject** args, PyObject* result) {
+  for (size_t i = 0; i < n; ++i) Py_DECREF(args[i]);
+  if (result == nullptr) raise_python();
+  if (!THPVariable_Check(result)) {
+    Py_DECREF(result);
+    PyErr_SetString(PyExc_TypeError, "kernels ops: a product returned something else than a tensor");
+    raise_python();
+  }
+  at::Tensor out = THPVariable_Unpack(result);
+  Py_DECREF(result);
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(out));
+}
+
+template <int Which>
+void backend_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  Gil gil;
+  PyObject* args[4];
+  to_python(*stack, n, args);
+  PyObject* result = nullptr;
+  if (Which == kLinear) {
+    result = call_linear(nullptr, args, 4);
+  } else {
+    PyObject* call_args[3] = {g_op_code[Which], args[0], args[1]};
+    result = call(nullptr, call_args, 3);
+  }
+  if (result == Py_None) {
+    Py_DECREF(result);
+    result = PyObject_Vectorcall(g_plain[Which], args, n, nullptr);
+  }
+  finish(stack, n, args, result);
+}
+
+template <int Which>
+void autograd_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  bool needs_grad = false;
+  if (at::GradMode::is_enabled()) {
+    for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+      const c10::IValue& v = (*stack)[i];
+      needs_grad = needs_grad || (v.isTensor() && v.toTensor().requires_grad());
+    }
+  }
+  if (!needs_grad || g_grad[Which] == Py_None) {
+    // as torch's autograd fallbacks do for a call autograd has nothing to record
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+    return;
+  }
+  Gil gil;
+  PyObject* args[4];
+  to_python(*stack, n, args);
+  finish(stack, n, args, PyObject_Vectorcall(g_grad[Which], args, n, nullptr));
+}
+
+std::vector<std::unique_ptr<torch::Library>>& libraries() {
+  static auto* libs = new std::vector<std::unique_ptr<torch::Library>>();  // kept: the registrations live with them
+  return *libs;
+}
+
+void register_key(c10::DispatchKey key, bool autograd) {
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "kernels", key, __FILE__, __LINE__);
+  if (autograd) {
+    lib->impl("mm", torch::CppFunction::makeFromBoxedFunction<&autograd_kernel<kMm>>());
+    lib->impl("int_mm", torch::CppFunction::makeFromBoxedFunction<&autograd_kernel<kIntMm>>());
+    lib->impl("linear", torch::CppFunction::makeFromBoxedFunction<&autograd_kernel<kLinear>>());
+  } else {
+    lib->impl("mm", torch::CppFunction::makeFromBoxedFunction<&backend_kernel<kMm>>());
+    lib->impl("int_mm", torch::CppFunction::makeFromBoxedFunction<&backend_kernel<kIntMm>>());
+    lib->impl("linear", torch::CppFunction::makeFromBoxedFunction<&backend_kernel<kLinear>>());
+  }
+  libraries().push_back(std::move(lib));
+}
+
+}  // namespace ops
+
+// register_ops(plain, grad) -> True once registered (False: this copy of the library registered them already, and
+// the given callables are not used). plain: {op name: the product on a miss}; grad: {op name: the differentiable
+// forward, or None}. Call it after the ops are defined, with the GIL held; the registrations last for the process
+// (a copy of this library loaded from another path, as the tests do, overrides them: the dispatcher warns).
+PyObject* register_ops(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 2 || !PyDict_Check(args[0]) || !PyDict_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "register_ops(plain: dict, grad: dict) takes 2 dicts");
+    return nullptr;
+  }
+  if (ops::g_registered) Py_RETURN_FALSE;
+  PyObject* plain[ops::kOps];
+  PyObject* grad[ops::kOps];
+  for (int i = 0; i < ops::kOps; ++i) {
+    plain[i] = PyDict_GetItemString(args[0], ops::kNames[i]);  // borrowed
+    grad[i] = PyDict_GetItemString(args[1], ops::kNames[i]);
+    if (plain[i] == nullptr || !PyCallable_Check(plain[i]) || grad[i] == nullptr ||
+        (grad[i] != Py_None && !PyCallable_Check(grad[i]))) {
+      PyErr_Format(PyExc_TypeError, "register_ops: op %s needs a callable product and a callable (or None) grad",
+                   ops::kNames[i]);
+      return nullptr;
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    ops::g_op_code[i] = PyLong_FromLongLong(i == ops::kMm ? kOpMm : kOpIntMm);
+    if (ops::g_op_code[i] == nullptr) return nullptr;
+  }
+  for (int i = 0; i < ops::kOps; ++i) {
+    Py_INCREF(plain[i]);
+    Py_INCREF(grad[i]);
+    ops::g_plain[i] = plain[i];
+    ops::g_grad[i] = grad[i];
+  }
+  ops::register_key(c10::DispatchKey::CPU, false);
+  ops::register_key(c10::DispatchKey::CUDA, false);
+  ops::register_key(c10::DispatchKey::AutogradCPU, true);
+  ops::register_key(c10::DispatchKey::AutogradCUDA, true);
+  ops::g_registered = true;
+  Py_RETURN_TRUE;
+  END_HANDLE_TH_ERRORS
+}
+
 PyObject* hits(PyObject*, PyObject*) { return PyLong_FromLongLong(g_hits); }
 
 PyObject* kind_of(PyObject*, PyObject* key) {
@@ -1182,6 +1364,8 @@ PyMethodDef methods[] = {
      "5 = at::_scaled_mm, for scaled_mm)"},
     {"native", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(make_native)), METH_FASTCALL,
      "native(device, stream, m, n, out_dtype, steps, fallback, keepalive[, scaling]): a NativeLaunch"},
+    {"register_ops", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(register_ops)), METH_FASTCALL,
+     "register_ops(plain, grad): C++ dispatcher kernels for kernels::mm / int_mm / linear on CPU and CUDA"},
     {"driver_status", driver_status, METH_NOARGS, "'' when the CUDA driver's entry points resolved, else why not"},
     {"kind", kind_of, METH_O, "the table's entry kind for this key (-1: not registered)"},
     {"clear", clear, METH_NOARGS, "forget every entry"},
