@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", default="all", help=f"comma list of {', '.join(ALL_VARIANTS)}, or all (default: "
                    f"{', '.join(VARIANTS)}); eager always runs, it is the reference")
     p.add_argument("--cudagraphs", action="store_true",
-                   help=f"add {' and '.join(CUDAGRAPH_VARIANTS)} (forward, M <= {CUDAGRAPH_MAX_TOKENS})")
+                   help=f"add {', '.join(CUDAGRAPH_VARIANTS)} (forward, M <= {CUDAGRAPH_MAX_TOKENS})")
     p.add_argument("--mode", default="fwd,fwdbwd", help="comma list of fwd, fwdbwd (default %(default)s)")
     p.add_argument("--seconds", type=positive, default=1.0, help="length of each timing loop (default %(default)s)")
     p.add_argument("--rounds", type=positive_int, default=2, help="loops per variant, alternated (default %(default)s)")

@@ -16,7 +16,9 @@ import kernels
 
 VARIANTS = ("eager", "compile", "max-autotune", "patch", "patch+compile")
 # forward only, at M <= CUDAGRAPH_MAX_TOKENS, behind --cudagraphs: the launch cost is what they remove
-CUDAGRAPH_VARIANTS = ("max-autotune+cudagraphs", "patch+cudagraph")
+# patch+compile+cudagraphs: torch.compile(mode="reduce-overhead") over the patched model (kernels' ops inside the
+# CUDA-graph trees, Inductor's fusions around them)
+CUDAGRAPH_VARIANTS = ("max-autotune+cudagraphs", "patch+cudagraph", "patch+compile+cudagraphs")
 ALL_VARIANTS = VARIANTS + CUDAGRAPH_VARIANTS
 CUDAGRAPH_MAX_TOKENS = 16
 CUDAGRAPH_TREE_CALLS = 3      # warm-up, record, replay: max-autotune+cudagraphs' first call until it replays
@@ -136,10 +138,12 @@ def build_variant(name: str, base: nn.Module, x: torch.Tensor, mode: str) -> Var
         fn = torch.compile(module, mode="max-autotune-no-cudagraphs")
     elif name == "max-autotune+cudagraphs":
         fn = _marked(torch.compile(module, mode="max-autotune"))
+    elif name == "patch+compile+cudagraphs":
+        fn = _marked(torch.compile(module, mode="reduce-overhead"))
     if name == "patch+cudagraph":
         return Variant(name, module, CapturedForward(fn, x))
     step = _forward(fn, x) if mode == "fwd" else _forward_backward(module, fn, x)
-    if name == "max-autotune+cudagraphs":
+    if name in ("max-autotune+cudagraphs", "patch+compile+cudagraphs"):
         step = first_call_repeated(step, CUDAGRAPH_TREE_CALLS)
     return Variant(name, module, step)
 

@@ -31,9 +31,9 @@ def test_lists_parse_and_eager_is_always_the_reference():
     assert args.tokens == [16, 1] and args.modes == ["fwdbwd"]
     assert args.variants == ["eager", "patch", "compile"]
     assert args.plan == bm.LoopPlan(0.5, 3, 0.0, "min") and args.time_limit == 60
-    assert bm.resolve(["--cudagraphs"]).variants[-2:] == list(bv.CUDAGRAPH_VARIANTS)
+    assert bm.resolve(["--cudagraphs"]).variants[-3:] == list(bv.CUDAGRAPH_VARIANTS)
     assert bm.resolve(["--variants", "patch+cudagraph", "--cudagraphs"]).variants == [
-        "eager", "patch+cudagraph", "max-autotune+cudagraphs"]
+        "eager", "patch+cudagraph", "max-autotune+cudagraphs", "patch+compile+cudagraphs"]
     assert bm.groups(bm.resolve(["--tokens", "1,8", "--mode", "fwd,fwdbwd"])) == [
         ("fwd", 1), ("fwd", 8), ("fwdbwd", 1), ("fwdbwd", 8)]
 
@@ -146,6 +146,8 @@ def test_cudagraph_variants_refuse_cpu_and_backward():
         bv.build_variant("max-autotune+cudagraphs", base, x, "fwdbwd")
     with pytest.raises(bv.VariantError, match="CUDA device"):
         bv.build_variant("max-autotune+cudagraphs", base, x, "fwd")
+    with pytest.raises(bv.VariantError, match="CUDA device"):
+        bv.build_variant("patch+compile+cudagraphs", base, x, "fwd")
 
 
 def test_afirst_call_repeated_until_cuda_graph_trees_replay():
