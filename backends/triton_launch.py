@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -200,10 +201,39 @@ def per_stream(device: torch.device, make: Callable[[], object]) -> Callable[[],
         s = stream()
         value = made.get(s)
         if value is None:
-            value = made[s] = make()
+            value = made[s] = outside_graph_pools(device, make)
         return value
 
     return get
+
+
+def outside_graph_pools(device: torch.device, make: Callable[[], object]) -> object:
+    """make() for the current stream, its tensors outside any CUDA-graph memory pool. Why: torch.compile's CUDA-graph
+    trees warm a graph up with every allocation of the warming thread routed to the graph's private pool, then refuse
+    the pool if it holds tensors the graph's outputs do not account for, as a workspace kept for later calls would
+    ("Detected N tensor(s) in the cudagraph pool not tracked as outputs"). That routing is per thread, so a helper
+    thread makes them, on this thread's current stream: their kernels (a zero fill) stay in stream order with the
+    launches that use them. Inside a capture, allocations on the capturing stream belong to the graph whichever thread
+    makes them: make() here, the workspace kept with the graph, as a plain torch.cuda.graph capture expects."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return make()
+    stream = torch.cuda.current_stream(device)
+    made: list = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                made.append(make())
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+            failed.append(e)
+
+    helper = threading.Thread(target=run, name="kernels-workspace", daemon=True)
+    helper.start()
+    helper.join()
+    if failed:
+        raise failed[0]
+    return made[0]
 
 
 def needs_staging(out: torch.Tensor) -> bool:

@@ -139,3 +139,27 @@ def test_a_compiled_patched_model_runs_through_the_ops_cpp_kernels(fast):
     ref(x).float().square().mean().backward()
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         assert _rel(p.grad, q.grad) < 3e-2, name
+
+
+@pytest.mark.gpu
+def test_cuda_graph_trees_take_a_winner_that_keeps_a_workspace(monkeypatch):
+    """torch.compile(mode="reduce-overhead") over a patched layer whose winner keeps a per-stream workspace
+    (split-K): the workspace is made outside the graph trees' memory pool, so they accept it, and replays are right."""
+    monkeypatch.setenv("KERNELS_ONLY", "split_k")
+    kernels.config.reset()
+    kernels.config.backends = ("triton",)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4096, 256, bias=False).to("cuda", torch.bfloat16)
+    ref = copy.deepcopy(layer)
+    model = kernels.patch(layer)
+    x = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        assert kernels.explain(x, model.weight, op="linear").winner.startswith("split_k")
+        graphed = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+        for step in range(4):                             # warm-up, record, replays
+            torch.compiler.cudagraph_mark_step_begin()
+            x.copy_(torch.randn_like(x))
+            y = graphed(x)
+            assert _rel(y.clone(), ref(x)) < 2e-2, step
+    torch._dynamo.reset()
