@@ -248,39 +248,21 @@ def _linear_backward(ctx, grad):
     return _linear_grads(ctx, grad, _op_mm, _op_linear)
 
 
-class _TracedMm(torch.autograd.Function):
-    """kernels::mm with the autograd registered for it (_save_inputs, _mm_backward), as an autograd.Function: what
-    the C++ dispatcher kernel at Autograd<device> hands a call autograd records, so autograd, AOTAutograd's joint trace
-    and a double backward see the same forward and backward as through the Python registration. Its forward runs
-    with grad mode off, so the op inside goes below autograd."""
+def _traced_function(class_name: str, op_name: str, save, backward) -> type:
+    """kernels::<op_name> with the autograd registered for it (`save` as setup_context, `backward`) as an
+    autograd.Function: what the C++ dispatcher kernel at Autograd<device> hands a call autograd records, so autograd,
+    AOTAutograd's joint trace and a double backward see the same forward and backward as through the Python
+    registration. Its forward runs with grad mode off, so the op inside goes below autograd."""
 
-    @staticmethod
-    def forward(a, b):
-        return torch.ops.kernels.mm(a, b)
+    def forward(*args):
+        return getattr(torch.ops.kernels, op_name)(*args)
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _save_inputs(ctx, inputs, output)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _mm_backward(ctx, grad)
+    return type(class_name, (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "setup_context": staticmethod(save), "backward": staticmethod(backward)})
 
 
-class _TracedLinear(torch.autograd.Function):
-    """kernels::linear with its registered autograd (_save_linear, _linear_backward); see _TracedMm."""
-
-    @staticmethod
-    def forward(x, weight, bias, activation):
-        return torch.ops.kernels.linear(x, weight, bias, activation)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _save_linear(ctx, inputs, output)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _linear_backward(ctx, grad)
+_TracedMm = _traced_function("_TracedMm", "mm", _save_inputs, _mm_backward)
+_TracedLinear = _traced_function("_TracedLinear", "linear", _save_linear, _linear_backward)
 
 
 class BackwardAhead:
