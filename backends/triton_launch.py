@@ -215,8 +215,11 @@ def outside_graph_pools(device: torch.device, make: Callable[[], object]) -> obj
     thread makes them, on this thread's current stream: their kernels (a zero fill) stay in stream order with the
     launches that use them. Inside a capture, allocations on the capturing stream belong to the graph whichever thread
     makes them: make() here, the workspace kept with the graph, as a plain torch.cuda.graph capture expects."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    if device.type != "cuda":
         return make()
+    with torch.cuda.device(device):
+        if torch.cuda.is_current_stream_capturing():
+            return make()
     stream = torch.cuda.current_stream(device)
     made: list = []
     failed: list[BaseException] = []

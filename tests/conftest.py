@@ -85,8 +85,6 @@ def fast(built_library, monkeypatch):
     monkeypatch.setattr(scaled, "_table", None)       # kernels.scaled_mm's view of the same table
     monkeypatch.setattr(scaled, "_fast_call", None)
     kernels.config.backends = ("aten",)
-    yield where
-    if api._fast.module is not None:
-        # the table lives in the library, beyond this test: the ops' C++ dispatcher kernels (bound once per process,
-        # maybe to this copy) must not serve a later test from this one's entries
-        api._fast.module.clear()
+    # isolated_cache's teardown (clear_memory_cache) runs while api._fast is still this one: it empties this copy's
+    # table, which the ops' C++ dispatcher kernels may be bound to for the rest of the session
+    return where

@@ -84,7 +84,8 @@ class Plain:
 
 
 _registered: list[Plain] = []      # the products the ops were registered around: one registration per process
-_lock = threading.Lock()
+_ready: list[bool] = []            # set once the ops are registered and, where the C++ table is loaded, bound to it
+_lock = threading.RLock()          # re-entered: ready() binds (bind_native) while holding it
 
 
 class CustomOps:
@@ -124,14 +125,14 @@ class CustomOps:
 
 def _registrar(plain: Plain) -> Callable[[], bool]:
     def ready() -> bool:
-        if not _registered:
+        if not _ready:
             with _lock:
-                first = not _registered
-                if first:
-                    _define(plain)
-                    _registered.append(plain)
-            if first:
-                plain.defined()
+                if not _ready:
+                    if not _registered:
+                        _define(plain)
+                        _registered.append(plain)
+                    plain.defined()      # bound before any thread is told the ops are ready
+                    _ready.append(True)
         return True
 
     # what torch.compiler.assume_constant_result(ready) sets; calling that here would import torch._dynamo (~1 s)
@@ -165,20 +166,34 @@ def bind_native(module) -> bool:
     register_ops), calling back per op into the product the ops were registered around on a table miss, and into
     the op's differentiable forward for a call autograd records (int_mm: none, not differentiable). A process loads
     one library; where another copy is loaded later (the tests load one per cache directory), the latest takes over
-    (its table is the one api fills). True when this call bound them."""
+    (its table is the one api fills). True when this call bound them; a failure warns and leaves the Python kernels.
+
+    When the table loads in the background after the ops were defined, the kernels are registered while other threads
+    may be calling the ops: torch's dispatcher, like any late torch.library registration, does not lock its readers."""
     if module is None or not _registered:
         return False
     with _lock:
         if _native and _native[0] is module:
             return False
         plain = _registered[0]
-        with warnings.catch_warnings():
-            # a later copy overriding the earlier one's kernels is the point; the dispatcher warns about it
-            warnings.filterwarnings("ignore", r"(?s).*Overriding a previously registered kernel")
-            module.register_ops({"mm": plain.mm, "int_mm": plain.int_mm, "linear": plain.linear},
-                                {"mm": _TracedMm.apply, "int_mm": None, "linear": _TracedLinear.apply})
-        _native[:] = [module]
-    return True
+        # called from C++ on eager calls: never a frame for Dynamo to trace (as torch.library wraps its own)
+        products = {name: torch._disable_dynamo(fn) for name, fn in
+                    (("mm", plain.mm), ("int_mm", plain.int_mm), ("linear", plain.linear))}
+        grads = {"mm": torch._disable_dynamo(_traced_mm), "int_mm": None,
+                 "linear": torch._disable_dynamo(_traced_linear)}
+        try:
+            with warnings.catch_warnings():
+                if _native:     # a later copy overriding the earlier one's kernels is the point; the dispatcher warns
+                    warnings.filterwarnings("ignore", r"(?s).*Overriding a previously registered kernel")
+                bound = module.register_ops(products, grads)
+        except Exception as e:  # noqa: BLE001 - the Python kernels go on serving the ops
+            warnings.warn(f"kernels: the C++ dispatcher kernels for the custom ops could not be registered "
+                          f"({type(e).__name__}: {e}); torch.library's Python ones serve them", RuntimeWarning,
+                          stacklevel=2)
+            return False
+        if bound:
+            _native[:] = [module]
+    return bool(bound)
 
 
 def _save_inputs(ctx, inputs, output) -> None:
@@ -263,6 +278,14 @@ def _traced_function(class_name: str, op_name: str, save, backward) -> type:
 
 _TracedMm = _traced_function("_TracedMm", "mm", _save_inputs, _mm_backward)
 _TracedLinear = _traced_function("_TracedLinear", "linear", _save_linear, _linear_backward)
+
+
+def _traced_mm(a, b):
+    return _TracedMm.apply(a, b)
+
+
+def _traced_linear(x, weight, bias, activation):
+    return _TracedLinear.apply(x, weight, bias, activation)
 
 
 class BackwardAhead:

@@ -158,3 +158,27 @@ print("ok")
                                                                "KERNELS_CACHE_DIR": str(native.folder.parent.parent)},
                           timeout=300)
         assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), (first, proc.stderr[-3000:])
+
+
+def test_a_miss_met_eagerly_inside_a_compiled_function_is_not_traced_by_dynamo(native):
+    """The C++ kernels call kernels' Python product on a miss; with a compile frame callback active (a compiled
+    function's eager part), Dynamo must not start tracing kernels' own frames (as torch.library keeps it from its own
+    Python kernels): as many frames as with torch.mm there."""
+    from torch._dynamo.utils import counters
+
+    w = torch.randn(8, 4)
+
+    def frames(product) -> int:
+        @torch.compiler.disable(recursive=False)
+        def eager_part(x):
+            return product(x, w)
+
+        def f(x):
+            return eager_part(x * 2) + 1
+
+        torch._dynamo.reset()
+        counters.clear()
+        torch.testing.assert_close(torch.compile(f, backend="eager")(torch.ones(4, 8)), torch.ones(4, 8) * 2 @ w + 1)
+        return counters["frames"]["total"]
+
+    assert frames(torch.ops.kernels.mm) == frames(torch.mm)
