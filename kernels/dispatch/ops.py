@@ -79,7 +79,7 @@ class Plain:
     # BackwardAhead hands its problems to
     prepare: Callable[[GemmProblem, torch.Tensor], None] = lambda problem, like: None
     max_problems: Callable[[], int] = lambda: 4096      # how many layers BackwardAhead remembers (KERNELS_MAX_PROBLEMS)
-    # called once, right after the ops are defined: api binds the C++ table's dispatcher kernels then (native_hooks)
+    # called once, right after the ops are defined: api binds the C++ table's dispatcher kernels then (bind_native)
     defined: Callable[[], None] = lambda: None
 
 
@@ -263,21 +263,17 @@ def _linear_backward(ctx, grad):
     return _linear_grads(ctx, grad, _op_mm, _op_linear)
 
 
-def _traced_function(class_name: str, op_name: str, save, backward) -> type:
-    """kernels::<op_name> with the autograd registered for it (`save` as setup_context, `backward`) as an
-    autograd.Function: what the C++ dispatcher kernel at Autograd<device> hands a call autograd records, so autograd,
-    AOTAutograd's joint trace and a double backward see the same forward and backward as through the Python
-    registration. Its forward runs with grad mode off, so the op inside goes below autograd."""
-
-    def forward(*args):
-        return getattr(torch.ops.kernels, op_name)(*args)
-
+def _traced_function(class_name: str, op, save, backward) -> type:
+    """The op call `op` (_op_mm, _op_linear) with the autograd registered for it (`save` as setup_context,
+    `backward`) as an autograd.Function: what the C++ dispatcher kernel at Autograd<device> hands a call autograd
+    records, so autograd, AOTAutograd's joint trace and a double backward see the same forward and backward as through
+    the Python registration. Its forward runs with grad mode off, so the op inside goes below autograd."""
     return type(class_name, (torch.autograd.Function,), {
-        "forward": staticmethod(forward), "setup_context": staticmethod(save), "backward": staticmethod(backward)})
+        "forward": staticmethod(op), "setup_context": staticmethod(save), "backward": staticmethod(backward)})
 
 
-_TracedMm = _traced_function("_TracedMm", "mm", _save_inputs, _mm_backward)
-_TracedLinear = _traced_function("_TracedLinear", "linear", _save_linear, _linear_backward)
+_TracedMm = _traced_function("_TracedMm", _op_mm, _save_inputs, _mm_backward)
+_TracedLinear = _traced_function("_TracedLinear", _op_linear, _save_linear, _linear_backward)
 
 
 def _traced_mm(a, b):
