@@ -231,7 +231,9 @@ class TritonBackend(Backend):
             if kernel is None:
                 _triton_driver_ready()
                 with _triton_cache_at(self.triton_cache_dir):
-                    kernel = self._from_store(problem, spec, module_path, key) if from_store else None
+                    # just compiled or not, through the record: triton.compile's cache hit would first hash Triton's
+                    # installation (0.43 s of a process's first call on the H100 host) and each kernel's source
+                    kernel = self._from_store(problem, spec, module_path, key)
                     if kernel is None:
                         kernel = compile_job(self._job(problem, spec, module_path))
                     kernel._init_handles()      # loads the cubin; raises when resources do not fit the device
