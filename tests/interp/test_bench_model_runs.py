@@ -23,6 +23,7 @@ def _records(path) -> tuple[dict, dict]:
 @pytest.mark.skipif(not interpret_mode(), reason="runs the interpreter on CPU tensors")
 def test_eager_and_patch_forward_and_backward(tmp_path, capsys):
     kernels.config.backends = ("aten", "triton")
+    kernels.config.benchmark_space = 1          # the performance model's top pick per backend: 12 tunes in seconds
     path = tmp_path / "model.jsonl"
     rc = bm.main(TINY + ["--variants", "eager,patch", "--mode", "fwd,fwdbwd", "--json", str(path)])
     _, records = _records(path)

@@ -1,8 +1,10 @@
-"""Compile-only with nvcc: one sm80 and one sm90 config through the backend's ninja path (no GPU needed), per
-arch two fused epilogues (bias+gelu, silu without bias), and two fp8 scaled kernels (per-tensor; row-wise + bias,
-swapped) built in one ninja batch.
-An sm90 file takes ~30-40 s and ~3 GB on 2 cores, an sm80 one ~6 s: keep this set small. The fp8 pair takes
-~2.5 min (both at once, ~3.5 GB each): the epilogue visitor tree is heavier than mm's named fusion operations."""
+"""Compile-only with nvcc: one sm80 config through the backend's ninja path (no GPU needed), per arch two fused
+epilogues (bias+gelu, silu without bias; the sm90 pair in one ninja batch, whose bf16 kernels also stand for the plain
+sm90 bf16 build's HGMMA check), and two fp8 scaled kernels (per-tensor; row-wise + bias, swapped) built in one ninja
+batch. A plain sm90 kernel is built by tests/interp/test_bench_cutlass_compile_only.py.
+An sm90 file takes ~90-100 s and ~3 GB on 2 cores, an sm80 one ~18 s: keep this set small, and batch the sm90 ones
+two at a time. The fp8 pair takes ~2 min (both at once, ~3.5 GB each): the epilogue visitor tree is heavier than mm's
+named fusion operations."""
 import ctypes
 import glob
 import os
@@ -67,16 +69,6 @@ def test_compile_sm80_int8(tmp_path):
         assert "IMMA" in sass
 
 
-def test_compile_sm90_bf16_holds_hgmma(tmp_path):
-    cfg = CutlassConfig(128, 128, 64, 2, 1, "coop", align=8, align_c=8)
-    paths = build_one(tmp_path, problem(1024, 1024, 1024, la="row", lb="col"), "cutlass3x_sm90_mm", cfg)
-    tool = cuobjdump()
-    if tool is None:
-        pytest.skip("no cuobjdump to inspect the SASS")
-    sass = subprocess.run([tool, "--dump-sass", str(paths.binary)], capture_output=True, text=True).stdout
-    assert "HGMMA" in sass and ".BF16" in sass
-
-
 EPILOGUE_BUILDS = [
     # sm90: the bias per kernel column (LinCombPerColBiasEltAct); silu alone swapped (LinCombEltAct, column-major D)
     ("cutlass3x_sm90_mm", 90, True, "gelu", CutlassConfig(128, 128, 64, 1, 1, "coop", align=8, align_c=8)),
@@ -92,12 +84,41 @@ EPILOGUE_BUILDS = [
 ACTIVATION_SASS = {"gelu": "MUFU.TANH", "silu": "MUFU.EX2"}
 
 
-@pytest.mark.parametrize("template,arch,bias,act,cfg", EPILOGUE_BUILDS,
+def epilogue_problem(arch, bias, act, cfg):
+    return replace(problem(64 if cfg.swap else 1024, 1024, 1024, dtype="fp16" if arch == 80 else "bf16", la="row",
+                           lb="col", arch=arch), bias=bias, activation=act)
+
+
+@pytest.fixture(scope="module")
+def sm90_epilogue_binaries(tmp_path_factory):
+    """The sm90 epilogue builds in one ninja batch (two compiles at once on two cores): index -> ArtifactPaths."""
+    root = tmp_path_factory.mktemp("sm90_epilogues")
+    jobs, built = [], {}
+    for i, (template, arch, bias, act, cfg) in enumerate(EPILOGUE_BUILDS):
+        if arch != 90:
+            continue
+        p = epilogue_problem(arch, bias, act, cfg)
+        spec = spec_for(p, Choice("cutlass", template, p.dtype, None, replace(cfg, epilogue=p.epilogue).params()))
+        paths = ArtifactPaths(root / f"kernel{i}")
+        paths.root.mkdir()
+        paths.source.write_text(render(spec))
+        jobs.append(BuildJob(paths.source, paths.binary, paths.log, spec.flags, TOOLS.cutlass.include_dirs))
+        built[i] = paths
+    run_ninja(str(TOOLS.nvcc), jobs, root / "batches", 2)
+    return built
+
+
+@pytest.mark.parametrize("index", range(len(EPILOGUE_BUILDS)),
                          ids=[f"sm{e[1]}-{'bias+' if e[2] else ''}{e[3]}" for e in EPILOGUE_BUILDS])
-def test_compile_fused_epilogue(tmp_path, template, arch, bias, act, cfg):
-    p = replace(problem(64 if cfg.swap else 1024, 1024, 1024, dtype="fp16" if arch == 80 else "bf16", la="row",
-                        lb="col", arch=arch), bias=bias, activation=act)
-    paths = build_one(tmp_path, p, template, replace(cfg, epilogue=p.epilogue))
+def test_compile_fused_epilogue(tmp_path, request, index):
+    template, arch, bias, act, cfg = EPILOGUE_BUILDS[index]
+    p = epilogue_problem(arch, bias, act, cfg)
+    if arch == 90:
+        paths = request.getfixturevalue("sm90_epilogue_binaries")[index]
+        assert paths.binary.exists(), paths.log.read_text()[-3000:]
+        assert not glob.glob(str(paths.root / "*.tmp")), "a temp binary was left behind"
+    else:
+        paths = build_one(tmp_path, p, template, replace(cfg, epilogue=p.epilogue))
     kernel = load_library(paths.binary, p.epilogue_operands)    # the run entry point takes the bias pointer after B
     size = ctypes.c_size_t(1)
     assert kernel.workspace_size(p.m, p.n, p.k, 1, ctypes.byref(size)) == 0
@@ -106,57 +127,10 @@ def test_compile_fused_epilogue(tmp_path, template, arch, bias, act, cfg):
         pytest.skip("no cuobjdump to inspect the SASS")
     sass = subprocess.run([tool, "--dump-sass", str(paths.binary)], capture_output=True, text=True).stdout
     assert ACTIVATION_SASS[act] in sass and ("HGMMA" if arch == 90 else "HMMA") in sass
+    if arch == 90:
+        assert ".BF16" in sass                                   # bf16 warpgroup MMA
 
 
-def test_failed_compile_keeps_source_and_log(tmp_path, monkeypatch):
-    """A source that does not compile: the failure text points at the saved source and compiler log."""
-    import backends.cutlass as cutlass_mod
-
-    monkeypatch.setattr(cutlass_mod, "render", lambda spec: "#error deliberately broken\n")
-    config.cutlass_build = "inline"        # compiled in the build (the default leaves it to the background build)
-    backend = CutlassBackend(TOOLS)
-    c = Choice("cutlass", "cutlass2x_sm80_mm", "bf16", None,
-               CutlassConfig(64, 64, 64, schedule="", stages=3, warps_m=2, warps_n=2, align=8, align_c=8).params())
-    [outcome] = backend.build(problem(arch=80), [c])
-    assert outcome.runner is None and outcome.compiled
-    assert "deliberately broken" in outcome.error
-    src = outcome.error.split("(source ")[1].split(",")[0]
-    log = outcome.error.split("log ")[-1].rstrip(")")
-    assert Path(src).read_text() == "#error deliberately broken\n" and "deliberately broken" in Path(log).read_text()
-    assert not (Path(src).parent / "meta.json").exists()
-
-
-def test_run_time_twins_share_one_build(tmp_path, monkeypatch):
-    """sm90 choices differing only in swizzle (a run-time argument) map to one artifact and one ninja edge."""
-    import backends.cutlass as cutlass_mod
-
-    monkeypatch.setattr(cutlass_mod, "render", lambda spec: "#error twin\n")
-    config.cutlass_build = "inline"
-    cfg = CutlassConfig(128, 128, 64, 1, 1, "coop", align=8, align_c=8)
-    twins = [Choice("cutlass", "cutlass3x_sm90_mm", "bf16", None, c.params()) for c in (cfg, replace(cfg, swizzle=8))]
-    outcomes = CutlassBackend(TOOLS).build(problem(), twins)
-    assert [o.runner for o in outcomes] == [None, None]
-    assert all("#error twin" in o.error and "(no compiler log)" not in o.error for o in outcomes)
-    assert outcomes[0].error == outcomes[1].error
-
-
-def test_warmup_builds_a_one_kernel_set_with_nvcc(tmp_path):
-    """`python -m kernels warmup` end to end with the real compiler: the sm80 int8 set narrowed (KERNELS_ONLY, the
-    tuner's own narrowing) to one kernel; a second run builds nothing."""
-    env = dict(os.environ, KERNELS_CACHE_DIR=str(tmp_path / "cache"), KERNELS_ONLY="int8_mm_64x64x128",
-               PYTHONPATH=str(REPO))
-    command = [sys.executable, "-m", "kernels", "warmup", "--arch", "80", "--dtypes", "int8", "--jobs", "2"]
-    first = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
-    assert first.returncode == 0, first.stdout + first.stderr
-    assert "int8 1 kernels (0 built); building 1" in first.stdout
-    assert "int8 1 kernels (1 built); compiled 1" in first.stdout
-    second = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    assert second.returncode == 0 and "building 0" in second.stdout, second.stdout + second.stderr
-    [library] = (tmp_path / "cache" / "cutlass" / "sm80").glob("*/kernel.so")
-    assert ctypes.CDLL(str(library)).kernels_cutlass_run
-
-
-# fp8 (cutlass3x_sm90_scaled_mm), (scaling, bias, A dtype, out dtype, M, config): per-tensor scales (one
 # ScalarBroadcast of both), e4m3 x e4m3 -> bf16 on a cooperative 2x1 cluster; row-wise scales and a bias on a swapped
 # pingpong kernel (C^T: scale_a a kernel row vector, scale_b and the bias column vectors), e5m2 x e4m3 -> fp16
 SCALED_BUILDS = [

@@ -328,8 +328,8 @@ def test_state_names_an_unverified_library_and_removes_nothing(rebuilding, built
 
 
 @pytest.mark.slow
-def test_twenty_short_processes_build_once_and_leave_no_compiler_or_temporary(built_library, tmp_path, monkeypatch,
-                                                                           isolated_cache):
+def test_eight_short_processes_build_once_and_leave_no_compiler_or_temporary(built_library, tmp_path, monkeypatch,
+                                                                          isolated_cache):
     """Each process asks for the library and exits at once, while the (slow) compile still runs: the build used to
     die unpublished with the first process's thread, each process leaving an orphan compiler and a temporary."""
     cxx, calls = fake_compiler(tmp_path, built_library, sleep_s=4)
@@ -337,14 +337,14 @@ def test_twenty_short_processes_build_once_and_leave_no_compiler_or_temporary(bu
     monkeypatch.setenv("KERNELS_FASTPATH", "auto")
     where = fastpath.paths()
     code = "import kernels; kernels.load_fastpath(wait=False)"
-    for _ in range(20):
+    for _ in range(8):          # each ~4 s (torch's import): the first ones overlap the compile, which takes as long
         out = run_python(code, timeout=60)
         assert out.returncode == 0, out.stderr[-2000:]
     left = wait_until_gone(str(isolated_cache), 60)
     assert not left, left
     assert where.library.exists(), "the build never published the library"
     assert temporaries(where.folder) == []
-    assert len(calls.read_text().split()) == 1        # one compile for twenty processes
+    assert len(calls.read_text().split()) == 1        # one compile for the eight processes
     assert fastpath.state(where) == "built"
 
 
