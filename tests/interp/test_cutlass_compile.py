@@ -89,16 +89,11 @@ def epilogue_problem(arch, bias, act, cfg):
                            lb="col", arch=arch), bias=bias, activation=act)
 
 
-@pytest.fixture(scope="module")
-def sm90_epilogue_binaries(tmp_path_factory):
-    """The sm90 epilogue builds in one ninja batch (two compiles at once on two cores): index -> ArtifactPaths."""
-    root = tmp_path_factory.mktemp("sm90_epilogues")
+def build_batch(root: Path, specs: dict[int, object]) -> dict[int, ArtifactPaths]:
+    """Render each spec under `root`/kernel<i> and compile them all in one ninja batch, two at a time (two cores):
+    index -> ArtifactPaths."""
     jobs, built = [], {}
-    for i, (template, arch, bias, act, cfg) in enumerate(EPILOGUE_BUILDS):
-        if arch != 90:
-            continue
-        p = epilogue_problem(arch, bias, act, cfg)
-        spec = spec_for(p, Choice("cutlass", template, p.dtype, None, replace(cfg, epilogue=p.epilogue).params()))
+    for i, spec in specs.items():
         paths = ArtifactPaths(root / f"kernel{i}")
         paths.root.mkdir()
         paths.source.write_text(render(spec))
@@ -106,6 +101,18 @@ def sm90_epilogue_binaries(tmp_path_factory):
         built[i] = paths
     run_ninja(str(TOOLS.nvcc), jobs, root / "batches", 2)
     return built
+
+
+@pytest.fixture(scope="module")
+def sm90_epilogue_binaries(tmp_path_factory):
+    """The sm90 epilogue builds in one batch: index -> ArtifactPaths."""
+    specs = {}
+    for i, (template, arch, bias, act, cfg) in enumerate(EPILOGUE_BUILDS):
+        if arch == 90:
+            p = epilogue_problem(arch, bias, act, cfg)
+            specs[i] = spec_for(p, Choice("cutlass", template, p.dtype, None,
+                                          replace(cfg, epilogue=p.epilogue).params()))
+    return build_batch(tmp_path_factory.mktemp("sm90_epilogues"), specs)
 
 
 @pytest.mark.parametrize("index", range(len(EPILOGUE_BUILDS)),
@@ -147,20 +154,13 @@ def scaled_problem(scaling, bias, dtype, out, m):
 @pytest.fixture(scope="module")
 def scaled_binaries(tmp_path_factory):
     """Both fp8 kernels compiled in one ninja batch (two compiles at once on two cores): index -> ArtifactPaths."""
-    root = tmp_path_factory.mktemp("scaled")
-    jobs, built = [], {}
+    specs = {}
     for i, (scaling, bias, dtype, out, m, cfg) in enumerate(SCALED_BUILDS):
         p = scaled_problem(scaling, bias, dtype, out, m)
         cfg = fit_alignment(p, "cutlass3x_sm90_scaled_mm", cfg)
         assert supports_cutlass(p, "cutlass3x_sm90_scaled_mm", cfg) == (True, "")
-        spec = spec_for(p, Choice("cutlass", "cutlass3x_sm90_scaled_mm", dtype, None, cfg.params()))
-        paths = ArtifactPaths(root / f"kernel{i}")
-        paths.root.mkdir()
-        paths.source.write_text(render(spec))
-        jobs.append(BuildJob(paths.source, paths.binary, paths.log, spec.flags, TOOLS.cutlass.include_dirs))
-        built[i] = paths
-    run_ninja(str(TOOLS.nvcc), jobs, root / "batches", 2)
-    return built
+        specs[i] = spec_for(p, Choice("cutlass", "cutlass3x_sm90_scaled_mm", dtype, None, cfg.params()))
+    return build_batch(tmp_path_factory.mktemp("scaled"), specs)
 
 
 @pytest.mark.parametrize("index", range(len(SCALED_BUILDS)),
