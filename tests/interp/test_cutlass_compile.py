@@ -134,10 +134,59 @@ def test_compile_fused_epilogue(tmp_path, request, index):
         pytest.skip("no cuobjdump to inspect the SASS")
     sass = subprocess.run([tool, "--dump-sass", str(paths.binary)], capture_output=True, text=True).stdout
     assert ACTIVATION_SASS[act] in sass and ("HGMMA" if arch == 90 else "HMMA") in sass
-    if arch == 90:
-        assert ".BF16" in sass                                   # bf16 warpgroup MMA
+    if arch == 90:                                              # the bf16 warpgroup MMA, not only a bf16 store
+        assert re.search(r"HGMMA\.\w+\.F32\.BF16", sass), "no bf16 wgmma"
 
 
+def test_failed_compile_keeps_source_and_log(tmp_path, monkeypatch):
+    """A source that does not compile: the failure text points at the saved source and compiler log."""
+    import backends.cutlass as cutlass_mod
+
+    monkeypatch.setattr(cutlass_mod, "render", lambda spec: "#error deliberately broken\n")
+    config.cutlass_build = "inline"        # compiled in the build (the default leaves it to the background build)
+    backend = CutlassBackend(TOOLS)
+    c = Choice("cutlass", "cutlass2x_sm80_mm", "bf16", None,
+               CutlassConfig(64, 64, 64, schedule="", stages=3, warps_m=2, warps_n=2, align=8, align_c=8).params())
+    [outcome] = backend.build(problem(arch=80), [c])
+    assert outcome.runner is None and outcome.compiled
+    assert "deliberately broken" in outcome.error
+    src = outcome.error.split("(source ")[1].split(",")[0]
+    log = outcome.error.split("log ")[-1].rstrip(")")
+    assert Path(src).read_text() == "#error deliberately broken\n" and "deliberately broken" in Path(log).read_text()
+    assert not (Path(src).parent / "meta.json").exists()
+
+
+def test_run_time_twins_share_one_build(tmp_path, monkeypatch):
+    """sm90 choices differing only in swizzle (a run-time argument) map to one artifact and one ninja edge."""
+    import backends.cutlass as cutlass_mod
+
+    monkeypatch.setattr(cutlass_mod, "render", lambda spec: "#error twin\n")
+    config.cutlass_build = "inline"
+    cfg = CutlassConfig(128, 128, 64, 1, 1, "coop", align=8, align_c=8)
+    twins = [Choice("cutlass", "cutlass3x_sm90_mm", "bf16", None, c.params()) for c in (cfg, replace(cfg, swizzle=8))]
+    outcomes = CutlassBackend(TOOLS).build(problem(), twins)
+    assert [o.runner for o in outcomes] == [None, None]
+    assert all("#error twin" in o.error and "(no compiler log)" not in o.error for o in outcomes)
+    assert outcomes[0].error == outcomes[1].error
+
+
+def test_warmup_builds_a_one_kernel_set_with_nvcc(tmp_path):
+    """`python -m kernels warmup` end to end with the real compiler: the sm80 int8 set narrowed (KERNELS_ONLY, the
+    tuner's own narrowing) to one kernel; a second run builds nothing."""
+    env = dict(os.environ, KERNELS_CACHE_DIR=str(tmp_path / "cache"), KERNELS_ONLY="int8_mm_64x64x128",
+               PYTHONPATH=str(REPO))
+    command = [sys.executable, "-m", "kernels", "warmup", "--arch", "80", "--dtypes", "int8", "--jobs", "2"]
+    first = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "int8 1 kernels (0 built); building 1" in first.stdout
+    assert "int8 1 kernels (1 built); compiled 1" in first.stdout
+    second = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert second.returncode == 0 and "building 0" in second.stdout, second.stdout + second.stderr
+    [library] = (tmp_path / "cache" / "cutlass" / "sm80").glob("*/kernel.so")
+    assert ctypes.CDLL(str(library)).kernels_cutlass_run
+
+
+# fp8 (cutlass3x_sm90_scaled_mm), (scaling, bias, A dtype, out dtype, M, config): per-tensor scales (one
 # ScalarBroadcast of both), e4m3 x e4m3 -> bf16 on a cooperative 2x1 cluster; row-wise scales and a bias on a swapped
 # pingpong kernel (C^T: scale_a a kernel row vector, scale_b and the bias column vectors), e5m2 x e4m3 -> fp16
 SCALED_BUILDS = [
