@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -172,6 +173,7 @@ class TritonBackend(Backend):
             jobs = []
             for key in keys:
                 spec, path, _ = kernels[key]
+                self._drop_changed_group(key, spec, problem.arch)
                 jobs.append(dict(self._job(problem, spec, path), id=len(jobs)))
             results = self._get_pool().map(jobs)
             counters.bump("compiles", len(jobs))
@@ -205,6 +207,15 @@ class TritonBackend(Backend):
         meta = read_json(self.root / "artifacts" / f"{key}.json")
         return (meta is not None and _artifact_record_valid(meta, spec.kernel_name, arch)
                 and self._group_intact(meta["cache_group"], meta.get("files")))
+
+    def _drop_changed_group(self, key: str, spec: TritonKernelSpec, arch: int) -> None:
+        """Before a kernel is compiled again: a record of ours whose cache folder no longer hashes as recorded (it is
+        being compiled again, so `_stored` failed) has that folder removed. Triton's cache checks only that a
+        folder's files exist, so the pool's compile would hand the changed files back as a hit, and their hashes would
+        be recorded as the kernel's. Called under the key's build lock."""
+        meta = read_json(self.root / "artifacts" / f"{key}.json")
+        if meta is not None and _artifact_record_valid(meta, spec.kernel_name, arch):
+            shutil.rmtree(self.triton_cache_dir / meta["cache_group"], ignore_errors=True)
 
     def _group_hashes(self, group: str) -> dict[str, str]:
         """sha256 of every file of a compiled kernel's folder in Triton's cache (cubin, metadata, IR)."""
@@ -245,14 +256,19 @@ class TritonBackend(Backend):
             return f"load failed: {type(e).__name__}: {str(e)[:300]}"
 
     def _from_store(self, problem, spec, module_path, key: str):
-        """A stored kernel straight from its checked cache folder (what triton.compile's cache hit returns, minus the
-        hash of Triton's installation it computes first), or None: then triton.compile finds it."""
+        """A kernel straight from its cache folder (what triton.compile's cache hit returns, minus the hash of Triton's
+        installation it computes first), or None: then triton.compile finds it. The folder's files are those
+        `_stored` checked against the record, or those `_compiled` has just hashed into it (a fresh compile)."""
         meta = read_json(self.root / "artifacts" / f"{key}.json")
         if meta is None or not _artifact_record_valid(meta, spec.kernel_name, problem.arch):
             return None
+        files = meta.get("files")
+        if not (isinstance(files, dict) and files
+                and all(isinstance(n, str) and _FILE_NAME.fullmatch(n) for n in files)):
+            return None         # read again since `_stored`: names must still stay inside the folder
         try:
             return load_cached(self._job(problem, spec, module_path), str(self.triton_cache_dir / meta["cache_group"]),
-                               list(meta.get("files") or ()), meta["triton_hash"])
+                               list(files), meta["triton_hash"])
         except Exception:  # noqa: BLE001 - another Triton's CompiledKernel: the regular path loads it
             return None
 

@@ -53,7 +53,8 @@ def compile_job(job: dict):
 def load_cached(job: dict, folder: str, files, kernel_hash: str):
     """The CompiledKernel of a job whose compiled files sit in `folder` (their names `files`), made as triton.compile
     makes it on a cache hit, without the cache key: computing that key hashes Triton's own installation once per
-    process (0.43 s of a fresh process's first call on the H100 host). The caller has checked the files' hashes."""
+    process (0.43 s of a fresh process's first call on the H100 host). The caller vouches for the files: checked
+    against their recorded hashes, or hashed just now from its own compile."""
     from triton.compiler.compiler import CompiledKernel
 
     fn = load_kernel(job["module_path"], job["kernel_name"])

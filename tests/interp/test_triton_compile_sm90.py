@@ -172,7 +172,7 @@ def test_built_names_what_the_artifact_store_holds(tmp_path, monkeypatch):
 def test_a_stored_kernel_loads_from_its_checked_folder_as_tritons_cache_hit_would(tmp_path, monkeypatch):
     """What build() compiled and recorded, _from_store rebuilds as the CompiledKernel triton.compile returns on a
     cache hit (same binary, name, hash and metadata), without computing Triton's cache key; a record for another
-    kernel gives None (then triton.compile is asked)."""
+    kernel, or one naming a file outside its folder, gives None (then triton.compile is asked)."""
     import backends.triton as triton_backend
     from kernels import config
 
@@ -196,6 +196,9 @@ def test_a_stored_kernel_loads_from_its_checked_folder_as_tritons_cache_hit_woul
     assert kernel.asm["cubin"] == next(group.glob("*.cubin")).read_bytes()
     assert kernel.metadata.target.arch == 90 and kernel.metadata.num_warps == 4
     assert backend._from_store(p, dataclasses.replace(spec, kernel_name="another"), module, key) is None
+    # a record rewritten since it was checked, naming a file outside its folder: None, nothing read from there
+    records[0].write_text(json.dumps(dict(meta, files={"../../elsewhere.cubin": "0" * 64})))
+    assert backend._from_store(p, spec, module, key) is None
 
 
 def test_fp8_families_compile_for_sm90_with_fp8_wgmma():

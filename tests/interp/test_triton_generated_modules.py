@@ -141,6 +141,20 @@ def compiled_kernel(monkeypatch):
     return TritonBackend(), problem, choice, spec, build_key(render(spec), spec, "cuda:90", triton_version())
 
 
+def recorded_folder(backend, spec, key):
+    """A compiled kernel's Triton cache folder (GROUP0: metadata and a cubin) and our record of it, hashes and all:
+    (the folder, the record's path)."""
+    group = backend.triton_cache_dir / "GROUP0"
+    group.mkdir(parents=True)
+    (group / "kernel.json").write_text("{}")
+    (group / "kernel.cubin").write_bytes(b"\x7fELF" + bytes(64))
+    record = backend.root / "artifacts" / f"{key}.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps(dict(ARTIFACT, kernel=spec.kernel_name, triton=triton_version(), arch=90,
+                                      files=backend._group_hashes("GROUP0"))))
+    return group, record
+
+
 @pytest.mark.parametrize("bad", [
     {"cache_group": "../triton_cache/GROUP0"}, {"cache_group": 7}, {"cache_group": ""}, {"arch": "90"}, {"arch": 80},
     {"arch": True}, {"kernel": "other"}, {"triton": "0.0"}, {"triton_hash": None}, {"compile_seconds": "1"},
@@ -164,18 +178,43 @@ def test_malformed_artifact_record_is_a_miss(isolated_cache, monkeypatch, bad):
 
 def test_a_changed_binary_in_tritons_cache_is_a_miss(isolated_cache, monkeypatch):
     """Triton loads its cubin without a check: the files its cache folder holds must hash as they did when compiled
-    (a truncated or swapped cubin is a miss, compiled again)."""
+    (a truncated or swapped cubin is a miss, compiled again: the next test)."""
     backend, problem, choice, spec, key = compiled_kernel(monkeypatch)
-    group = backend.triton_cache_dir / "GROUP0"
-    group.mkdir(parents=True)
-    (group / "kernel.json").write_text("{}")
-    (group / "kernel.cubin").write_bytes(b"\x7fELF" + bytes(64))
-    record = backend.root / "artifacts" / f"{key}.json"
-    record.parent.mkdir(parents=True)
-    record.write_text(json.dumps(dict(ARTIFACT, kernel=spec.kernel_name, triton=triton_version(), arch=90,
-                                      files=backend._group_hashes("GROUP0"))))
+    group, record = recorded_folder(backend, spec, key)
     assert backend.built(problem, [choice]) == {choice.name}
     (group / "kernel.cubin").write_bytes(b"\x7fELF" + bytes(8))                 # truncated
     assert backend.built(problem, [choice]) == set()
     (group / "kernel.cubin").unlink()
     assert backend.built(problem, [choice]) == set()
+
+
+def test_a_kernel_whose_folder_changed_is_compiled_again_not_handed_back(isolated_cache, monkeypatch):
+    """Triton's own cache checks only that a folder's files exist: before the pool compiles a kernel whose recorded
+    folder no longer hashes as recorded, that folder is removed, so the compile is a real one and the record is
+    rewritten from its output, not from the changed files."""
+    backend, problem, choice, spec, key = compiled_kernel(monkeypatch)
+    group, record = recorded_folder(backend, spec, key)
+    (group / "kernel.cubin").write_bytes(b"\x7fELF" + bytes(8))                 # changed since it was recorded
+    seen = []
+
+    class Pool:       # the compile as Triton would run it: a real compile writes the folder afresh
+        def map(self, jobs, timeout_s=600.0):
+            seen.append(group.exists())
+            group.mkdir(parents=True, exist_ok=True)
+            (group / "kernel.json").write_text("{}")
+            (group / "kernel.cubin").write_bytes(b"\x7fELF" + bytes(64))
+            return [{"id": j["id"], "ok": True, "hash": ARTIFACT["triton_hash"], "cache_group": "GROUP0"} for j in jobs]
+
+    monkeypatch.setattr(backend, "_get_pool", lambda: Pool())
+    path = backend.root / "src" / "module.py"
+    backend._compiled(problem, {key: (spec, path, render(spec))})      # loading needs a GPU: only the build is checked
+    assert seen == [False]                                             # the changed folder was gone before the compile
+    assert backend.built(problem, [choice]) == {choice.name}
+    assert json.loads(record.read_text())["files"] == backend._group_hashes("GROUP0")
+    # a kernel never recorded, or recorded for another kernel: nothing removed
+    other = backend.triton_cache_dir / "GROUP1"
+    other.mkdir()
+    record.write_text(json.dumps(dict(ARTIFACT, kernel="another", cache_group="GROUP1", triton=triton_version(),
+                                      arch=90, files={})))
+    backend._drop_changed_group(key, spec, 90)
+    assert other.exists()
