@@ -6,8 +6,8 @@ pass left. Twenty-sixth session, H100: with a first pass over 8 candidates inste
 0.97-1.02x aten in the duel instead of 1.09-1.19x. This times, per problem, right after its tune:
 
 - the duel (3 rounds, no early stop; every window kept) after each prelude, each from 2 s idle:
-  `cool` (nothing), `pass28` and `pass8` (a first pass as tuning runs it over the first pass's fastest 28 or 8
-  candidates), `heat` (1 s of aten back to back);
+  `cool` (nothing), `pass28` and `pass8` (a first pass as tuning runs it over aten and the first pass's fastest
+  27 or 7 others), `heat` (1 s of aten back to back);
 - with --long, the duel in 1 s windows (half untimed), B C B, after 1 s of aten (`long`);
 - the truth: aten and C in 1.5 s back-to-back loops (the last second timed), alternated, 2 rounds, after 1 s of aten.
 
