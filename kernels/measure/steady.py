@@ -288,16 +288,17 @@ STEADY_MIN_MS = 0.1
 # The H100's clock follows the power drawn over ~0.2 s and reaches its 700 W cap ~0.8 s into a load (1980 -> 1200-1470
 # MHz; experiments/steady_regime.py, fifteenth session), so short windows alternated with aten run a call at a clock
 # set partly by aten's draw: 25 ms windows flattered CUTLASS tiles by 3-5% on the H100 and by up to 16% on the H200
-# (twenty-first session), and over-charged fp8 TMA tiles that draw less by 4-7% (H200). 300 ms windows put every
-# challenger on the side of aten its own 1.5 s loops put it (experiments/duel_regime.py, H200, twenty-second session,
-# docs/measurements/duel_regime_h200_twentysecond.jsonl: 10 problems; a challenger's ratio to aten within 0.2-3.4% of
-# its loops' in the first round and 1.3% in later ones, erring towards the challenger -- 6.2% and 3.4% for one that lost
-# by 16%); 150 ms windows strayed up to 7% a round. Measured as measure_steady's B C B rounds after full-budget first
-# passes and a 0.3 s pause; measure_duel shares the baseline's windows between rounds (B C B C B) and follows the
-# first pass at once.
-WINDOW_MS = 300.0
+# (twenty-first session). 300 ms windows (twenty-second to twenty-fifth sessions) alias with a ~0.9 s oscillation of
+# the power control that follows a load's start: aten's second window, 0.75-0.9 s in, ran >= 3% slower than its first
+# and third in 24 of 28 duels on an H100 (16 of 21 on the H200), aten's spread against itself reached 5-20%, the duel's
+# ratio strayed from 1.5 s loops by up to 9.5% (H100) after a first pass, and on the H100 fp8 CUTLASS tiles 4.3% and
+# 5.9% faster than aten in the loops lost their duels (regret 5.8-6.1%). 1 s windows, B C B, read within 1.4% (H100)
+# and 0.3% (H200) of the loops on seven llama-layer problems, aten against itself <= 1.9%
+# (experiments/duel_prelude.py --long; docs/measurements/duel_prelude_*_twentysixth_call{3,4}.jsonl, twenty-sixth
+# session): one round of them decides. A duel now takes 2-3 s (0.6-1.5 s before) -- accuracy first (issue 27).
+WINDOW_MS = 1000.0
 SETTLE_FRACTION = 0.5
-ROUNDS = 2
+ROUNDS = 1
 # a challenger must beat the baseline by more than its spread against itself, and at least this much
 MARGIN_FLOOR = 0.01
 

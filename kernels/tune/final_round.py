@@ -8,7 +8,8 @@
   more than the baseline's spread against itself. This replaced, for these calls, the tie tolerance and the
   20th-percentile guard: on the H100 a TMA tile that tied aten in 40 ms bursts ran 0.963x it in a 3 s loop (issue
   27); and it replaced a round of short windows over the fastest three, which on the H200 flattered CUTLASS tiles by
-  up to 16% and so always needed the long windows after it (1.5 s + 1.8 s of a new problem, now 0.9-1.5 s).
+  up to 16% and so always needed the long windows after it. The duel's windows are 1 s since 300 ms ones aliased with
+  the power control's oscillation (kernels.measure.steady): 2-3 s a duel.
 - Shorter calls: their speed is set by the host's launch cost as much as by the GPU, and the chip never reaches its
   power cap on them; the final round times them in short interleaved samples and ranks host-set calls by GPU time
   (`_burst_pick`; each rule below carries the measurement that keeps it).
@@ -224,25 +225,22 @@ def _duels(baseline: str, contenders: list[str], timings, calls, make_clock, pla
 # 10 problems of that run (on the tenth aten beat both).
 CHALLENGER_WITHIN = 0.10
 # A duel ends after its first round when the challenger leads the baseline by no more than DUEL_FIRST_ROUND_LEAD (the
-# baseline is kept), or by more than DUEL_CLEAR_WIN and the baseline's spread (the challenger wins). In that run
-# (experiments/duel_regime.py, H200, ten problems) the first round's ratio erred towards the challenger by 0.2-3.4%
-# against the 1.5 s loops' where the two were within 2% of each other (6.2% for a challenger 16% behind in the loops),
-# and the int8 wins (0.61-0.65x) by under 1%. A lead within that error is not one the loops showed beyond 1.3% (bf16
-# 8192^3, round one 0.972x, loops 0.987x: kept on aten now, 0.6 s saved on every such problem).
-DUEL_FIRST_ROUND_LEAD = 0.035
+# baseline is kept), or by more than DUEL_CLEAR_WIN and the baseline's spread (the challenger wins); a one-round result
+# keeps the baseline unless the challenger leads by more than this. With 1 s windows (kernels.measure.steady) one round
+# read within 1.4% of 1.5 s loops on the H100 and 0.3% on the H200 (seven llama-layer problems, twenty-sixth session,
+# docs/measurements/duel_prelude_*_twentysixth_call{3,4}.jsonl). (With the 300 ms windows before, the H200's first
+# round erred by up to 3.4%: this was 3.5%.)
+DUEL_FIRST_ROUND_LEAD = 0.015
 DUEL_CLEAR_WIN = 0.15
 
 
 # A duel ends at the challenger's first window when that window is more than DUEL_FIRST_WINDOW_BEHIND slower than the
-# baseline's first (the baseline is kept without its closing window, 0.3 s saved). The round's verdict would keep the
-# baseline unless the closing window ran 2 * (1.08 / (1 - DUEL_FIRST_ROUND_LEAD) - 1) = 23.8% slower than the first.
-# The baseline's spread against itself was 0.1-2.4% in the H200 duels (twenty-second session) but reached 15.4% in an
-# H100 duel on bf16 4096^3 (twenty-fourth session, docs/measurements/cost5_sustained_h100_twentyfourth.jsonl): the
-# first window runs on a chip still heating. At 5% (the value measured below) a 17.6% drift would have flipped a
-# verdict, too close to that; 8% keeps most of the saving. Where it saves: a llama-7B layer's 12 problems at M=4096 on
-# the H100 (docs/measurements/stages_layer_*_e549fb9_h100_twentyfourth_call1.jsonl, two runs), the Triton TMA
-# challenger at 0.82-1.02x aten in the first pass ran 0.93-1.26x it in the duel, beyond 1.08x on 9 and 8 of the 12
-# (beyond 1.05x, the value the session's GPU runs used, on 9 and 10).
+# baseline's first (the baseline is kept without its closing window, one window saved). The round's verdict would keep
+# the baseline unless the closing window ran 2 * (1.08 / (1 - DUEL_FIRST_ROUND_LEAD) - 1) = 19.3% slower than the first.
+# Chosen with the 300 ms windows, whose baseline spread reached 15.4% on an H100 (twenty-fourth session,
+# docs/measurements/cost5_sustained_h100_twentyfourth.jsonl) and whose first window pair strayed up to 23% from 1.5 s
+# loops after a first pass (the aliasing in kernels.measure.steady); with 1 s windows the first pair read within 1.7%
+# (H100) and 0.4% (H200) of the loops and the baseline's spread stayed <= 1.9% (twenty-sixth session), so 8% is wide.
 DUEL_FIRST_WINDOW_BEHIND = 0.08
 
 
