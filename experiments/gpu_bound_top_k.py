@@ -11,11 +11,12 @@ timed members (1.000: the top k held it), for several k; `?` where a pick was ne
 its file, not checked for freshness (this runs off the GPU it was trained on); problems the model was trained on
 flatter it, so each row names its file.
 
-Twenty-sixth session: on the H100 data the top 4 already held the fastest of the list's timed members on the 4
-GPU-bound held-out problems, and on the 13 of 15 trained-on ones where every pick was timed. Building and timing only those 8 for GPU-bound problems was tried on a llama-7B layer
-(H100) and reverted: the shorter first pass left the chip cooler when the duel began, the duel then read the same
-Triton tiles at 0.97-1.02x aten instead of 1.09-1.19x, ran two rounds instead of stopping at the first window, and the
-layer's tune took as long (docs/journal, twenty-sixth session).
+Twenty-sixth session: on the H100 data the top 4 already held the fastest of the list's timed members on the 4 GPU-bound
+held-out problems, and on the 13 of 15 trained-on ones where every pick was timed. Building and timing only the top 8
+for GPU-bound problems was tried on a llama-7B layer (H100) and reverted: with the shorter first pass the duel's 300 ms
+windows fell elsewhere on the card's power oscillation, read the same Triton tiles at 0.97-1.02x aten instead of
+1.09-1.19x, ran two rounds instead of stopping at the first window, and the layer's tune took as long (docs/journal,
+twenty-sixth session).
 """
 from __future__ import annotations
 

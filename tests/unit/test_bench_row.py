@@ -224,7 +224,8 @@ def test_measure_row_runs_real_calls_and_records_the_ones_that_raise():
     result = measure_row(row, n_sets=1, device="cpu")
     assert result.baseline == "aten_mm" and set(result.timings) == {"aten_mm", "triton_x"}
     rounds = plan_for("cpu").rounds                  # the reference twice a round, every other column once
-    assert len(result.timings["aten_mm"].windows_ms) == 2 * rounds and len(result.timings["triton_x"].windows_ms) == rounds
+    assert len(result.timings["aten_mm"].windows_ms) == 2 * rounds
+    assert len(result.timings["triton_x"].windows_ms) == rounds
     assert row.fills["triton_x"] == ["triton", "triton_tma"]
     assert row.failures["broken"] == "ValueError: no kernel image"
     assert row.failures["unbuilt"] == "RuntimeError: rebuilding failed"
