@@ -91,7 +91,7 @@ def run(spec, order: int, preludes: tuple[str, ...], long: bool) -> dict:
     for kind in kinds:
         time.sleep(IDLE_S)
         seconds = prelude(kind, calls, [aten] + ranked, len(sets), aten)
-        row = duel_row(calls, len(sets), est, aten, top)
+        row = duel_row(calls, len(sets), est, aten, top, window_ms=300.0)   # the windows the preludes were run with
         row["prelude_s"] = round(seconds, 3)
         out["duels"][kind] = row
     if long:

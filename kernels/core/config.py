@@ -297,7 +297,7 @@ SETTINGS = (
             "power-steady regime, 2-3 s, whatever this is)"),
     Setting("tie_tolerance", "KERNELS_TIE_TOLERANCE", lambda: 0.01, "0.01", _number(0, 1, high_open=True),
             "for calls under 0.1 ms, a candidate must beat a simpler one (aten first) by more than this fraction to "
-            "win; longer calls must beat aten by more than aten's own spread in the steady regime (at least 1%)"),
+            "win; longer calls must beat aten by more than aten's own spread in the steady regime (at least 1.5%)"),
     Setting("dynamic", "KERNELS_DYNAMIC", lambda: (), "none (static)", _dynamic,
             "dims whose size varies, when `mm(..., dynamic=)` is not given: `m`, `m,k`; with size hints: "
             "`m=16,256,4096`"),

@@ -65,7 +65,8 @@ from kernels.tune.autotune import fingerprint
 from kernels.tune.final_round import select
 
 # Benchmark mode: milliseconds of measurement per candidate when a new bucket is benchmarked: a quarter of tuning's
-# default budget, because it is paid on a user's call at run time, once per bucket
+# default budget, because it is paid on a user's call at run time, once per bucket. It sizes the first pass only: a
+# probe whose calls take 0.1 ms or more still ends in the steady duel, 2-3.3 s (kernels.measure.steady.WINDOW_MS)
 DYNAMIC_BENCH_MS = 10.0
 # Benchmark mode: where a new bucket is timed (Family.benchmark's `probes`)
 BUCKET_PROBES = ("edges", "one")

@@ -250,7 +250,8 @@ def _hopeless(first_window_ratio: float) -> bool:
 
 
 def _decided(ratio: float, spread: float) -> bool:
-    """Whether a duel's first round already decides it: the challenger not ahead by more than the first round's
+    """(Only for plans of more than one round: the measured plan has one, kernels.measure.steady.ROUNDS.)
+    Whether a duel's first round already decides it: the challenger not ahead by more than the first round's
     error (DUEL_FIRST_ROUND_LEAD; a noisier baseline only makes a win harder to show), or ahead by more than
     DUEL_CLEAR_WIN and the baseline's spread against itself."""
     return ratio >= 1 - DUEL_FIRST_ROUND_LEAD or ratio <= 1 - max(DUEL_CLEAR_WIN, spread)

@@ -364,3 +364,24 @@ def test_failures_when_a_window_is_read(monkeypatch):
     chip = ReadFailChip(times, set(times))
     winner, _, finalists, _, _, notes = _pick(chip, times, three)
     assert winner is None and finalists == [] and notes[-1].startswith("steady round: every finalist crashed")
+
+
+def test_the_production_plan_is_one_round_of_long_windows_and_a_lead_must_clear_its_error():
+    """What a GPU tune runs (plan_for("cuda")): B C B in 1 s windows, half untimed, and a one-round lead must clear
+    DUEL_FIRST_ROUND_LEAD (1 s windows read within 1.4% of 1.5 s loops on the H100) or aten's own spread, whichever
+    is wider; a challenger far behind in its first window ends the duel there (B C)."""
+    from kernels.measure.steady import plan_for
+
+    plan = plan_for("cuda")
+    assert (plan.window_ms, plan.rounds, plan.settle_fraction, plan.heat_ms) == (1000.0, 1, 0.5, 0.0)
+    assert fr.DUEL_FIRST_ROUND_LEAD == 0.015
+    first_pass = {ATEN.name: 1.0, TMA.name: 0.9}
+    for ratio, jitter, winner, windows in [(0.98, 0.0, TMA.name, 3),           # a 2% lead wins
+                                           (0.986, 0.0, ATEN.name, 3),         # 1.4%: within the round's error
+                                           (0.975, 0.02, ATEN.name, 3),        # aten 4% against itself: no win
+                                           (1.10, 0.0, ATEN.name, 2)]:         # far behind: B C
+        chip = FakeChip(first_pass, {ATEN.name: 1.0, TMA.name: ratio}, settle_ms=1.0, jitter=jitter)
+        names = {c.name: c for c in (ATEN, TMA)}
+        got = fr.pick_winner(dict(first_pass), names, {n: n for n in names}, 1, "cuda", {n: {} for n in names}, [],
+                             windows=lambda fns, chip=chip: chip)[0]
+        assert (got, len(chip.windows)) == (winner, windows), (ratio, jitter)
