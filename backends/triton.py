@@ -225,8 +225,7 @@ class TritonBackend(Backend):
     def _group_intact(self, group: str, files) -> bool:
         """Triton loads the binary from its cache folder without a check of its own: the files there must be the
         ones this backend recorded when it compiled them (a truncated or swapped cubin is a miss, compiled again)."""
-        if not (isinstance(files, dict) and files and all(isinstance(n, str) and _FILE_NAME.fullmatch(n)
-                                                          and isinstance(h, str) for n, h in files.items())):
+        if not _files_record_valid(files):
             return False
         folder = self.triton_cache_dir / group
         try:
@@ -263,8 +262,7 @@ class TritonBackend(Backend):
         if meta is None or not _artifact_record_valid(meta, spec.kernel_name, problem.arch):
             return None
         files = meta.get("files")
-        if not (isinstance(files, dict) and files
-                and all(isinstance(n, str) and _FILE_NAME.fullmatch(n) for n in files)):
+        if not _files_record_valid(files):
             return None         # read again since `_stored`: names must still stay inside the folder
         try:
             return load_cached(self._job(problem, spec, module_path), str(self.triton_cache_dir / meta["cache_group"]),
@@ -298,6 +296,12 @@ def _artifact_record_valid(meta: dict, kernel_name: str, arch: int) -> bool:
             and isinstance(meta.get("triton_hash"), str) and _HEX.fullmatch(meta["triton_hash"]) is not None
             and isinstance(meta.get("cache_group"), str) and _CACHE_GROUP.fullmatch(meta["cache_group"]) is not None
             and (seconds is None or (type(seconds) in (int, float) and math.isfinite(seconds) and seconds >= 0)))
+
+
+def _files_record_valid(files) -> bool:
+    """A record's `files`: a non-empty name -> sha256 map whose names stay inside the kernel's cache folder."""
+    return (isinstance(files, dict) and bool(files)
+            and all(isinstance(n, str) and _FILE_NAME.fullmatch(n) and isinstance(h, str) for n, h in files.items()))
 
 
 def _json(obj) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
@@ -28,7 +29,7 @@ from bench.shapes import Shape
 from bench.sustained import alternate, cuda_loop, parse_problems
 from experiments.duel_regime import direct_calls, first_pass_ms, print_rows
 from kernels.core.config import config
-from kernels.measure.steady import CudaWindows, measure_duel, plan_for
+from kernels.measure.steady import WINDOW_MS, CudaWindows, measure_duel, plan_for
 from kernels.measure.timing import QUICK_SCREEN, TUNE_CUTOFF, measure_interleaved
 from kernels.tune.autotune import tune
 
@@ -57,9 +58,7 @@ def prelude(kind: str, calls: dict, ranked: list[str], n_sets: int, aten: str) -
 
 def duel_row(calls: dict, n_sets: int, est: dict, aten: str, top: str, window_ms: float | None = None,
              rounds: int = 3) -> dict:
-    plan = plan_for("cuda")
-    plan = type(plan)(heat_ms=0.0, window_ms=window_ms or plan.window_ms, rounds=rounds,
-                      settle_fraction=plan.settle_fraction)
+    plan = replace(plan_for("cuda"), window_ms=window_ms or WINDOW_MS, rounds=rounds)
     clock = sm_clock_mhz()
     res = measure_duel(CudaWindows({aten: calls[aten], top: calls[top]}, n_sets), est, aten, top, plan)
     b, c = res.timings[aten].windows_ms, res.timings[top].windows_ms

@@ -21,9 +21,6 @@ twenty-sixth session).
 from __future__ import annotations
 
 import argparse
-import collections
-import csv
-import gzip
 from pathlib import Path
 
 from backends import get_backend
@@ -31,27 +28,24 @@ from kernels.core.problem import GemmProblem
 from kernels.measure.steady import STEADY_MIN_MS
 from kernels.space import perf_learned
 from kernels.space.ranking import top_k
+from tools.perf_model.data import problem_of as problem_identity
+from tools.perf_model.data import read_dataset
 
 
-def problems(path: Path) -> dict[tuple, dict[str, float]]:
-    """(op, dtype, m, n, k, stride_a, stride_b) -> choice name -> measured ms."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    found: dict[tuple, dict[str, float]] = collections.defaultdict(dict)
-    with opener(path, "rt") as f:
-        for row in csv.DictReader(f):
-            if row["status"] == "ok":
-                key = (row["op"], row["dtype"], int(row["m"]), int(row["n"]), int(row["k"]),
-                       tuple(int(x) for x in row["stride_a"].split(":")),
-                       tuple(int(x) for x in row["stride_b"].split(":")))
-                found[key][row["name"]] = float(row["ms"])
+def measured_problems(paths: list[Path]) -> dict[tuple, tuple[str, GemmProblem, dict[str, float]]]:
+    """One entry per problem of the files (tools.perf_model.data's identity): the file that timed the most of it,
+    its problem, and choice name -> measured ms."""
+    found: dict[tuple, tuple[str, GemmProblem, dict[str, float]]] = {}
+    for path in paths:
+        rows, _ = read_dataset([path])
+        here: dict[tuple, tuple[GemmProblem, dict[str, float]]] = {}
+        for row in rows:
+            if row.ms is not None:
+                here.setdefault(problem_identity(row), (row.problem, {}))[1][row.choice.name] = row.ms
+        for key, (problem, measured) in here.items():
+            if key not in found or len(measured) > len(found[key][2]):
+                found[key] = (path.name, problem, measured)
     return found
-
-
-def problem_of(key: tuple, device_name: str, arch: int) -> GemmProblem:
-    op, dtype, m, n, k, stride_a, stride_b = key
-    return GemmProblem(op=op, m=m, n=n, k=k, dtype=dtype, out_dtype="int32" if op == "int_mm" else dtype,
-                       stride_a=stride_a, stride_b=stride_b, align_a=16, align_b=16, device="cuda", arch=arch,
-                       device_name=device_name)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,17 +59,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{args.model}: {why}")
     ks = [int(k) for k in args.ks.split(",")]
     triton = get_backend("triton")
-    # one row per problem: the file that timed the most of it (a problem may sit in several files)
-    found: dict[tuple, tuple[str, dict[str, float]]] = {}
-    for path in args.data:
-        for key, measured in problems(path).items():
-            if key not in found or len(measured) > len(found[key][1]):
-                found[key] = (path.name, measured)
     worst: dict[int, float] = {k: 1.0 for k in ks}
     judged = {k: 0 for k in ks}
     count = 0
-    for key, (source, measured) in sorted(found.items()):
-        p = problem_of(key, model.meta.get("gpu", ""), 90)
+    for _, (source, p, measured) in sorted(measured_problems(args.data).items()):
         default = triton.choices(p, "default")[0]
         if not default or not all(model.knows(c) for c in default):
             continue

@@ -45,13 +45,7 @@ def cuobjdump() -> str | None:
 
 
 def build_one(tmp_path: Path, p, template: str, cfg: CutlassConfig) -> ArtifactPaths:
-    c = Choice("cutlass", template, p.dtype, None, cfg.params())
-    spec = spec_for(p, c)
-    paths = ArtifactPaths(tmp_path / "artifact")
-    paths.root.mkdir(parents=True)
-    paths.source.write_text(render(spec))
-    run_ninja(str(TOOLS.nvcc), [BuildJob(paths.source, paths.binary, paths.log, spec.flags,
-                                         TOOLS.cutlass.include_dirs)], tmp_path / "batches", 2)
+    paths = build_batch(tmp_path, {0: spec_for(p, Choice("cutlass", template, p.dtype, None, cfg.params()))})[0]
     assert paths.binary.exists(), paths.log.read_text()[-3000:]
     assert not glob.glob(str(paths.root / "*.tmp")), "a temp binary was left behind"
     lib = ctypes.CDLL(str(paths.binary))
