@@ -1,7 +1,7 @@
 """The harnesses in experiments/ on CPU: exhaustive_reference's problem list parses and it refuses to run without a
 GPU (the full exhaustive tune it makes is GPU work; bench/gpu_check.sh exhaustive runs it), the side-by-side it shares
 with fast_preset times both launches, fast_preset's summary, and host_bound_diag's refusal without a GPU (fast_preset's
-side-by-side of two built kernels: tests/interp/test_fast_preset.py)."""
+side-by-side of two built kernels: tests/interp/test_fast_preset.py), and the candidates cluster_pingpong_sweep offers."""
 import argparse
 
 import pytest
@@ -126,3 +126,22 @@ def test_selection_stages_sets_the_first_pass_beside_the_duel():
     assert row["baseline_first_ms"] == 0.5 and row["timed"] == 3 and row["candidates"] == 3
     assert row["gap_before_s"] == 0.5 and row["stages"] == {"final_round": 0.6}
     assert "gap_before_s" not in summary(sel, previous_end=None)
+
+
+def test_cluster_pingpong_sweep_offers_each_config_once_with_its_cluster_and_swizzle():
+    """The sweep's candidates for an int8 problem with B column-major on sm90: every config of its list, named so
+    that the tag parses back to the same tile, cluster, schedule and swizzle."""
+    import dataclasses
+
+    from experiments.cluster_pingpong_sweep import CONFIGS, configs_for
+    from kernels.core.problem import GemmProblem
+    from kernels.space.heuristics_cutlass import CutlassConfig
+
+    a = torch.zeros(256, 512, dtype=torch.int8)
+    b = torch.zeros(1024, 512, dtype=torch.int8).t()
+    problem = dataclasses.replace(GemmProblem.from_tensors("int_mm", a, b), device="cuda", arch=90)
+    choices = configs_for(problem)
+    assert len({c.name for c in choices}) == len(choices) == len(CONFIGS)
+    parsed = [CutlassConfig.from_params(c.params) for c in choices]
+    assert [(p.tile_m, p.tile_n, p.cluster_m, p.cluster_n, p.schedule, p.swizzle) for p in parsed] == CONFIGS
+    assert all(p.tile_k == 128 for p in parsed)       # 128 bytes of K per stage for 8-bit operands
