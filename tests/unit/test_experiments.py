@@ -1,7 +1,8 @@
 """The harnesses in experiments/ on CPU: exhaustive_reference's problem list parses and it refuses to run without a
 GPU (the full exhaustive tune it makes is GPU work; bench/gpu_check.sh exhaustive runs it), the side-by-side it shares
-with fast_preset times both launches, fast_preset's summary, and host_bound_diag's refusal without a GPU (fast_preset's
-side-by-side of two built kernels: tests/interp/test_fast_preset.py), and the candidates cluster_pingpong_sweep offers."""
+with fast_preset times both launches, fast_preset's summary, host_bound_diag's refusal without a GPU (fast_preset's
+side-by-side of two built kernels: tests/interp/test_fast_preset.py), and the candidates cluster_pingpong_sweep
+offers."""
 import argparse
 
 import pytest
