@@ -56,6 +56,11 @@ class TritonKernelSpec:
 
 def make_spec(template_file: str, kernel_name: str, args: list[Arg], num_warps: int, num_stages: int,
               **render_vars) -> TritonKernelSpec:
+    """The kernel's spec. Its name, the choice's name, is rendered into Python source as the kernel's: anything but
+    a plain identifier is refused, whatever a choice read from a file held (the other values come from the problem
+    and the config, checked where they are made)."""
+    if not (kernel_name.isascii() and kernel_name.isidentifier()):
+        raise ValueError(f"kernel name {kernel_name!r} is not a plain identifier")
     return TritonKernelSpec(template_file, kernel_name, tuple(args), num_warps, num_stages,
                             tuple(sorted(render_vars.items())))
 

@@ -82,7 +82,8 @@ class Selection:
             mark = "*" if name == self.winner else " "
             d = self.details.get(name, {}) if rounds else {}
             extra = "".join(f"  {key} {d[key] * 1e3:.2f}" for key in ROUND_KEYS if key in d)
-            lines.append(f" {mark} {name:<52} {t * 1e3:10.2f} us  {100 * best / t:6.1f}%{extra}")
+            share = f"{100 * best / t:6.1f}%" if t > 0 else "     -"     # a selection made in code may hold a 0
+            lines.append(f" {mark} {name:<52} {t * 1e3:10.2f} us  {share}{extra}")
         for name, why in self.failures().items():
             lines.append(f"   {name:<52} {why[:160]}")
         lines.extend(f"   note: {n}" for n in self.notes)

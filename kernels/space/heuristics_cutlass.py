@@ -40,8 +40,8 @@ ASSUMED_SMS = 132                    # H100/H200 SXM; only used to rank, never t
 # every GemmProblem.epilogue but the plain one: "bias", "relu", "bias+relu", ...
 EPILOGUES = tuple(e for bias in ("", "bias") for act in ("", *ACTIVATIONS)
                   if (e := "+".join(part for part in (bias, act) if part)))
-_TAG_RE = re.compile(r"^(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(coop|pingpong|s\d+w\d+x\d+)(_sk)?(_swap)?_a(\d+)c(\d+)_sw(\d+)"
-                     r"(?:_(" + "|".join(re.escape(e) for e in EPILOGUES) + r"))?$")
+_TAG_RE = re.compile(r"(\d+)x(\d+)x(\d+)_c(\d+)x(\d+)_(coop|pingpong|s\d+w\d+x\d+)(_sk)?(_swap)?_a(\d+)c(\d+)_sw(\d+)"
+                     r"(?:_(" + "|".join(re.escape(e) for e in EPILOGUES) + r"))?")
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class CutlassConfig:
 
     @classmethod
     def from_tag(cls, tag: str) -> "CutlassConfig":
-        m = _TAG_RE.match(tag)
+        m = _TAG_RE.fullmatch(tag)      # the whole tag: a "$" would let a trailing newline through
         if m is None:
             raise ValueError(f"not a CUTLASS config tag: {tag!r}")
         tm, tn, tk, cm, cn, sched, sk, swap, al, alc, sw, epilogue = m.groups()

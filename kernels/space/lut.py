@@ -27,6 +27,7 @@ from kernels.core.config import config
 from kernels.core.fsutil import atomic_write_text, read_json
 from kernels.core.problem import OPS, GemmProblem
 from kernels.core.selection import Selection
+from kernels.space.choice_rules import config_problem, param_problem
 from kernels.space.families import TEMPLATE_OPS
 
 SCHEMA = "kernels-lut"
@@ -36,7 +37,6 @@ LAYOUTS = ("nn", "nt", "tn", "tt")
 PRECISIONS = ("", "ieee", "tf32")
 _ENTRY_FIELDS = {"gpu", "op", "dtype", "shape", "layout", "precision", "mode", "choices"}
 _TOP_FIELDS = {"schema", "version", "meta", "entries"}
-_CONFIG_FIELDS = tuple(GemmConfig.__dataclass_fields__)
 
 
 class LutWarning(UserWarning):
@@ -201,25 +201,22 @@ def _parse_choice(raw, op: str, where: str, bad: _Problems) -> ChoiceRef | None:
         return None
     cfg = None
     if raw.get("config") is not None:
-        c = raw["config"]
-        if not isinstance(c, dict) or set(c) - set(_CONFIG_FIELDS) or not all(_is_int(v) and v > 0 for v in c.values()):
-            bad.warn(where, f"choice {raw!r}: config must map {', '.join(_CONFIG_FIELDS)} to positive integers; "
-                            "skipped")
+        why = config_problem(raw["config"])
+        if why:
+            bad.warn(where, f"choice {raw!r}: {why}; skipped")
             return None
-        missing = [f for f in _CONFIG_FIELDS if f != "group_m" and f not in c]
-        if missing:
-            bad.warn(where, f"choice {raw!r}: config lacks {missing}; skipped")
-            return None
-        cfg = GemmConfig(**c)
+        cfg = GemmConfig(**raw["config"])
     params = raw.get("params", [])
     if isinstance(params, dict):
         params = [[k, v] for k, v in params.items()]
-    ok = isinstance(params, list) and all(
-        isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and
-        (isinstance(p[1], str) or _is_int(p[1]) or isinstance(p[1], bool)) for p in params)
-    if not ok:
-        bad.warn(where, f"choice {raw!r}: params must be [[name, string-or-integer], ...]; skipped")
+    if not isinstance(params, list):
+        bad.warn(where, f"choice {raw!r}: params must be [[name, value], ...]; skipped")
         return None
+    for pair in params:
+        why = param_problem(pair)       # names and values are rendered into kernel source: only the known ones
+        if why:
+            bad.warn(where, f"choice {raw!r}: {why}; skipped")
+            return None
     if cfg is None and not params:
         return ChoiceRef(name=template)      # a template without configuration (aten_mm) is its own name
     return ChoiceRef(template=template, config=cfg, params=tuple((k, v) for k, v in params))

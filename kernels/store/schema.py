@@ -8,21 +8,13 @@ import math
 from kernels.core.choice import Choice, GemmConfig
 from kernels.core.problem import ACTIVATIONS, DTYPES_BY_NAME, OPS, SCALINGS
 from kernels.core.selection import SCHEMA_VERSION
+from kernels.space.choice_rules import config_problem, param_problem
 from kernels.space.families import BY_NAME
-from kernels.space.heuristics_cutlass import CutlassConfig
 
 DIMS = ("m", "n", "k")
 PRECISIONS = ("", "ieee", "tf32")
 ALIGNMENTS = (1, 2, 4, 8, 16)
 MAX_DIM = 1 << 31
-# the parameters templates put in Choice.params, with the values they may take
-PARAMS = {
-    "split": lambda v: _int(v) and 1 <= v <= 4096,                 # split_k / decompose_k
-    "sub": lambda v: _int(v) and v in (0, 1),                      # TMA epilogue subtiling
-    "": lambda v: isinstance(v, str) and _cutlass_tag(v),          # CUTLASS config tag
-}
-CONFIG_RANGES = {"block_m": (1, 1024), "block_n": (1, 1024), "block_k": (1, 1024), "num_stages": (1, 16),
-                 "num_warps": (1, 32), "group_m": (1, 1024)}
 
 
 def _int(v) -> bool:
@@ -31,14 +23,6 @@ def _int(v) -> bool:
 
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-
-
-def _cutlass_tag(text: str) -> bool:
-    try:
-        CutlassConfig.from_tag(text)
-        return True
-    except (ValueError, TypeError):
-        return False
 
 
 def _problem(p) -> str | None:
@@ -90,18 +74,15 @@ def _choice(name, c) -> str | None:
     if not isinstance(c.get("dtype"), str) or c["dtype"] not in DTYPES_BY_NAME:
         return f"choice {name!r}: dtype {c.get('dtype')!r}"
     cfg = c.get("config")
-    if cfg is not None:
-        if not (isinstance(cfg, dict) and set(cfg) <= set(CONFIG_RANGES) and
-                all(_int(cfg.get(k)) and lo <= cfg[k] <= hi for k, (lo, hi) in CONFIG_RANGES.items()
-                    if k in cfg or k != "group_m")):
-            return f"choice {name!r}: config out of range"
+    if cfg is not None and config_problem(cfg):
+        return f"choice {name!r}: {config_problem(cfg)}"
     params = c.get("params", [])
     if not isinstance(params, list):
         return f"choice {name!r}: params malformed"
     for pair in params:
-        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and pair[0] in PARAMS
-                and PARAMS[pair[0]](pair[1])):
-            return f"choice {name!r}: parameter {pair!r} unknown or out of range"
+        why = param_problem(pair) if isinstance(pair, list) else f"parameter {pair!r} malformed"
+        if why:
+            return f"choice {name!r}: {why}"
     if set(c) - {"backend", "template", "dtype", "config", "params"}:
         return f"choice {name!r}: unknown fields"
     built = Choice(c["backend"], c["template"], c["dtype"], GemmConfig.from_dict(cfg) if cfg else None,
@@ -135,7 +116,8 @@ def _problems(data) -> str | None:
     if not isinstance(data.get("winner"), str) or data["winner"] not in choices:
         return "the winner is not among the choices"
     timings = data.get("timings")
-    if not (isinstance(timings, dict) and all(isinstance(t, str) or _number(t) for t in timings.values())):
+    # a time is a measured call: never 0 (the table divides by it)
+    if not (isinstance(timings, dict) and all(isinstance(t, str) or (_number(t) and t > 0) for t in timings.values())):
         return "timings malformed"
     if not isinstance(timings.get(data["winner"]), (int, float)):
         return "the winner has no time"

@@ -46,3 +46,14 @@ def test_precision_and_int8_dot():
     spec8, src8 = _render(problem(dtype="int8", op="int_mm"))
     assert "out_dtype=tl.int32" in src8 and "tl.int32" in src8
     assert spec8.signature["c_ptr"] == "*i32" and spec8.signature["a_ptr"] == "*i8"
+
+
+def test_a_choice_whose_name_is_not_an_identifier_never_renders():
+    """A choice's name becomes the kernel's name in the source: one spelled from a parameter that is not what a
+    template takes (a hand-written selection or table) is refused before anything is rendered."""
+    import pytest
+
+    cfg = GemmConfig(64, 64, 32, 3, 4)
+    evil = Choice("triton", "triton_mm", "fp16", cfg, (("x", "(a):pass\nimport os\ndef z"),))
+    with pytest.raises(ValueError, match="not a plain identifier"):
+        family(evil.template).specs(problem(dtype="fp16"), evil)

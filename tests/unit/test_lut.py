@@ -26,8 +26,9 @@ def problem(m=64, n=32, k=128, dtype="bf16", op="mm", gpu="NVIDIA H100 80GB HBM3
 pos = st.integers(min_value=1, max_value=1 << 20)
 configs = st.builds(GemmConfig, *(st.sampled_from([16, 32, 64, 128, 256]) for _ in range(3)),
                     st.integers(1, 6), st.sampled_from([2, 4, 8]), st.integers(1, 16))
-param_values = st.one_of(st.integers(0, 64), st.booleans(), st.text("abcxyz_", min_size=1, max_size=6))
-params = st.lists(st.tuples(st.text("abcxyz_", min_size=1, max_size=6), param_values), max_size=2).map(tuple)
+# the parameters templates take (kernels.space.choice_rules): anything else is refused
+params = st.one_of(st.just(()), st.tuples(st.tuples(st.just("split"), st.integers(1, 4096))),
+                   st.tuples(st.tuples(st.just("sub"), st.integers(0, 1))))
 
 
 @st.composite
@@ -93,6 +94,7 @@ def test_parser_never_raises_and_what_it_keeps_round_trips(case):
 
 
 # -- hand-written bad files ---------------------------------------------------------------------------------------
+CFG = {"block_m": 64, "block_n": 32, "block_k": 64, "num_stages": 3, "num_warps": 4}
 GOOD = {"gpu": "*", "op": "mm", "dtype": "bf16", "shape": [64, 32, 128], "mode": "add",
         "choices": ["triton_mm_bf16_64x32x64_s3_w4_g8"]}
 
@@ -137,8 +139,17 @@ def test_missing_file_is_a_warning_not_an_error(tmp_path):
     ({"layout": "xx"}, "layout must be one of"),
     ({"choices": ["nonsense_kernel"]}, "does not start with a known template"),
     ({"choices": [{"template": "no_such_template", "config": {}}]}, "unknown template 'no_such_template'"),
-    ({"choices": [{"template": "triton_mm", "config": {"block_m": 64, "blok_n": 2}}]}, "config must map"),
-    ({"choices": [{"template": "triton_mm", "config": {"block_m": 64}}]}, "config lacks"),
+    ({"choices": [{"template": "triton_mm", "config": {"block_m": 64, "blok_n": 2}}]}, "config fields must be among"),
+    ({"choices": [{"template": "triton_mm", "config": {"block_m": 64}}]}, "config block_n = None"),
+    ({"choices": [{"template": "triton_mm", "config": dict(CFG, num_warps=64)}]}, "config num_warps = 64"),
+    # names and values are rendered into kernel source: only the parameters templates take, in their ranges
+    ({"choices": [{"template": "triton_mm", "config": CFG, "params": [["x", "(a):pass\nimport os\ndef z"]]}]},
+     "parameter 'x' unknown"),
+    ({"choices": [{"template": "split_k", "config": CFG, "params": [["split", "4; import os"]]}]},
+     "parameter 'split' value '4; import os' out of range"),
+    ({"choices": [{"template": "split_k", "config": CFG, "params": [["split", True]]}]},
+     "parameter 'split' value True out of range"),
+    ({"choices": [{"template": "split_k", "config": CFG, "params": {"split": 0}}]}, "out of range"),
     ({"choices": [{"template": "triton_int8_mm"}]}, "does not implement mm"),
     ({"choices": [{"template": "triton_mm", "cfg": {}}]}, "unknown field(s) ['cfg']"),
 ])

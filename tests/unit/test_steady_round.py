@@ -385,3 +385,16 @@ def test_the_production_plan_is_one_round_of_long_windows_and_a_lead_must_clear_
         got = fr.pick_winner(dict(first_pass), names, {n: n for n in names}, 1, "cuda", {n: {} for n in names}, [],
                              windows=lambda fns, chip=chip: chip)[0]
         assert (got, len(chip.windows)) == (winner, windows), (ratio, jitter)
+
+
+def test_a_stored_time_of_zero_is_refused_and_a_table_in_memory_still_prints():
+    """A time is a measured call, never 0: the schema refuses one (the file is re-tuned); a Selection made in code
+    with a 0 prints its table without dividing by it."""
+    sel = Selection(problem=problem(), winner=ATEN.name, choices={ATEN.name: ATEN, TMA.name: TMA},
+                    timings={ATEN.name: 0.5, TMA.name: 0.6}, regime="steady")
+    data = json.loads(json.dumps(sel.to_dict()))
+    assert selection_problems(data) is None
+    data["timings"][TMA.name] = 0
+    assert selection_problems(data) == "timings malformed"
+    sel.timings[TMA.name] = 0.0
+    assert TMA.name in sel.table()
