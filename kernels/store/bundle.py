@@ -57,6 +57,10 @@ FORMAT = "kernels-bundle"
 VERSION = 1
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20
+# read into memory before their hashes are checked: a built kernel is MiBs (a CUTLASS binary ~5-20), a bundle of every
+# winner of a cache well under a GiB
+MAX_MEMBER_BYTES = 256 << 20
+MAX_TOTAL_BYTES = 2 << 30
 # the member names a bundle may hold: where each sits in a cache (never absolute, never "..": no component starts
 # with a dot)
 MEMBER = re.compile(r"selections/[0-9a-f]{32}\.json"
@@ -214,7 +218,7 @@ def read_bundle(path: Path) -> Bundle:
 
 
 def _read_members(tar: tarfile.TarFile, path: Path) -> tuple[dict, dict[str, bytes]]:
-    manifest, members = None, {}
+    manifest, members, total = None, {}, 0
     for info in tar:
         name = info.name
         if not info.isreg():
@@ -235,6 +239,9 @@ def _read_members(tar: tarfile.TarFile, path: Path) -> tuple[dict, dict[str, byt
             raise BundleError(f"{path}: member {name!r} is not in the manifest; nothing imported")
         if name in members:
             raise BundleError(f"{path}: member {name!r} appears twice; nothing imported")
+        if info.size > MAX_MEMBER_BYTES or total + info.size > MAX_TOTAL_BYTES:
+            raise BundleError(f"{path}: member {name!r} ({info.size} bytes) takes the bundle over its limits "
+                              f"({MAX_MEMBER_BYTES} bytes a member, {MAX_TOTAL_BYTES} in all); nothing imported")
         if info.size != expected["size"]:
             raise BundleError(f"{path}: member {name!r} is {info.size} bytes, the manifest says {expected['size']}; "
                               "nothing imported")
@@ -243,6 +250,7 @@ def _read_members(tar: tarfile.TarFile, path: Path) -> tuple[dict, dict[str, byt
             raise BundleError(f"{path}: member {name!r} does not match its sha256 in the manifest (changed after "
                               "export); nothing imported")
         members[name] = data
+        total += len(data)
     if manifest is None:
         raise BundleError(f"{path} is empty: no {MANIFEST}")
     return manifest, members
@@ -259,8 +267,8 @@ def _manifest(path: Path, raw: bytes) -> dict:
     """The manifest, its shape checked: what the rest of the import reads from it is what it says it is."""
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BundleError(f"{path}: the manifest is not JSON ({e})") from e
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:      # deep nesting too
+        raise BundleError(f"{path}: the manifest is not JSON ({type(e).__name__}: {e})") from e
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BundleError(f"{path}: not a kernels bundle (manifest format {_get(data, 'format')!r}, expected "
                           f"{FORMAT!r})")

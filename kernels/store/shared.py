@@ -41,9 +41,14 @@ SOCKET_TIMEOUT_S = 5.0
 RETRY_S = 30.0                  # after a failure the store is skipped this long, then tried again
 POLL_S = 0.2                    # how often a waiting machine looks for the tuner's entry
 
-# publish unless the stored entry is at least as new: a slow machine must not replace a later tune with its older one
+# publish unless the stored entry is at least as new: a slow machine must not replace a later tune with its older one.
+# An entry this process read and found bad (ARGV[3]: its sha1) is replaced whatever its "created" says, if it is still
+# the same bytes: else a bad entry claiming a far future would keep every machine from sharing that problem
 _PUBLISH_IF_NEWER = """
 local cur = redis.call('GET', KEYS[1])
+if cur and ARGV[3] ~= '' and redis.sha1hex(cur) == ARGV[3] then
+  cur = nil
+end
 if cur then
   local ok, old = pcall(cjson.decode, cur)
   if ok and type(old) == 'table' and type(old['created']) == 'number' and old['created'] >= tonumber(ARGV[2]) then
@@ -53,6 +58,11 @@ end
 redis.call('SET', KEYS[1], ARGV[1])
 return 1
 """
+
+
+def _sha1(raw) -> str:
+    """What redis.sha1hex gives for the stored value."""
+    return hashlib.sha1(raw if isinstance(raw, bytes) else str(raw).encode()).hexdigest()
 
 
 def _digest(key: str) -> str:
@@ -69,6 +79,7 @@ class SharedStore:
         self._client = None
         self._down_until = 0.0
         self._publish_script = None
+        self._bad: dict[str, str] = {}      # key -> sha1 of the bad entry `get` found there (publish replaces it)
 
     # -- the client and its failures -------------------------------------------------------------------------------
     def _redis(self):
@@ -115,12 +126,14 @@ class SharedStore:
                 raise ValueError(f"{len(raw)} bytes")
             data = json.loads(raw)
             if not isinstance(data, dict) or data.get("key") != key:
-                return None     # a digest collision or another tool's value: not ours, a miss
+                self._bad[key] = _sha1(raw)      # under our prefix, not our entry: a miss, and publish replaces it
+                return None
             why = problems(data.get("selection"))
             if why is None:
                 return Selection.from_dict(data["selection"], source="shared")
-        except (AttributeError, KeyError, TypeError, ValueError, UnicodeDecodeError) as e:
-            why = f"{type(e).__name__}: {e}"
+        except (AttributeError, KeyError, TypeError, ValueError, UnicodeDecodeError, RecursionError) as e:
+            why = f"{type(e).__name__}: {str(e)[:200]}"
+        self._bad[key] = _sha1(raw)
         warn_once(f"bad shared entry {key}", f"kernels: ignoring a bad entry in the shared store {self.shown} "
                   f"({why}); the problem is tuned here and the entry replaced", stacklevel=3)
         return None
@@ -133,10 +146,12 @@ class SharedStore:
         def put(r) -> bool:
             if self._publish_script is None:
                 self._publish_script = r.register_script(_PUBLISH_IF_NEWER)
-            return bool(self._publish_script(keys=[KEY_PREFIX + _digest(key)], args=[body, repr(selection.created)]))
+            return bool(self._publish_script(keys=[KEY_PREFIX + _digest(key)],
+                                             args=[body, repr(selection.created), self._bad.get(key, "")]))
 
         written = self._call("publish", put, default=False)
         if written:
+            self._bad.pop(key, None)
             _stats.bump("store_publishes")
         return written
 

@@ -283,6 +283,31 @@ def test_truncated_bundles_and_wrong_manifests_are_clear_errors(exported, tmp_pa
     assert stored() == {}
 
 
+def test_a_deeply_nested_manifest_and_oversized_members_are_clear_errors(exported, tmp_path, monkeypatch):
+    """Read into memory before anything is checked: a manifest nested past the parser's recursion and members over
+    the size limits are refused as BundleErrors, not tracebacks or gigabytes read."""
+    path, _ = exported
+    manifest, members = read_tar(path)
+    cut = tmp_path / "cut.tar.gz"
+    with gzip.open(cut, "wb") as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+        deep = b"[" * 100000 + b"]" * 100000
+        info = tarfile.TarInfo("manifest.json")
+        info.size = len(deep)
+        tar.addfile(info, io.BytesIO(deep))
+    with pytest.raises(BundleError, match="the manifest is not JSON .RecursionError"):
+        bundle.import_bundle(cut)
+    biggest = max(len(d) for d in members.values())
+    monkeypatch.setattr(bundle, "MAX_MEMBER_BYTES", biggest - 1)
+    write_tar(cut, manifest, members)
+    with pytest.raises(BundleError, match="over its limits"):
+        bundle.import_bundle(cut)
+    monkeypatch.setattr(bundle, "MAX_MEMBER_BYTES", biggest)
+    monkeypatch.setattr(bundle, "MAX_TOTAL_BYTES", sum(len(d) for d in members.values()) - 1)
+    with pytest.raises(BundleError, match="over its limits"):
+        bundle.import_bundle(cut)
+    assert stored() == {}
+
+
 def test_export_replaces_a_link_at_the_destination_and_never_writes_through_it(tmp_path, monkeypatch):
     use_cache(monkeypatch, tmp_path / "a")
     store(cpu_problem())

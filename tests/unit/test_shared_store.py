@@ -55,8 +55,13 @@ def test_an_older_tune_never_replaces_a_newer_one(redis_server):
 
 @pytest.mark.parametrize("value", [b"not json", b'{"key": "%s", "selection": {"winner": 3}}',
                                    b'{"key": "another key", "selection": {}}', b"[1, 2]",
-                                   b'{"key": "%s", "pad": "' + b"x" * (shared.MAX_ENTRY_BYTES + 1) + b'"}'],
-                         ids=["not-json", "schema", "other-key", "not-object", "oversize"])
+                                   b'{"key": "%s", "pad": "' + b"x" * (shared.MAX_ENTRY_BYTES + 1) + b'"}',
+                                   # a bad entry dated in the far future: publish must not take its date for a tune's
+                                   b'{"key": "%s", "created": 1e308, "selection": {"winner": 3}}',
+                                   b'{"key": "another key", "created": 1e308}',
+                                   b"[" * 100000 + b"]" * 100000],
+                         ids=["not-json", "schema", "other-key", "not-object", "oversize", "future-bad",
+                              "future-other-key", "deep"])
 def test_bad_values_in_the_store_are_misses(redis_server, value):
     client = redis_server.client()
     client.set(raw_key(), value.replace(b"%s", KEY.replace('"', '\\"').encode()) if b"%s" in value else value)
