@@ -19,6 +19,8 @@ import contextlib
 import hashlib
 import linecache
 import os
+import shutil
+import stat
 import types
 import warnings
 from pathlib import Path
@@ -53,21 +55,33 @@ def expected_digest(path: Path) -> str:
     return tail
 
 
+MAX_MODULE_BYTES = 16 << 20     # a rendered kernel is KiBs
+
+
 def _read(path: Path) -> bytes | None:
-    """The file's bytes (a symlink in its place is not followed), or None when it is not there."""
+    """The file's bytes, or None when it is not there. Anything but a plain file of at most MAX_MODULE_BYTES in its
+    place (a symlink, a FIFO -- opened without blocking --, a device, a directory) is GeneratedModuleMismatch."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as e:    # ELOOP: a symlink where the module should be: not ours
         raise GeneratedModuleMismatch(f"{path}: cannot be read as a plain file ({e})") from e
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MODULE_BYTES:
+        os.close(fd)
+        raise GeneratedModuleMismatch(f"{path}: not a plain file of at most {MAX_MODULE_BYTES} bytes")
     with os.fdopen(fd, "rb") as f:
-        return f.read()
+        return f.read(MAX_MODULE_BYTES + 1)
 
 
 def _remove(path: Path) -> None:
+    """Whatever is at `path`: a file or link, or a directory planted where a module belongs."""
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
 
 
 def _reject(path: Path, why: str, rerendered: bool) -> None:

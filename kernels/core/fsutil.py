@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -71,18 +72,50 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 def write_if_different(path: Path, text: str) -> bool:
     """Write only when content changed, so mtimes (and tools keyed on them) stay stable. True if written."""
     try:
-        if path.read_text() == text:
+        if read_regular(path, MAX_JSON_BYTES).decode() == text:
             return False
-    except (FileNotFoundError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError):      # missing, or not a plain file of ours: replaced
         pass
     atomic_write_text(path, text)
     return True
 
 
-def read_json(path: Path) -> dict | None:
-    """The parsed object, or None when missing, unreadable or not a JSON object (a corrupt entry is a miss)."""
+# the JSON files kept or read here (selections, markers, records, lookup tables) are KiBs to MiBs
+MAX_JSON_BYTES = 64 << 20
+
+
+def read_regular(path: Path, limit: int, follow: bool = True) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes. Anything else in its place -- a FIFO (opened without
+    blocking, then refused), a device such as /dev/zero, a directory, a larger file -- raises OSError, as a missing
+    file does: a reader never hangs on it nor reads it whole. A symlink is followed (a user's table may be one) unless
+    `follow` is off (then it raises OSError: ELOOP)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
     try:
-        data = json.loads(path.read_text())
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"{st.st_size} bytes, over {limit}", str(path))
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise OSError(errno.EFBIG, f"grew over {limit} bytes while read", str(path))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path) -> dict | None:
+    """The parsed object, or None when missing, unreadable, not a regular file of at most MAX_JSON_BYTES, or not a
+    JSON object (a corrupt entry is a miss)."""
+    try:
+        data = json.loads(read_regular(path, MAX_JSON_BYTES))
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):     # deep nesting: a miss too
         return None
     return data if isinstance(data, dict) else None

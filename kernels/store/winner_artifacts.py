@@ -43,6 +43,7 @@ from kernels.core.fsutil import (
     file_lock,
     marker_valid,
     read_json,
+    read_regular,
 )
 from kernels.core.problem import GemmProblem
 from kernels.space.families import backend_of
@@ -53,6 +54,7 @@ KEY = re.compile(r"[0-9a-f]{32}")
 CACHE_GROUP = re.compile(r"[A-Za-z0-9_-]{1,128}")
 GROUP_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 GROUP_INDEX = "__grp__"          # Triton's index of a folder: {"child_paths": {name: absolute path}}
+MAX_ARTIFACT_BYTES = 1 << 30     # a built kernel is MiBs; a bundle takes none over 256 MiB (kernels.store.bundle)
 
 
 class ArtifactError(ValueError):
@@ -107,12 +109,8 @@ def _triton_needs(problem: GemmProblem, choice: Choice) -> list[Need]:
 
 # -- reading (export, verify) -------------------------------------------------------------------------------------
 def read_plain(path: Path) -> bytes:
-    """A regular file's bytes, never through a link (OSError otherwise)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        return f.read()
+    """A regular file's bytes, never through a link, never a FIFO's or a device's (OSError otherwise)."""
+    return read_regular(path, MAX_ARTIFACT_BYTES, follow=False)
 
 
 def sha256(data: bytes) -> str:

@@ -257,3 +257,44 @@ def test_no_background_fastpath_build_into_a_temporary_cache(tmp_path, monkeypat
         state = fastpath.Fastpath()
         state.try_load(lambda module: None)
     assert state.module is None and "temporary cache" in state.why_not
+
+
+@pytest.mark.parametrize("plant", ["fifo", "device", "directory", "oversize", "deep"])
+def test_a_json_file_that_is_no_plain_small_file_is_a_miss_at_once(tmp_path, monkeypatch, plant):
+    """A FIFO (which would block an open for reading), a link to /dev/zero, a directory, a file past the size limit
+    or JSON nested past the parser's recursion where a selection, marker or record belongs: read_json returns None
+    without hanging or reading it whole."""
+    path = tmp_path / "entry.json"
+    if plant == "fifo":
+        os.mkfifo(path)
+    elif plant == "device":
+        path.symlink_to("/dev/zero")
+    elif plant == "directory":
+        path.mkdir()
+    elif plant == "oversize":
+        path.write_text(json.dumps({"pad": "x" * 100}))
+        monkeypatch.setattr(fsutil, "MAX_JSON_BYTES", 64)
+    else:
+        path.write_text("[" * 100000 + "]" * 100000)
+    assert fsutil.read_json(path) is None
+    path2 = tmp_path / "ok.json"
+    path2.write_text('{"a": 1}')
+    assert fsutil.read_json(path2) == {"a": 1}
+
+
+@pytest.mark.parametrize("plant", ["fifo", "directory"])
+def test_a_generated_module_planted_as_a_fifo_or_a_folder_is_replaced(tmp_path, plant):
+    """Where a rendered Triton module belongs, a FIFO or a directory is removed and the module written again (the
+    reader neither blocks on the FIFO nor fails every candidate on the directory)."""
+    from backends import triton_modules
+
+    source = "X = 1\n"
+    path = tmp_path / triton_modules.module_file_name("mm", source)
+    if plant == "fifo":
+        os.mkfifo(path)
+    else:
+        (path / "inner").mkdir(parents=True)
+    with pytest.warns(triton_modules.GeneratedModuleWarning):
+        triton_modules.publish(path, source, lambda p, text: fsutil.atomic_write_text(p, text))
+    assert path.read_text() == source
+    assert triton_modules.load(path, "m").X == 1
