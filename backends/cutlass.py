@@ -48,13 +48,21 @@ from backends.cutlass_render import (
     spec_for,
     symbol_suffix,
 )
-from kernels.core.cache_root import cache_root
+from kernels.core.cache_root import cache_root, refuse_foreign
 from kernels.core.choice import Choice, name_filter
 from kernels.core.config import config
 from kernels.core.counters import bump as bump_stat
 from kernels.core.detached import run_in_group
 from kernels.core.errors import BuildError, KernelsError
-from kernels.core.fsutil import atomic_write_text, file_lock, marker_claims, marker_valid, read_json, write_if_different
+from kernels.core.fsutil import (
+    atomic_write_text,
+    file_lock,
+    make_private_dirs,
+    marker_claims,
+    marker_valid,
+    read_json,
+    write_if_different,
+)
 from kernels.core.fsutil import publish_marker as fs_publish_marker
 from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
 from kernels.core.toolchain import Toolchain, toolchain
@@ -148,6 +156,7 @@ def load_library(path: Path, epilogue_operands: int = 0, suffix: str = "") -> Lo
     """The entry points of a built kernel; `epilogue_operands`: how many pointers its run takes between B and D
     (problem.epilogue_operands: the bias; scaled_mm's two scales, then the bias). `suffix`: the names' suffix when
     the binary was built in a batch (cutlass_render.symbol_suffix); its plain names are tried when it has none."""
+    refuse_foreign(path, "the CUTLASS kernel")        # a folder others can write: its marker vouches for nothing
     lib = ctypes.CDLL(str(path))
     ws_name, run_name = (name + suffix if suffix and hasattr(lib, name + suffix) else name for name in ENTRY_POINTS)
     ws = getattr(lib, ws_name)
@@ -260,7 +269,7 @@ def run_ninja(nvcc: str, jobs: list[BuildJob], batches_dir: Path, max_jobs: int,
     batch = batches_dir / hashlib.sha256(text.encode()).hexdigest()[:16]
     write_if_different(batch / "build.ninja", text)
     for job in jobs:
-        job.log.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(job.log.parent)
 
     def on_line(line: str) -> None:
         match = _NINJA_STATUS.match(line)

@@ -26,10 +26,10 @@ from backends.triton_templates import family, templates
 from backends.triton_worker import compile_job, load_cached, load_kernel
 from backends.worker_pool import WorkerPool, worker_env
 from kernels.core import counters
-from kernels.core.cache_root import cache_root
+from kernels.core.cache_root import cache_root, refuse_foreign
 from kernels.core.choice import Choice
 from kernels.core.config import config, interpret_mode
-from kernels.core.fsutil import atomic_write_text, build_each_once, file_sha256, read_json
+from kernels.core.fsutil import atomic_write_text, build_each_once, file_sha256, make_private_dirs, read_json
 from kernels.core.problem import GemmProblem
 from kernels.space.families import TEMPLATE_OPS
 
@@ -239,6 +239,7 @@ class TritonBackend(Backend):
             device = torch.cuda.current_device()
             kernel = self._kernels.get((key, device))
             if kernel is None:
+                refuse_foreign(self.triton_cache_dir, "Triton's cache")     # where Triton loads binaries from
                 _triton_driver_ready()
                 with _triton_cache_at(self.triton_cache_dir):
                     # just compiled or not, through the record: triton.compile's cache hit would first hash Triton's
@@ -264,8 +265,11 @@ class TritonBackend(Backend):
         files = meta.get("files")
         if not _files_record_valid(files):
             return None         # read again since `_stored`: names must still stay inside the folder
+        folder = self.triton_cache_dir / meta["cache_group"]
+        for name in files:      # the kernel's binary and metadata, as on disk now: in a folder only this user writes
+            refuse_foreign(folder / name, "the Triton kernel file")
         try:
-            return load_cached(self._job(problem, spec, module_path), str(self.triton_cache_dir / meta["cache_group"]),
+            return load_cached(self._job(problem, spec, module_path), str(folder),
                                list(files), meta["triton_hash"])
         except Exception:  # noqa: BLE001 - another Triton's CompiledKernel: the regular path loads it
             return None
@@ -274,6 +278,7 @@ class TritonBackend(Backend):
         key = (str(self.triton_cache_dir), config.max_jobs)
         if self._pool is None or self._pool_key != key:
             self.close()
+            make_private_dirs(self.triton_cache_dir)       # before the workers' Triton makes it under their umask
             env = worker_env({"TRITON_CACHE_DIR": str(self.triton_cache_dir), "CUDA_VISIBLE_DEVICES": ""},
                              drop=("TRITON_INTERPRET",))
             self._pool = WorkerPool("backends.triton_worker", env, config.max_jobs)
@@ -319,9 +324,11 @@ def _triton_driver_ready() -> None:
 
 @contextlib.contextmanager
 def _triton_cache_at(path: Path):
-    """Point Triton's cache at ours for one compile call, leaving the user's setting as it was."""
+    """Point Triton's cache at ours for one compile call, leaving the user's setting as it was. The folder is made
+    0700 first: Triton's own folders below it follow the umask (kernels.core.cache_root.foreign_writer)."""
     import triton
 
+    make_private_dirs(path)
     knobs = getattr(triton, "knobs", None)
     if knobs is None:   # older triton: the environment variable is read at call time
         old = os.environ.get("TRITON_CACHE_DIR")

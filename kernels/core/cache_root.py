@@ -73,6 +73,50 @@ def cache_root() -> Path:
         return root
 
 
+class ForeignWriterError(OSError):
+    """Code in the cache sits where another user could have put it: it is not loaded."""
+
+
+def foreign_writer(path: Path) -> str | None:
+    """Why code at `path` in this process's cache could have been put there by someone else, or None. Walking down
+    from the root (which passed its own check): a folder of this user's that others cannot enter (no x for group and
+    others: new ones are 0700) closes everything below it, whatever the modes there (a tool's umask); before that,
+    each folder and `path` itself must be no link, this user's and writable by no group or other -- a binary's marker
+    is written beside it, so whoever can write its folder can swap both."""
+    root = cache_root()
+    try:
+        parts = Path(path).relative_to(root).parts
+    except ValueError:
+        return f"{path} is outside the cache directory {root}"
+    here = root
+    for part in ("", *parts):
+        here = here / part if part else here
+        try:
+            st = _lstat(here)
+        except FileNotFoundError:
+            return None                     # nothing there to load
+        except OSError as e:
+            return f"{here} cannot be checked ({e.strerror or e})"
+        if stat.S_ISLNK(st.st_mode):
+            return f"{here} is a symbolic link"
+        if st.st_uid != _uid():
+            return f"{here} is owned by uid {st.st_uid}, not by this user (uid {_uid()})"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"{here} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+        if stat.S_ISDIR(st.st_mode) and not st.st_mode & (stat.S_IXGRP | stat.S_IXOTH):
+            return None                     # no one else gets past this folder
+    return None
+
+
+def refuse_foreign(path: Path, what: str) -> None:
+    """Raise ForeignWriterError (after one warning per folder) when `foreign_writer(path)` says why not to load it."""
+    why = foreign_writer(path)
+    if why is not None:
+        warn_once(f"foreign {Path(path).parent}", f"kernels: not loading {what} {path}: {why}; it is treated as "
+                  "missing (fix the permissions, or remove the folder, to build it again)", stacklevel=3)
+        raise ForeignWriterError(f"{what} {path} not loaded: {why}")
+
+
 _warned: set[str] = set()
 
 

@@ -38,7 +38,7 @@ import torch
 from torch.utils import cpp_extension
 
 from kernels.core import detached
-from kernels.core.cache_root import cache_root, is_private_fallback
+from kernels.core.cache_root import cache_root, is_private_fallback, refuse_foreign
 from kernels.core.config import config, tool_variable
 from kernels.core.fsutil import file_lock, make_private_dirs
 from kernels.native.fastpath_build import MODULE_NAME, OUTPUT, BuildJob, BuildPaths, FastpathBuildError, published
@@ -154,6 +154,7 @@ def load_library(library: Path):
     pass only a library its marker vouched for (verified_library, published); the check and the dlopen are not one
     step, so what keeps anyone else from swapping the file in between is the cache directory's permissions."""
 
+    refuse_foreign(library, "the fastpath library")       # a folder others can write: its marker vouches for nothing
     loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, str(library))
     spec = importlib.util.spec_from_file_location(MODULE_NAME, str(library), loader=loader)
     module = importlib.util.module_from_spec(spec)

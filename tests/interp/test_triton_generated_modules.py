@@ -218,3 +218,19 @@ def test_a_kernel_whose_folder_changed_is_compiled_again_not_handed_back(isolate
                                       arch=90, files={})))
     backend._drop_changed_group(key, spec, 90)
     assert other.exists()
+
+
+def test_a_recorded_kernel_in_a_folder_others_can_write_is_not_loaded(isolated_cache, monkeypatch):
+    """Triton loads a kernel's cubin from its cache folder: below a root others may enter, a folder writable by group
+    or others holds files anyone could have swapped together with our record's view of them, so the kernel is not
+    loaded from it (a load failure: the candidate never wins)."""
+    from kernels.core.cache_root import CacheWarning, ForeignWriterError, forget
+
+    backend, problem, choice, spec, key = compiled_kernel(monkeypatch)
+    group, record = recorded_folder(backend, spec, key)
+    forget()
+    os.chmod(isolated_cache, 0o755)
+    os.chmod(group, 0o777)
+    with pytest.warns(CacheWarning, match="not loading the Triton kernel file"), \
+            pytest.raises(ForeignWriterError, match="writable by group or others"):
+        backend._from_store(problem, spec, backend.root / "src" / "module.py", key)

@@ -298,3 +298,35 @@ def test_a_generated_module_planted_as_a_fifo_or_a_folder_is_replaced(tmp_path, 
         triton_modules.publish(path, source, lambda p, text: fsutil.atomic_write_text(p, text))
     assert path.read_text() == source
     assert triton_modules.load(path, "m").X == 1
+
+
+def test_code_in_a_folder_others_can_write_or_reach_through_a_link_is_not_loaded(tmp_path, monkeypatch):
+    """A binary and its marker sit side by side, so whoever can write their folder can swap both: below a root others
+    may enter (0755), a folder writable by group or others, or a link, keeps anything in it from being loaded (one
+    warning); a folder of ours others cannot enter (0700, as new ones are made) closes everything below it."""
+    from backends import cutlass
+    from kernels.native import fastpath
+
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    monkeypatch.setenv("KERNELS_CACHE_DIR", str(root))
+    loose = root / "fastpath" / "tag"
+    loose.mkdir(parents=True)
+    os.chmod(root / "fastpath", 0o777)
+    library = loose / "_kernels_fastpath.so"
+    library.write_bytes(b"\x7fELF planted")
+    assert cache_root_mod.foreign_writer(library) is None         # the root is 0700: no one else gets in
+    os.chmod(root, 0o755)
+    assert "writable by group or others (mode 777)" in cache_root_mod.foreign_writer(library)
+    with pytest.warns(CacheWarning, match="not loading the fastpath library"), \
+            pytest.raises(cache_root_mod.ForeignWriterError):
+        fastpath.load_library(library)
+    with pytest.raises(cache_root_mod.ForeignWriterError, match="the CUTLASS kernel"):
+        cutlass.load_library(library)
+    os.chmod(root / "fastpath", 0o700)
+    assert cache_root_mod.foreign_writer(library) is None
+    os.chmod(root / "fastpath", 0o755)
+    (root / "linked").symlink_to(loose)
+    assert "is a symbolic link" in cache_root_mod.foreign_writer(root / "linked" / "_kernels_fastpath.so")
+    assert cache_root_mod.foreign_writer(root / "absent" / "x.so") is None     # nothing there to load
+    assert "outside the cache directory" in cache_root_mod.foreign_writer(tmp_path / "elsewhere.so")
