@@ -1,10 +1,11 @@
-"""What the bench commands share: argparse number types (positive, non-negative, positive integer), table cells,
-rich tables with a plain-text fallback, and reading a saved JSON-lines run back (`--table-from`)."""
+"""What the bench commands share: argparse types (positive, non-negative, positive integer, an output file), table
+cells, rich tables with a plain-text fallback, and reading a saved JSON-lines run back (`--table-from`)."""
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 
@@ -41,6 +42,19 @@ def positive(text: str) -> float:
 
 def non_negative(text: str) -> float:
     return _number(text, zero_ok=True)
+
+
+def output_file(text: str) -> str:
+    """A file an output flag will write at the end of a run, checked before the run spends any time: not a folder,
+    in a folder that exists and can be written."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file to write")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"{text!r}: its folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: its folder {folder} cannot be written")
+    return text
 
 
 def positive_int(text: str) -> int:

@@ -27,6 +27,7 @@ import torch
 
 import kernels
 from bench import measure as m
+from bench.cli_common import non_negative, output_file, positive
 from bench.columns import ColumnError, NameFilter, parse_columns, tuned_backends
 from bench.device import environment, measure_device
 from bench.progress import RunProgress
@@ -77,17 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an unexpected error on one shape becomes a cell instead of stopping the run")
     p.add_argument("--no-kernels-mm", action="store_true",
                    help="skip the kernels.mm vs torch.mm line (kernels.int_mm, kernels.scaled_mm for int8, fp8)")
-    p.add_argument("--json", metavar="PATH", help="write the whole report (environment, device, every cell) as JSON")
-    p.add_argument("--csv", metavar="PATH", help="write one row per shape and column as CSV")
-    p.add_argument("--plot", metavar="PNG",
+    p.add_argument("--json", metavar="PATH", type=output_file,
+                   help="write the whole report (environment, device, every cell) as JSON")
+    p.add_argument("--csv", metavar="PATH", type=output_file, help="write one row per shape and column as CSV")
+    p.add_argument("--plot", metavar="PNG", type=output_file,
                    help=f"write a bar chart (TFLOP/s per column; without a GPU, candidates verified); needs "
                         f"matplotlib: {PLOT_INSTALL}")
-    p.add_argument("--bench-ms", type=float, default=None,
+    p.add_argument("--bench-ms", type=positive, default=None,
                    help="tuning's measurement budget per candidate (KERNELS_BENCH_MS); each row's measurement "
                         "together afterwards follows the steady regime's own plan")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar and no notes on stderr (the bar is shown only when stderr is a terminal)")
-    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+    p.add_argument("--time-limit", type=non_negative, default=None, metavar="S",
                    help="start no new shape after S seconds; the rest are reported as skipped (JSON/CSV are "
                         "rewritten after every shape, so a killed run keeps what it measured)")
     return p

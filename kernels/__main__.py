@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp = lut.add_parser("export", help="write a lookup table from the selection store")
     exp.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
     exp.add_argument("--store", help="selection store directory (default: <cache dir>/selections)")
-    exp.add_argument("--top-k", type=int, default=3, help="fastest choices kept per problem (default 3)")
+    exp.add_argument("--top-k", type=_positive, default=3, help="fastest choices kept per problem (default 3)")
     exp.add_argument("--mode", choices=("add", "only"), default="add",
                      help="add: the table's choices join the usual candidates; only: they replace them (default add)")
     chk = lut.add_parser("check", help="validate a lookup table")
@@ -182,7 +182,11 @@ def _run(args, early: worker_launch.EarlyWorkers | None) -> int:
         if early is not None:
             early.close()
         raise
-    return commands.run(args, early)
+    try:
+        return commands.run(args, early)
+    except SettingError as e:       # a bad KERNELS_* setting met by any command: its message names the variable
+        print(f"python -m kernels {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 def _may_tune_on_gpus(args) -> bool:

@@ -131,11 +131,19 @@ def _backend_status(backend, problem) -> str:
 
 def _lut_export(args) -> int:
     root = Path(args.store) if args.store else cache_root() / "selections"
+    if args.store and not root.is_dir():
+        print(f"python -m kernels lut export: error: --store {args.store}: no such directory", file=sys.stderr)
+        return 2
     table = lut.export_from_store(root, args.top_k, args.mode)
     if args.output == "-":
         sys.stdout.write(lut.dumps(table))
     else:
-        lut.save(table, args.output)
+        try:
+            lut.save(table, args.output)
+        except OSError as e:
+            print(f"python -m kernels lut export: error: cannot write {args.output}: {e.strerror or e}",
+                  file=sys.stderr)
+            return 2
     print(f"{len(table.entries)} entries (top {args.top_k} per problem) from {root} -> {args.output}",
           file=sys.stderr)
     return 0

@@ -58,11 +58,18 @@ def parse_hints(value) -> tuple[tuple[str, tuple[int, ...]], ...] | tuple[int, .
             if not part.strip():
                 continue
             dim, _, rest = part.partition("=")
-            pairs[dim.strip().lower()] = _hint_list(s for s in rest.split(",") if s.strip())
+            dim = dim.strip().lower()
+            if dim in pairs:            # the second list would silently replace the first
+                raise ValueError(f"size hints for {dim!r} given twice; list them once ({dim}=16,32)")
+            pairs[dim] = _hint_list(s for s in rest.split(",") if s.strip())
     elif isinstance(value, str):
         return _hint_list(s for s in value.split(",") if s.strip())
     elif isinstance(value, tuple) and value and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)
                                                      for p in value):
+        dims = [k.strip().lower() for k, _ in value]
+        twice = sorted({d for d in dims if dims.count(d) > 1})
+        if twice:
+            raise ValueError(f"size hints for {twice} given twice; list each dimension once")
         pairs = {k.strip().lower(): _hint_list(v) for k, v in value}
     else:
         return _hint_list(value)

@@ -308,7 +308,10 @@ def validate_linear(x, weight, bias, activation) -> None:
             raise InputTypeError(f"kernels.linear: {name} must be a torch.Tensor, got {type(t).__name__}")
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise InputTypeError(f"kernels.linear: bias must be a torch.Tensor or None, got {type(bias).__name__}")
-    if activation is not None and (not isinstance(activation, str) or activation not in ACTIVATIONS):
+    if activation is not None and not isinstance(activation, str):
+        raise InputTypeError(f"kernels.linear: activation must be None or a string (one of {', '.join(ACTIVATIONS)}), "
+                             f"not {type(activation).__name__}")
+    if activation is not None and activation not in ACTIVATIONS:
         raise InputValueError(f"kernels.linear: unknown activation {activation!r}; expected None or one of "
                               f"{', '.join(repr(a) for a in ACTIVATIONS)}")
     if weight.dim() != 2:
@@ -617,6 +620,11 @@ def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None, *, b
     op="scaled_mm": as kernels.scaled_mm takes them, with scale_a, scale_b, bias and out_dtype."""
     if op == "scaled_mm":
         return _scaled.explain(a, b, scale_a, scale_b, bias, out_dtype)
+    if op != "linear" and (bias is not None or activation is not None):     # else silently the plain product's
+        raise InputValueError(f"explain: bias and activation describe op='linear' (or bias op='scaled_mm'), not "
+                              f"op={op!r}")
+    if scale_a is not None or scale_b is not None:
+        raise InputValueError(f"explain: scale_a and scale_b describe op='scaled_mm', not op={op!r}")
     if op == "linear":
         validate_linear(a, b, bias, activation)
         a, b = _ops.as_2d(a), b.t()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels.core.config import config
+from kernels.core.errors import InputTypeError
 from kernels.dispatch import selected
 from kernels.store import cache_admin
 from kernels.tune.autotune import fingerprint
@@ -37,6 +38,10 @@ class Preloaded:
 def preload(problems=None) -> Preloaded:
     """Load and verify stored winners for the current GPU now. `problems`: paths of problem lists or traces (as
     `python -m kernels tune` reads them); None: every entry of the local store for this GPU and these settings."""
+    if problems is not None and not (isinstance(problems, (str, bytes, list, tuple))
+                                     or hasattr(problems, "__fspath__")):
+        raise InputTypeError(f"preload: problems must be a path or a list of paths to problem lists or traces, not "
+                             f"{type(problems).__name__}")
     start = time.perf_counter()
     report = Preloaded()
     where = target()            # the current GPU, or the CPU through the Triton interpreter

@@ -21,6 +21,7 @@ import csv
 import dataclasses
 import io
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,10 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 class ProblemListError(KernelsError, ValueError):
     """A problem list that cannot be read; the message names the file, the line and the column (or key)."""
+
+
+class ProblemListWarning(UserWarning):
+    """A problem list was read with a part left out (a trace's partial last line)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,9 @@ class _Where:
 
 
 # -- values ----------------------------------------------------------------------------------------------------
+MAX_SIZE = 1 << 31      # as a stored selection's dims (kernels.store.schema)
+
+
 def _positive(value, where: _Where, column: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)) or \
             (isinstance(value, str) and not value.strip().isdigit()):
@@ -94,6 +102,8 @@ def _positive(value, where: _Where, column: str) -> int:
     n = int(value)
     if n < 1:
         raise where.error(column, f"{n} is not a positive integer")
+    if n >= MAX_SIZE:
+        raise where.error(column, f"{n} is not below {MAX_SIZE} (2**31): no tensor of ours is that long")
     return n
 
 
@@ -349,12 +359,17 @@ def _skip_space(text: str, i: int) -> int:
 
 def parse_jsonl(text: str, name: str) -> list[Listed]:
     listed = []
-    for line, raw in enumerate(text.splitlines(), start=1):
+    lines = text.splitlines()
+    for line, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError as e:
+            if line == len(lines) and not text.endswith("\n"):      # a recorder killed mid-line: the rest stands
+                warnings.warn(f"{name}:{line}: the trace ends in a partial line (its recorder stopped mid-write); "
+                              "that line is left out", ProblemListWarning, stacklevel=2)
+                break
             raise ProblemListError(f"{name}:{line}: column {e.colno}: not valid JSON: {e.msg}") from e
         listed.append(_object(obj, _Where(name, line)))
     return listed

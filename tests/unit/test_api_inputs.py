@@ -72,3 +72,22 @@ def test_autograd_inputs_get_gradients():
     c = kernels.mm(a, b)
     c.sum().backward()
     assert a.grad is not None and torch.allclose(a.grad, b.sum(1).expand(4, 8))
+
+
+def test_explain_refuses_arguments_its_op_does_not_take():
+    """bias / activation describe op="linear" and the scales op="scaled_mm": given with another op they would be
+    dropped without a word, so they are an error naming the op."""
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    with pytest.raises(InputValueError, match="bias and activation describe op='linear'"):
+        kernels.explain(a, b, op="mm", bias=torch.randn(4))
+    with pytest.raises(InputValueError, match="bias and activation describe op='linear'"):
+        kernels.explain(a, b, activation="relu")
+    with pytest.raises(InputValueError, match="scale_a and scale_b describe op='scaled_mm'"):
+        kernels.explain(a, b.t(), op="linear", scale_a=torch.ones(()))
+
+
+def test_a_non_string_activation_and_a_non_path_preload_are_type_errors():
+    with pytest.raises(InputTypeError, match="activation must be None or a string"):
+        kernels.linear(torch.randn(2, 8), torch.randn(4, 8), activation=1)
+    with pytest.raises(InputTypeError, match="preload: problems must be a path or a list of paths"):
+        kernels.preload(problems=5)

@@ -76,3 +76,34 @@ def test_every_option_of_the_other_clis_has_help(module):
 
     walk(importlib.import_module(module).build_parser(), [])
     assert not missing, f"{module}: options without help: {missing}"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--json", "/"], "argument --json: '/' is a directory, not a file to write"),
+    (["--csv", "/no/such/folder/x.csv"], "argument --csv: '/no/such/folder/x.csv': its folder /no/such/folder does"),
+    (["--time-limit", "-1"], "argument --time-limit: '-1': must be a non-negative number"),
+    (["--bench-ms", "0"], "argument --bench-ms: '0': must be a positive number")])
+def test_compare_refuses_bad_output_paths_and_numbers_before_it_measures(argv, message, capsys):
+    """The files are written at the end of the run: a path that cannot be written is an error at the start."""
+    with pytest.raises(SystemExit) as e:
+        compare.build_parser().parse_args(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_cli_names_a_bad_setting_in_one_line_for_every_command(monkeypatch, capsys, tmp_path):
+    from kernels.__main__ import main
+
+    monkeypatch.setenv("KERNELS_BACKENDS", "foo")
+    assert main(["info"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m kernels info: error: KERNELS_BACKENDS='foo' is not valid")
+    assert "Traceback" not in err
+    monkeypatch.delenv("KERNELS_BACKENDS")
+    monkeypatch.setenv("KERNELS_CACHE_DIR", str(tmp_path / "cache"))
+    for argv, message in ([["lut", "export", "--store", str(tmp_path / "none")], "--store"],
+                          [["lut", "export", "-o", str(tmp_path)], "cannot write"]):
+        assert main(argv) == 2
+        assert "python -m kernels lut export: error: " in (err := capsys.readouterr().err) and message in err
+    with pytest.raises(SystemExit):
+        main(["lut", "export", "--top-k", "0"])
+    assert "'0' is not a positive integer" in capsys.readouterr().err

@@ -21,7 +21,7 @@ def t(*shape, dtype=torch.float32):
     ((t(3, 4), t(5, 4), t(4)), {}, ValueError, r"bias must have shape \(5,\)"),
     ((t(3, 4), t(5, 4), t(5, dtype=torch.float16)), {}, TypeError, "bias has dtype torch.float16"),
     ((t(3, 4), t(5, 4)), {"activation": "tanh"}, ValueError, "unknown activation 'tanh'"),
-    ((t(3, 4), t(5, 4)), {"activation": 3}, ValueError, "unknown activation 3"),
+    ((t(3, 4), t(5, 4)), {"activation": 3}, TypeError, "activation must be None or a string"),
     ((t(3, 4, dtype=torch.float64), t(5, 4, dtype=torch.float64)), {}, TypeError, "x has unsupported dtype"),
     ((t(3, 4), t(5, 4, dtype=torch.float16)), {}, TypeError, "x and weight dtypes differ"),
     (([[1.0]], t(5, 4)), {}, TypeError, "x must be a torch.Tensor"),

@@ -21,7 +21,7 @@ from kernels.dispatch.dynamic_records import Dynamic
 from kernels.core.toolchain import resolve
 from kernels.tune import offline
 from kernels.tune.autotune import candidates
-from kernels.tune.problem_list import DynamicSpec, ProblemListError, read, read_all, retarget
+from kernels.tune.problem_list import DynamicSpec, ProblemListError, ProblemListWarning, read, read_all, retarget
 from tests.helpers import problem
 
 
@@ -109,6 +109,8 @@ def test_duplicates_across_files_and_devices_are_one_problem(tmp_path):
     ("p.csv", "m,n,k,dtype,layout,m\n", r"p.csv:1: column 6 \(m\): given twice"),
     ("p.csv", "m,n,k,dtype,layout\n8,8,8,fp16,nn\n8,x,8,fp16,nn\n", r"p.csv:3: column 2 \(n\): 'x' is not a positive"),
     ("p.csv", "m,n,k,dtype,layout\n8,8,0,fp16,nn\n", r"p.csv:2: column 3 \(k\): 0 is not a positive integer"),
+    ("p.csv", "m,n,k,dtype,layout\n99999999999,8,8,fp16,nn\n",
+     r"p.csv:2: column 1 \(m\): 99999999999 is not below 2147483648"),
     ("p.csv", "m,n,k,dtype,layout\n8,8,8,fp64,nn\n", r"p.csv:2: column 4 \(dtype\): 'fp64' is not one of"),
     ("p.csv", "m,n,k,dtype,layout\n8,8,8,fp16,nx\n", r"p.csv:2: column 5 \(layout\): 'nx' is not one of nn, nt"),
     ("p.csv", "m,n,k,dtype,layout\n8,8,8,fp16\n", r"p.csv:2: 4 fields, the header has 5"),
@@ -137,6 +139,16 @@ def test_duplicates_across_files_and_devices_are_one_problem(tmp_path):
 def test_bad_lists_name_file_line_and_column(tmp_path, name, text, message):
     with pytest.raises(ProblemListError, match=message):
         read(write(tmp_path, name, text))
+
+
+def test_a_trace_whose_recorder_stopped_mid_line_reads_up_to_that_line(tmp_path):
+    """A recording process killed mid-write leaves a partial last line (no newline): it is left out with a warning,
+    the lines before it stand."""
+    line = trace_line(problem(m=8, n=8, k=8, dtype="fp16")).rstrip("\n")
+    path = write(tmp_path, "t.jsonl", line + "\n" + line[: len(line) // 2])
+    with pytest.warns(ProblemListWarning, match="t.jsonl:2: the trace ends in a partial line"):
+        items = read(path)
+    assert [i.problem.m for i in items] == [8]
 
 
 def _trace_with(tmp_path, **change) -> str:
