@@ -79,15 +79,16 @@ class ForeignWriterError(OSError):
 
 def foreign_writer(path: Path) -> str | None:
     """Why code at `path` in this process's cache could have been put there by someone else, or None. Walking down
-    from the root (which passed its own check): a folder of this user's that others cannot enter (no x for group and
-    others: new ones are 0700) closes everything below it, whatever the modes there (a tool's umask); before that,
-    each folder and `path` itself must be no link, this user's and writable by no group or other -- a binary's marker
-    is written beside it, so whoever can write its folder can swap both."""
+    from the root (which passed its own check; for a path outside the cache, from the folder that holds it): a folder
+    of this user's that others cannot enter (no x for group and others: new ones are 0700) closes everything below
+    it, whatever the modes there (a tool's umask); before that, each folder and `path` itself must be no link, this
+    user's and writable by no group or other -- a binary's marker is written beside it, so whoever can write its
+    folder can swap both."""
     root = cache_root()
     try:
         parts = Path(path).relative_to(root).parts
-    except ValueError:
-        return f"{path} is outside the cache directory {root}"
+    except ValueError:      # a binary built elsewhere (a test's folder): its own folder, then it
+        root, parts = Path(path).parent, (Path(path).name,)
     here = root
     for part in ("", *parts):
         here = here / part if part else here

@@ -329,4 +329,9 @@ def test_code_in_a_folder_others_can_write_or_reach_through_a_link_is_not_loaded
     (root / "linked").symlink_to(loose)
     assert "is a symbolic link" in cache_root_mod.foreign_writer(root / "linked" / "_kernels_fastpath.so")
     assert cache_root_mod.foreign_writer(root / "absent" / "x.so") is None     # nothing there to load
-    assert "outside the cache directory" in cache_root_mod.foreign_writer(tmp_path / "elsewhere.so")
+    elsewhere = tmp_path / "elsewhere"                 # built outside the cache: its folder and it are checked
+    elsewhere.mkdir(mode=0o700)
+    (elsewhere / "k.so").write_bytes(b"")
+    assert cache_root_mod.foreign_writer(elsewhere / "k.so") is None
+    os.chmod(elsewhere, 0o777)
+    assert "writable by group or others" in cache_root_mod.foreign_writer(elsewhere / "k.so")
