@@ -50,6 +50,8 @@ def output_file(text: str) -> str:
     folder = os.path.dirname(os.path.abspath(text))
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file to write")
+    if os.path.exists(text) and os.access(text, os.W_OK):
+        return text                 # a file, or /dev/stdout, /dev/fd/N: writable as it is
     if not os.path.isdir(folder):
         raise argparse.ArgumentTypeError(f"{text!r}: its folder {folder} does not exist")
     if not os.access(folder, os.W_OK):

@@ -113,8 +113,9 @@ def refuse_foreign(path: Path, what: str) -> None:
     """Raise ForeignWriterError (after one warning per folder) when `foreign_writer(path)` says why not to load it."""
     why = foreign_writer(path)
     if why is not None:
-        warn_once(f"foreign {Path(path).parent}", f"kernels: not loading {what} {path}: {why}; it is treated as "
-                  "missing (fix the permissions, or remove the folder, to build it again)", stacklevel=3)
+        warn_once(f"foreign {Path(path).parent}", f"kernels: not loading {what} {path}: {why}; it fails to load "
+                  "(a candidate that never wins) until that is fixed or the folder removed (then it is built again)",
+                  stacklevel=3)
         raise ForeignWriterError(f"{what} {path} not loaded: {why}")
 
 

@@ -51,6 +51,10 @@ def parse_hints(value) -> tuple[tuple[str, tuple[int, ...]], ...] | tuple[int, .
     {'m': (16, 64), 'k': (1024, 4096)} give each dim its own. Returns a sorted tuple of ints (every dim) or a
     tuple of (dim, hints) pairs in m, n, k order."""
     if isinstance(value, Mapping):
+        dims = [str(k).strip().lower() for k in value]
+        twice = sorted({d for d in dims if dims.count(d) > 1})
+        if twice:
+            raise ValueError(f"size hints for {twice} given twice; list each dimension once")
         pairs = {str(k).strip().lower(): _hint_list(v) for k, v in value.items()}
     elif isinstance(value, str) and "=" in value:
         pairs = {}

@@ -38,8 +38,7 @@ class Preloaded:
 def preload(problems=None) -> Preloaded:
     """Load and verify stored winners for the current GPU now. `problems`: paths of problem lists or traces (as
     `python -m kernels tune` reads them); None: every entry of the local store for this GPU and these settings."""
-    if problems is not None and not (isinstance(problems, (str, bytes, list, tuple))
-                                     or hasattr(problems, "__fspath__")):
+    if problems is not None and not (hasattr(problems, "__iter__") or hasattr(problems, "__fspath__")):
         raise InputTypeError(f"preload: problems must be a path or a list of paths to problem lists or traces, not "
                              f"{type(problems).__name__}")
     start = time.perf_counter()

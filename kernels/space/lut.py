@@ -212,6 +212,9 @@ def _parse_choice(raw, op: str, where: str, bad: _Problems) -> ChoiceRef | None:
     if not isinstance(params, list):
         bad.warn(where, f"choice {raw!r}: params must be [[name, value], ...]; skipped")
         return None
+    # true / false stand for 1 / 0 (a hand-written {"sub": true}); a pair's value otherwise as given
+    params = [[p[0], int(p[1])] if isinstance(p, list) and len(p) == 2 and isinstance(p[1], bool) else p
+              for p in params]
     for pair in params:
         why = param_problem(pair)       # names and values are rendered into kernel source: only the known ones
         if why:

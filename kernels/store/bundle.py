@@ -120,6 +120,12 @@ def export_bundle(path: Path, patterns: tuple[str, ...] = (), problems: list[Gem
         listed.append({"member": member, "problem": entry.problem_name, "winner": sel.winner,
                        "created": sel.created, "environment": environments.index(env),
                        "artifacts": artifact_members, "missing": notes})
+    big = [name for name, data in members.items() if len(data) > MAX_MEMBER_BYTES]
+    total = sum(len(data) for data in members.values())
+    if big or total > MAX_TOTAL_BYTES:        # what import would refuse: refused here, before anything is written
+        raise BundleError(f"{path}: the bundle would break the limits import takes ({MAX_MEMBER_BYTES} bytes a "
+                          f"member, {MAX_TOTAL_BYTES} in all): " + (f"{big[0]} is {len(members[big[0]])} bytes"
+                          if big else f"{total} bytes in all") + "; export fewer problems (--problems)")
     manifest = {"format": FORMAT, "version": VERSION, "created": time.time(),
                 "exported_by": dict(local, gpus=[list(g) for g in environment.here(toolchain=False).gpus]),
                 "environments": environments, "entries": listed,

@@ -366,7 +366,9 @@ def parse_jsonl(text: str, name: str) -> list[Listed]:
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError as e:
-            if line == len(lines) and not text.endswith("\n"):      # a recorder killed mid-line: the rest stands
+            # a recorder killed mid-line leaves its last line cut short of the object's closing brace (a whole line
+            # that fails is a mistake, an error as anywhere else): the lines before it stand
+            if line == len(lines) and not text.endswith("\n") and not raw.rstrip().endswith("}"):
                 warnings.warn(f"{name}:{line}: the trace ends in a partial line (its recorder stopped mid-write); "
                               "that line is left out", ProblemListWarning, stacklevel=2)
                 break
@@ -424,5 +426,5 @@ def line_of(item: Listed) -> str:
 
 def from_line(line: str, where: str) -> Listed:
     """line_of's inverse; `where` is where the problem was first listed (kept for the report)."""
-    (item,) = parse_jsonl(line, where)
+    (item,) = parse_jsonl(line + "\n", where)      # one whole line: a bad one is an error, never left out
     return dataclasses.replace(item, where=where)

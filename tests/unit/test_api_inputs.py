@@ -91,3 +91,4 @@ def test_a_non_string_activation_and_a_non_path_preload_are_type_errors():
         kernels.linear(torch.randn(2, 8), torch.randn(4, 8), activation=1)
     with pytest.raises(InputTypeError, match="preload: problems must be a path or a list of paths"):
         kernels.preload(problems=5)
+    assert kernels.preload(problems=iter([])).loaded == 0        # any iterable of paths, a generator too

@@ -306,6 +306,11 @@ def test_a_deeply_nested_manifest_and_oversized_members_are_clear_errors(exporte
     with pytest.raises(BundleError, match="over its limits"):
         bundle.import_bundle(cut)
     assert stored() == {}
+    # export keeps to the same limits: it never writes a bundle its own import would refuse
+    use_cache(monkeypatch, tmp_path / "a")
+    with pytest.raises(BundleError, match="would break the limits import takes"):
+        bundle.export_bundle(tmp_path / "too_big.tar.gz")
+    assert not (tmp_path / "too_big.tar.gz").exists()
 
 
 def test_export_replaces_a_link_at_the_destination_and_never_writes_through_it(tmp_path, monkeypatch):

@@ -60,6 +60,7 @@ def test_a_call_that_tunes_fails_on_a_bad_setting_before_building(monkeypatch, e
     ("max_jobs", 0), ("max_jobs", 2.0), ("preset", "slow"), ("fastpath", "on"), ("verbose", "loud"),
     ("cutlass_build", "eventually"),
     ("only", "("), ("dynamic", "q"), ("dynamic", "m=16;m=32"), ("dynamic", (("m", (16,)), ("m", (32,)))),
+    ("dynamic", {"m": (16,), "M": (32,)}),
     ("cache_dir", ""), ("search_space", "huge"), ("benchmark_space", 0), ("perf_model", "magic")])
 def test_a_bad_value_set_in_code_names_the_attribute_and_keeps_the_old_value(name, value):
     before = getattr(config, name)

@@ -90,6 +90,16 @@ def test_compare_refuses_bad_output_paths_and_numbers_before_it_measures(argv, m
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_an_existing_writable_file_is_a_good_output_even_in_a_folder_that_is_not(tmp_path):
+    """/dev/stdout or /dev/fd/N sit in a folder users cannot write: the file itself is what is written."""
+    from bench.cli_common import output_file
+
+    path = tmp_path / "out.json"
+    path.write_text("")
+    assert output_file(str(path)) == str(path)
+    assert output_file(str(tmp_path / "new.json")) == str(tmp_path / "new.json")
+
+
 def test_the_cli_names_a_bad_setting_in_one_line_for_every_command(monkeypatch, capsys, tmp_path):
     from kernels.__main__ import main
 

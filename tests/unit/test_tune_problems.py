@@ -149,6 +149,10 @@ def test_a_trace_whose_recorder_stopped_mid_line_reads_up_to_that_line(tmp_path)
     with pytest.warns(ProblemListWarning, match="t.jsonl:2: the trace ends in a partial line"):
         items = read(path)
     assert [i.problem.m for i in items] == [8]
+    # a whole last line that fails (its closing brace there) is a mistake: an error, as on any other line
+    path = write(tmp_path, "t.jsonl", line + "\n" + line[:-1] + ',}')
+    with pytest.raises(ProblemListError, match=r"t.jsonl:2: column \d+: not valid JSON"):
+        read(path)
 
 
 def _trace_with(tmp_path, **change) -> str:
