@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import os
 import sys
 
 import torch
@@ -151,7 +152,13 @@ def rank_entry(index: int, size: int, plan: DdpPlan, json_path: str | None, done
     """A spawned process: rank `index` of `size` on GPU `index`; rank 0 hands its exit code back through `done`."""
     rc = run_rank(World(index, size, index, plan.device, "spawn"), plan, json_path)
     if index == 0:
-        done.put(rc)
+        done.put(rc)                # a SimpleQueue: written to its pipe before put returns
+    # The rank's work is done, reported and its process group destroyed. The interpreter's own teardown can still
+    # abort in gloo's threads (std::terminate, SIGABRT: once in a CI simulation, after the JSON was written), and
+    # spawn would call that a failed rank; nothing is left to tear down that the OS does not.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> int:
