@@ -51,32 +51,22 @@ def parse_hints(value) -> tuple[tuple[str, tuple[int, ...]], ...] | tuple[int, .
     {'m': (16, 64), 'k': (1024, 4096)} give each dim its own. Returns a sorted tuple of ints (every dim) or a
     tuple of (dim, hints) pairs in m, n, k order."""
     if isinstance(value, Mapping):
-        dims = [str(k).strip().lower() for k in value]
-        twice = sorted({d for d in dims if dims.count(d) > 1})
-        if twice:
-            raise ValueError(f"size hints for {twice} given twice; list each dimension once")
-        pairs = {str(k).strip().lower(): _hint_list(v) for k, v in value.items()}
+        given = list(value.items())
     elif isinstance(value, str) and "=" in value:
-        pairs = {}
-        for part in value.split(";"):
-            if not part.strip():
-                continue
-            dim, _, rest = part.partition("=")
-            dim = dim.strip().lower()
-            if dim in pairs:            # the second list would silently replace the first
-                raise ValueError(f"size hints for {dim!r} given twice; list them once ({dim}=16,32)")
-            pairs[dim] = _hint_list(s for s in rest.split(",") if s.strip())
+        given = [(dim, [s for s in rest.split(",") if s.strip()])
+                 for dim, _, rest in (part.partition("=") for part in value.split(";") if part.strip())]
     elif isinstance(value, str):
         return _hint_list(s for s in value.split(",") if s.strip())
     elif isinstance(value, tuple) and value and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)
                                                      for p in value):
-        dims = [k.strip().lower() for k, _ in value]
-        twice = sorted({d for d in dims if dims.count(d) > 1})
-        if twice:
-            raise ValueError(f"size hints for {twice} given twice; list each dimension once")
-        pairs = {k.strip().lower(): _hint_list(v) for k, v in value}
+        given = list(value)
     else:
         return _hint_list(value)
+    dims = [str(d).strip().lower() for d, _ in given]
+    twice = sorted({d for d in dims if dims.count(d) > 1})
+    if twice:               # a second list would silently replace the first
+        raise ValueError(f"size hints for {twice} given twice; list each dimension once")
+    pairs = {d: _hint_list(hints) for d, (_, hints) in zip(dims, given)}
     bad = [d for d in pairs if d not in DIMS]
     if bad:
         raise ValueError(f"size hints for unknown dimension(s) {bad}; choose among m, n, k")

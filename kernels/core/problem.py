@@ -13,6 +13,8 @@ DTYPES_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "int8": 1, "int32": 4, "e4m3": 1, "e5m2": 1}
 # scaled_mm's dtype names A's type: "e4m3" is e4m3 x e4m3, "e5m2" is e5m2 x e4m3 (the one mixed pair cuBLAS runs)
 OPS = {"mm": ("fp16", "bf16", "fp32"), "int_mm": ("int8",), "scaled_mm": ("e4m3", "e5m2")}
+# sizes and strides a problem read back from a file may hold (a stored selection, a problem list): below 2**31
+MAX_DIM = 1 << 31
 SCALED_OUT_DTYPES = ("bf16", "fp16", "fp32")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from kernels.core.choice import Choice, GemmConfig
-from kernels.core.problem import ACTIVATIONS, DTYPES_BY_NAME, OPS, SCALINGS
+from kernels.core.problem import ACTIVATIONS, DTYPES_BY_NAME, MAX_DIM, OPS, SCALINGS
 from kernels.core.selection import SCHEMA_VERSION
 from kernels.space.choice_rules import config_problem, param_problem
 from kernels.space.families import BY_NAME
@@ -14,7 +14,6 @@ from kernels.space.families import BY_NAME
 DIMS = ("m", "n", "k")
 PRECISIONS = ("", "ieee", "tf32")
 ALIGNMENTS = (1, 2, 4, 8, 16)
-MAX_DIM = 1 << 31
 
 
 def _int(v) -> bool:
@@ -74,8 +73,9 @@ def _choice(name, c) -> str | None:
     if not isinstance(c.get("dtype"), str) or c["dtype"] not in DTYPES_BY_NAME:
         return f"choice {name!r}: dtype {c.get('dtype')!r}"
     cfg = c.get("config")
-    if cfg is not None and config_problem(cfg):
-        return f"choice {name!r}: {config_problem(cfg)}"
+    why = config_problem(cfg) if cfg is not None else None
+    if why:
+        return f"choice {name!r}: {why}"
     params = c.get("params", [])
     if not isinstance(params, list):
         return f"choice {name!r}: params malformed"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from kernels.core.dynamic_spec import DIMS, MODES, parse_buckets, parse_dims
 from kernels.core.errors import KernelsError
-from kernels.core.problem import (ACTIVATIONS, OPS, SCALED_OUT_DTYPES, SCALINGS, GemmProblem, op_of,
+from kernels.core.problem import (ACTIVATIONS, MAX_DIM, OPS, SCALED_OUT_DTYPES, SCALINGS, GemmProblem, op_of,
                                   precision_of)
 from kernels.space.shapes import Shape, problem_of
 
@@ -92,9 +92,6 @@ class _Where:
 
 
 # -- values ----------------------------------------------------------------------------------------------------
-MAX_SIZE = 1 << 31      # as a stored selection's dims (kernels.store.schema)
-
-
 def _positive(value, where: _Where, column: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)) or \
             (isinstance(value, str) and not value.strip().isdigit()):
@@ -102,8 +99,8 @@ def _positive(value, where: _Where, column: str) -> int:
     n = int(value)
     if n < 1:
         raise where.error(column, f"{n} is not a positive integer")
-    if n >= MAX_SIZE:
-        raise where.error(column, f"{n} is not below {MAX_SIZE} (2**31): no tensor of ours is that long")
+    if n >= MAX_DIM:
+        raise where.error(column, f"{n} is not below {MAX_DIM} (2**31): no tensor of ours is that long")
     return n
 
 
