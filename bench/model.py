@@ -4,6 +4,7 @@ and forward+backward as a user runs it: torch eager, torch.compile (default, max
 (issue 28, "Measured on the GPU").
 
     python -m bench.model --json model.jsonl                 # llama-7B's layer, bf16, M = 1..8192, fwd and fwdbwd
+                                                             # (on a CPU: a small layer, eager and patch, M = 16, 64)
     python -m bench.model --mode fwdbwd --tokens 4096 --variants eager,compile,patch,patch+compile
     python -m bench.model --tokens 1,16 --mode fwd --cudagraphs     # beside them the CUDA-graph pair
     python -m bench.model --table-from model.jsonl           # the table of a saved run
@@ -234,21 +235,33 @@ def parse_list(text: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+# Flags left out take these: llama-7B's layer on a GPU (issue 28); on a CPU a small layer that shows each variant runs
+# and matches eager in seconds (the llama-7B default ran for minutes there, and a CPU's timings say nothing of a GPU's)
+GPU_DEFAULTS = {"hidden": 4096, "intermediate": 11008, "head_dim": 128, "tokens": "1,16,128,2048,8192",
+                "variants": "all", "seconds": 1.0}
+CPU_DEFAULTS = {"hidden": 256, "intermediate": 688, "head_dim": 64, "tokens": "16,64", "variants": "eager,patch",
+                "seconds": 0.2}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.model", description=__doc__.split("\n\n")[0])
-    p.add_argument("--hidden", type=positive_int, default=4096, help="hidden size (default %(default)s)")
-    p.add_argument("--intermediate", type=positive_int, default=11008, help="MLP size (default %(default)s)")
+    gpu, cpu = GPU_DEFAULTS, CPU_DEFAULTS
+    p.add_argument("--hidden", type=positive_int, help=f"hidden size (default {gpu['hidden']}; CPU {cpu['hidden']})")
+    p.add_argument("--intermediate", type=positive_int,
+                   help=f"MLP size (default {gpu['intermediate']}; CPU {cpu['intermediate']})")
     p.add_argument("--layers", type=positive_int, default=1, help="decoder layers (default %(default)s)")
-    p.add_argument("--head-dim", type=positive_int, default=128, help="heads = hidden / head-dim (default %(default)s)")
-    p.add_argument("--tokens", default="1,16,128,2048,8192", help="comma list of M, tokens of one sequence (default "
-                   "%(default)s)")
+    p.add_argument("--head-dim", type=positive_int,
+                   help=f"heads = hidden / head-dim (default {gpu['head_dim']}; CPU {cpu['head_dim']})")
+    p.add_argument("--tokens", help=f"comma list of M, tokens of one sequence (default {gpu['tokens']}; CPU "
+                   f"{cpu['tokens']})")
     p.add_argument("--dtype", default="bf16", choices=MODEL_DTYPES, help="(default %(default)s)")
-    p.add_argument("--variants", default="all", help=f"comma list of {', '.join(ALL_VARIANTS)}, or all (default: "
-                   f"{', '.join(VARIANTS)}); eager always runs, it is the reference")
+    p.add_argument("--variants", help=f"comma list of {', '.join(ALL_VARIANTS)}, or all (default: all: "
+                   f"{', '.join(VARIANTS)}; CPU {cpu['variants']}); eager always runs, it is the reference")
     p.add_argument("--cudagraphs", action="store_true",
                    help=f"add {', '.join(CUDAGRAPH_VARIANTS)} (forward, M <= {CUDAGRAPH_MAX_TOKENS})")
     p.add_argument("--mode", default="fwd,fwdbwd", help="comma list of fwd, fwdbwd (default %(default)s)")
-    p.add_argument("--seconds", type=positive, default=1.0, help="length of each timing loop (default %(default)s)")
+    p.add_argument("--seconds", type=positive, help=f"length of each timing loop (default {gpu['seconds']}; CPU "
+                   f"{cpu['seconds']})")
     p.add_argument("--rounds", type=positive_int, default=2, help="loops per variant, alternated (default %(default)s)")
     p.add_argument("--heat", type=non_negative, default=1.0,
                    help="seconds of eager before a group's first round (default %(default)s)")
@@ -270,6 +283,13 @@ def resolve(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.device is None:
+            args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif args.device == "cuda" and not torch.cuda.is_available() and not args.table_from:
+            raise ArgumentsError("--device cuda: torch sees no CUDA GPU here")
+        for name, value in (GPU_DEFAULTS if args.device == "cuda" else CPU_DEFAULTS).items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
         args.tokens = parse_tokens(args.tokens)
         args.modes = parse_list(args.mode, "--mode", MODES)
         names = list(VARIANTS) if args.variants.strip() == "all" else parse_list(args.variants, "--variants",
@@ -278,10 +298,6 @@ def resolve(argv: list[str]) -> argparse.Namespace:
             names += [n for n in CUDAGRAPH_VARIANTS if n not in names]
         args.variants = ["eager"] + [n for n in names if n != "eager"]
         check_shape(args.hidden, args.intermediate, args.layers, args.head_dim)
-        if args.device is None:
-            args.device = "cuda" if torch.cuda.is_available() else "cpu"
-        elif args.device == "cuda" and not torch.cuda.is_available() and not args.table_from:
-            raise ArgumentsError("--device cuda: torch sees no CUDA GPU here")
     except (ArgumentsError, ModelShapeError) as e:
         parser.error(str(e))
     args.plan = LoopPlan(args.seconds, args.rounds, args.heat, args.stat)

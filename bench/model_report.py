@@ -138,7 +138,9 @@ def table_title(run: dict) -> str:
             f"{run.get('rounds', '?')} rounds of {run.get('seconds', '?')} s loops per variant, alternated, "
             f"{run.get('stat', '?')} over rounds.\ncold s: the first call's wall time (compile, tune, capture); "
             f"vs eager = eager ms / variant ms; out err / grad err: max|x - eager's| / max|eager's| of the output / "
-            f"of the worst weight grad")
+            f"of the worst weight grad" + ("\nCPU: the timings are the CPU's (patch runs torch there unless "
+                                           "TRITON_INTERPRET=1), not a GPU's speedups" if run.get("device") == "cpu"
+                                           else ""))
 
 
 def read_run(path: str) -> tuple[dict, list[VariantResult]]:

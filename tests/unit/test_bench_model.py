@@ -16,13 +16,28 @@ from bench.progress import RunProgress
 
 
 # -- arguments -------------------------------------------------------------------------------------------------------
-def test_defaults_are_the_issue_layer():
+def test_defaults_are_the_issue_layer_on_a_gpu(monkeypatch):
+    monkeypatch.setattr(bm.torch.cuda, "is_available", lambda: True)
     args = bm.resolve([])
+    assert args.device == "cuda"
     assert (args.hidden, args.intermediate, args.layers, args.head_dim, args.dtype) == (4096, 11008, 1, 128, "bf16")
     assert args.tokens == [1, 16, 128, 2048, 8192] and args.modes == ["fwd", "fwdbwd"]
     assert args.variants == ["eager", "compile", "max-autotune", "patch", "patch+compile"]
     assert args.plan == bm.LoopPlan(seconds=1.0, rounds=2, heat=1.0, stat="median")
     assert args.json is None and args.time_limit is None
+
+
+def test_a_cpu_gets_a_small_layer_unless_told_otherwise(monkeypatch):
+    monkeypatch.setattr(bm.torch.cuda, "is_available", lambda: False)
+    args = bm.resolve([])
+    assert args.device == "cpu"
+    assert (args.hidden, args.intermediate, args.head_dim, args.tokens) == (256, 688, 64, [16, 64])
+    assert args.variants == ["eager", "patch"] and args.plan.seconds == 0.2
+    told = bm.resolve(["--hidden", "512", "--tokens", "8", "--variants", "all", "--seconds", "1"])
+    assert (told.hidden, told.intermediate, told.tokens, told.plan.seconds) == (512, 688, [8], 1.0)
+    assert told.variants == ["eager", "compile", "max-autotune", "patch", "patch+compile"]
+    assert "not a GPU's speedups" in bm.table_title({"device": "cpu"})
+    assert "speedups" not in bm.table_title({"device": "cuda"})
 
 
 def test_lists_parse_and_eager_is_always_the_reference():
@@ -42,7 +57,7 @@ def test_lists_parse_and_eager_is_always_the_reference():
     (["--tokens", "0"], "'0' is not a positive integer"), (["--tokens", "1,x"], "'x' is not a positive integer"),
     (["--tokens", ","], "--tokens names no M"), (["--mode", "bwd"], "--mode: unknown 'bwd'; allowed: fwd, fwdbwd"),
     (["--variants", "eager,turbo"], "--variants: unknown 'turbo'; allowed: eager, compile"),
-    (["--hidden", "100"], "--hidden 100 is not a multiple of --head-dim 128"),
+    (["--hidden", "100", "--head-dim", "128"], "--hidden 100 is not a multiple of --head-dim 128"),
     (["--hidden", "0"], "must be a positive integer"), (["--layers", "-1"], "must be a positive integer"),
     (["--dtype", "int8"], "invalid choice"), (["--seconds", "0"], "must be a positive number"),
     (["--heat", "-1"], "must be a non-negative number"), (["--rounds", "0"], "must be a positive integer"),
