@@ -144,11 +144,21 @@ def _patterns(value) -> tuple[str, ...]:
     return tuple(patterns)
 
 
+def _expanded(text: str, allowed: str) -> str:
+    """`text` with ~ or ~user expanded, made absolute (children run elsewhere). An unknown ~user is an error: left
+    as it is, it would name a folder called '~user' under whatever the working directory is."""
+    path = os.path.expanduser(text)
+    if path.startswith("~"):
+        raise ValueError(f"{text!r}: {path.split(os.sep, 1)[0]} cannot be expanded (no such user, or no home "
+                         f"directory known); {allowed}")
+    return os.path.abspath(path)
+
+
 def _path(value) -> str:
     text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
     if not isinstance(text, str) or not text.strip():
         raise ValueError("allowed: a directory path")
-    return os.path.abspath(os.path.expanduser(text))     # children run elsewhere; ~ is the user's home
+    return _expanded(text, "allowed: a directory path")
 
 
 def _optional_path(value) -> str:
@@ -163,7 +173,7 @@ def _trace_path(value) -> str:
     text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
     if not isinstance(text, str):
         raise ValueError(allowed)
-    path = os.path.abspath(os.path.expanduser(text))
+    path = _expanded(text, allowed)
     if os.path.isdir(path) or text.endswith(("/", os.sep)):
         raise ValueError(f"{path} is a directory; {allowed}")
     return path

@@ -25,6 +25,7 @@ BAD_ENVIRONMENT = [
     ("KERNELS_PRESET", "fastest"), ("KERNELS_FASTPATH", "sometimes"), ("KERNELS_VERBOSE", "2"),
     ("KERNELS_ONLY", ","), ("KERNELS_SKIP", "("), ("KERNELS_DYNAMIC", ","), ("KERNELS_DYNAMIC", "m=0"),
     ("KERNELS_DYNAMIC", "x"), ("KERNELS_CUTLASS_BUILD", "later"),
+    ("KERNELS_CACHE_DIR", "~no-such-user-of-kernels/cache"), ("KERNELS_RECORD", "~no-such-user-of-kernels/t.jsonl"),
 ]
 BY_ENV = {s.env: s.name for s in SETTINGS}
 
@@ -176,3 +177,9 @@ def test_no_module_but_config_reads_our_environment_variables():
             if found:
                 reads[str(path.relative_to(REPO))] = found
     assert reads == {}, f"read these through kernels.core.config: {reads}"
+
+
+def test_a_home_relative_path_is_expanded(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KERNELS_CACHE_DIR", "~/kc")
+    assert config.cache_dir == str(tmp_path / "kc")
