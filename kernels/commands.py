@@ -13,7 +13,7 @@ import torch
 
 from backends import get_backend
 from kernels.core import progress
-from kernels.core.cache_root import cache_root
+from kernels.core.cache_root import cache_root, problem_with
 from kernels.core.config import ALL_BACKENDS, config, settings_markdown, with_readme_settings
 from kernels.core.errors import SettingError
 from kernels.core.problem import gpu_of, probe_problem
@@ -66,7 +66,10 @@ def info_lines() -> list[str]:
         lines.append("cutlass:   not found")
     for line in tools.tried:
         lines.append(f"           tried {line}")
-    lines.append(f"cache dir: {cache_root()}")
+    unusable = problem_with(Path(config.cache_dir))
+    lines.append(f"cache dir: {config.cache_dir}" if unusable is None else
+                 f"cache dir: {config.cache_dir} {unusable}: calls use a private temporary cache instead (gone at "
+                 "exit), and the commands that build or read the cache refuse to run")
     lines.append(f"fastpath:  {_fastpath_line(config.fastpath)}")
     lines.append(f"backends:  configured {','.join(config.backends)}")
     problem = probe_problem(arch, name)
@@ -360,10 +363,37 @@ _CACHE_COMMANDS = {"list": _cache_list, "show": _cache_show, "export": _cache_ex
                    "verify": _cache_verify, "prune": _cache_prune, "clear": _cache_clear}
 
 
+def _needs_the_cache(args) -> bool:
+    """Whether the command builds into or reads from the cache directory (info and config only describe it; lut check
+    reads its file; lut export --store reads that store)."""
+    if args.command in ("info", "config"):
+        return False
+    if args.command == "lut":
+        return args.lut_command == "export" and not args.store
+    return True
+
+
+def _cache_unusable(args) -> str | None:
+    """The error line when the command needs the cache directory and it fails its checks. A call falls back to a
+    private temporary cache with a warning; a command would then build or read there, and what it built (a warmup's
+    kernels, a tune's selections, the C++ table, an imported bundle) would be gone at exit."""
+    if not _needs_the_cache(args):
+        return None
+    why = problem_with(Path(config.cache_dir))
+    if why is None:
+        return None
+    return (f"python -m kernels {args.command}: error: the cache directory {config.cache_dir} (KERNELS_CACHE_DIR) "
+            f"{why}; this command builds or reads there. Fix it, or set KERNELS_CACHE_DIR to a directory of yours")
+
+
 def run(args, early: worker_launch.EarlyWorkers | None = None) -> int:
     """Run the parsed command line. The tune workers in `early` are the tune run's to adopt; any it does not are
     ended here."""
     try:
+        unusable = _cache_unusable(args)
+        if unusable is not None:
+            print(unusable, file=sys.stderr)
+            return 2
         if args.command == "info":
             print("\n".join(info_lines()))
             return 0

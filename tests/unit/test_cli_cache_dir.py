@@ -1,0 +1,42 @@
+"""The commands that build into or read the cache directory refuse to run when it fails its checks (a call would fall
+back to a private temporary cache, and a command's work there -- kernels, selections, the C++ table, an import --
+would be gone at exit); the ones that only describe the machine or read their own file still run."""
+import pytest
+
+from kernels import __main__ as cli
+
+NEEDS_THE_CACHE = [["fastpath", "build"], ["warmup", "--dtypes", "int8"], ["tune", "LIST", "--dry-run"],
+                   ["cache", "list"], ["cache", "import", "bundle.tar.gz"], ["lut", "export"]]
+
+
+@pytest.fixture
+def cache_is_a_file(tmp_path, monkeypatch):
+    path = tmp_path / "not-a-folder"
+    path.write_text("")
+    monkeypatch.setenv("KERNELS_CACHE_DIR", str(path))
+    return path
+
+
+@pytest.mark.parametrize("argv", NEEDS_THE_CACHE, ids=lambda argv: " ".join(argv[:2]))
+def test_a_command_that_needs_the_cache_refuses_an_unusable_one(argv, cache_is_a_file, tmp_path, capsys):
+    listed = tmp_path / "one.csv"
+    listed.write_text("m,n,k,dtype,layout\n32,48,64,fp16,nn\n")
+    argv = [str(listed) if a == "LIST" else a for a in argv]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"the cache directory {cache_is_a_file} (KERNELS_CACHE_DIR) is not a directory" in err
+    assert cache_is_a_file.read_text() == ""
+
+
+def test_describing_commands_still_run_and_info_says_what_is_wrong(cache_is_a_file, tmp_path, capsys):
+    table = tmp_path / "lut.json"
+    table.write_text('{"version": 1, "entries": []}')
+    assert cli.main(["lut", "check", str(table)]) == 0
+    (tmp_path / "store").mkdir()
+    assert cli.main(["lut", "export", "--store", str(tmp_path / "store"), "-o", str(tmp_path / "out.json")]) == 0
+    assert cli.main(["config"]) == 0
+    capsys.readouterr()
+    with pytest.warns(UserWarning):
+        assert cli.main(["info"]) == 0
+    assert f"cache dir: {cache_is_a_file} is not a directory: calls use a private temporary cache" in \
+        capsys.readouterr().out
