@@ -3,6 +3,7 @@ comes with it). `run(args, early)` runs the parsed command; `early` holds the tu
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import warnings
 from collections import Counter
@@ -373,6 +374,15 @@ def _needs_the_cache(args) -> bool:
     return True
 
 
+def _writes_the_cache(args) -> bool:
+    """Whether the command's work is what it writes there (a tune's selections, built kernels, an import, removals)."""
+    if args.command == "tune":
+        return not args.dry_run
+    if args.command == "cache":
+        return args.cache_command in ("import", "prune", "clear") or (args.cache_command == "verify" and args.fix)
+    return args.command in ("warmup", "fastpath")
+
+
 def _cache_unusable(args) -> str | None:
     """The error line when the command needs the cache directory and it fails its checks. A call falls back to a
     private temporary cache with a warning; a command would then build or read there, and what it built (a warmup's
@@ -380,6 +390,8 @@ def _cache_unusable(args) -> str | None:
     if not _needs_the_cache(args):
         return None
     why = problem_with(Path(config.cache_dir))
+    if why is None and _writes_the_cache(args) and not os.access(config.cache_dir, os.W_OK | os.X_OK):
+        why = "cannot be written (a read-only file system or its mode)"
     if why is None:
         return None
     return (f"python -m kernels {args.command}: error: the cache directory {config.cache_dir} (KERNELS_CACHE_DIR) "

@@ -40,3 +40,27 @@ def test_describing_commands_still_run_and_info_says_what_is_wrong(cache_is_a_fi
         assert cli.main(["info"]) == 0
     assert f"cache dir: {cache_is_a_file} is not a directory: calls use a private temporary cache" in \
         capsys.readouterr().out
+
+
+WRITES_THE_CACHE = [["fastpath", "build"], ["warmup", "--dtypes", "int8"], ["tune", "LIST"],
+                    ["cache", "import", "bundle.tar.gz"], ["cache", "prune", "--stale"], ["cache", "clear", "--yes"],
+                    ["cache", "verify", "--fix"]]
+
+
+@pytest.mark.parametrize("argv", WRITES_THE_CACHE, ids=lambda argv: " ".join(argv[:2] + argv[2:][:1]))
+def test_a_command_whose_work_is_written_there_refuses_a_cache_it_cannot_write(argv, tmp_path, monkeypatch, capsys):
+    """os.access stands in for a read-only file system (a root test process may write a 0500 folder)."""
+    import kernels.commands as commands
+
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    monkeypatch.setenv("KERNELS_CACHE_DIR", str(cache))
+    real = commands.os.access
+    monkeypatch.setattr(commands.os, "access", lambda p, mode: False if str(p) == str(cache) else real(p, mode))
+    listed = tmp_path / "one.csv"
+    listed.write_text("m,n,k,dtype,layout\n32,48,64,fp16,nn\n")
+    assert cli.main([str(listed) if a == "LIST" else a for a in argv]) == 2
+    assert f"the cache directory {cache} (KERNELS_CACHE_DIR) cannot be written" in capsys.readouterr().err
+    # reading it still works
+    assert cli.main(["cache", "list"]) == 0
+    assert cli.main(["tune", str(listed), "--dry-run"]) == 0
