@@ -266,10 +266,7 @@ def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets) -> 
     result = check(problem, out, reference(problem, *first_set))
     if not result.ok:
         return KernelsMmResult("error", winner=sel.winner, message=f"wrong result: {result.message}"), None
-    ranked = sel.ranked()
-    regret = None
-    if device == "cuda" and ranked and isinstance(sel.timings.get(sel.winner), float):
-        regret = sel.timings[sel.winner] / ranked[0][1] - 1.0
+    regret = sel.regret() if device == "cuda" else None
     why_not_torch = _aten_cannot_run(problem) if device == "cuda" else ""
     return KernelsMmResult("ok", winner=sel.winner, source=first_call_source(before, kernels.stats()), regret=regret,
                            first_call_s=first, message=f"no torch baseline: {why_not_torch}" if why_not_torch else ""

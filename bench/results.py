@@ -75,7 +75,7 @@ class KernelsMmResult:
     torch_p20_ms: float | None = None
     torch_p80_ms: float | None = None
     speedup: float | None = None      # torch_ms / mm_ms
-    regret: float | None = None       # from its tune's Selection: winner's final-round time / best candidate's - 1
+    regret: float | None = None       # its tune's Selection.regret(): winner / fastest finalist - 1, final round
     first_call_s: float | None = None # wall time of the first call (tuning or loading the selection)
     message: str = ""
     measured: str = ""                # "steady" when timed in the row's measurement, "" when not timed

@@ -39,10 +39,28 @@ class Selection:
     def winner_choice(self) -> Choice:
         return self.choices[self.winner]
 
+    def finalists(self) -> list[str]:
+        """The candidates the final round timed side by side (their details hold "final_ms"; their timings are the
+        final round's), in no order; [] for a selection without a final round."""
+        return [n for n, t in self.timings.items()
+                if isinstance(t, float) and isinstance(self.details.get(n), dict) and "final_ms" in self.details[n]]
+
     def ranked(self) -> list[tuple[str, float]]:
-        """Timed candidates, fastest first."""
+        """Timed candidates: the final round's fastest first, then the others by their first pass. The two rounds'
+        times are not compared: in the steady regime a tile's 40 ms first pass runs up to ~12% ahead of what it does
+        in the final round's 1 s windows (a cool chip), so a winner sorted among first-pass times looks slower than
+        candidates it beat."""
+        final = set(self.finalists())
         timed = [(n, t) for n, t in self.timings.items() if isinstance(t, float)]
-        return sorted(timed, key=lambda x: x[1])
+        return sorted(timed, key=lambda x: (x[0] not in final, x[1]))
+
+    def regret(self) -> float | None:
+        """How much slower the winner ran than the fastest finalist in the final round (0.0 when it was the fastest;
+        the rules may keep a simpler candidate within a tie), or None when there was no final round."""
+        final = {n: self.timings[n] for n in self.finalists()}
+        if self.winner not in final:
+            return None
+        return final[self.winner] / min(final.values()) - 1.0
 
     def failures(self) -> dict[str, str]:
         return {n: t for n, t in self.timings.items() if isinstance(t, str)}
@@ -74,16 +92,22 @@ class Selection:
         """The AUTOTUNE table: timed choices sorted by time with % of best, then the failures. `rounds`: each timed
         choice's first-pass, re-timed (final round) and GPU times in us, where tuning took them."""
         ranked = self.ranked()
-        best = ranked[0][1] if ranked else float("nan")
+        final = set(self.finalists())
         stages = ", ".join(f"{k} {v:.2f}" for k, v in self.stage_seconds.items())
         lines = [f"AUTOTUNE {self.problem.short()} -> {self.winner} ({self.source}, {self.regime} final round, "
                  f"{self.tune_seconds:.2f} s{': ' + stages if stages else ''})"]
-        for name, t in ranked:
-            mark = "*" if name == self.winner else " "
-            d = self.details.get(name, {}) if rounds else {}
-            extra = "".join(f"  {key} {d[key] * 1e3:.2f}" for key in ROUND_KEYS if key in d)
-            share = f"{100 * best / t:6.1f}%" if t > 0 else "     -"     # a selection made in code may hold a 0
-            lines.append(f" {mark} {name:<52} {t * 1e3:10.2f} us  {share}{extra}")
+        # % of the best within its own round: the final round's candidates, then the first pass's others
+        groups = [[(n, t) for n, t in ranked if n in final], [(n, t) for n, t in ranked if n not in final]]
+        for i, group in enumerate(g for g in groups if g):
+            if final and i == 1:
+                lines.append("   (first pass only: not timed in the final round, not comparable with it)")
+            best = group[0][1]
+            for name, t in group:
+                mark = "*" if name == self.winner else " "
+                d = self.details.get(name, {}) if rounds else {}
+                extra = "".join(f"  {key} {d[key] * 1e3:.2f}" for key in ROUND_KEYS if key in d)
+                share = f"{100 * best / t:6.1f}%" if t > 0 else "     -"     # a selection made in code may hold a 0
+                lines.append(f" {mark} {name:<52} {t * 1e3:10.2f} us  {share}{extra}")
         for name, why in self.failures().items():
             lines.append(f"   {name:<52} {why[:160]}")
         lines.extend(f"   note: {n}" for n in self.notes)
