@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,17 @@ from kernels.core.problem import GemmProblem
 from kernels.dispatch import api
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def eventually(condition, timeout: float = 30.0, every: float = 0.02) -> bool:
+    """Whether `condition()` becomes true within `timeout` seconds, polled: for what another process or thread does
+    in its own time (a fixed sleep before the assert is too short on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(every)
+    return True
 
 
 def strides(rows: int, cols: int, layout: str) -> tuple[int, int]:

@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -25,10 +24,8 @@ def _compare(code_or_args, tmp_path, timeout=120, hide=()):
     env.pop("TRITON_INTERPRET", None)
     code = "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in hide) + \
         f"from bench.compare import main\nsys.exit(main({code_or_args!r}))\n"
-    start = time.perf_counter()
-    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=timeout)
-    return res, time.perf_counter() - start
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -37,24 +34,23 @@ def cpu_run(tmp_path_factory):
     64x64x64 is aligned: padded is unavailable), its table printed as plain text (rich hidden)."""
     tmp = tmp_path_factory.mktemp("cpu_run")
     out = tmp / "r.json"
-    res, seconds = _compare(["--backends", "aten,triton,padded", "--json", str(out)], tmp, hide=("rich",))
+    res = _compare(["--backends", "aten,triton,padded", "--json", str(out)], tmp, hide=("rich",))
     assert res.returncode == 0, res.stderr[-3000:]
-    return res, json.loads(out.read_text()), seconds
+    return res, json.loads(out.read_text())
 
 
 @no_gpu_only
 def test_says_no_gpu_first_and_runs_tiny_fp16_shapes(cpu_run):
-    res, data, seconds = cpu_run
+    res, data = cpu_run
     assert res.stderr.startswith("No GPU: a correctness-only run") and "Triton interpreter" in res.stderr
     assert res.stdout.startswith("NO GPU: correctness only")
     assert data["mode"] == "cpu-interpreter" and data["args"]["shapes"] == "tiny" and data["args"]["dtype"] == "fp16"
     assert [(s["m"], s["n"], s["k"]) for s in data["shapes"]] == [(64, 64, 64), (17, 33, 65)]
-    assert seconds < 60
 
 
 @no_gpu_only
 def test_correctness_only_prints_no_speedups(cpu_run):
-    res, data, _ = cpu_run
+    res, data = cpu_run
     for word in ("vs aten", "geomean", "x torch", "TFLOP/s", "% floor", "speedup vs", "median ms"):
         assert word not in res.stdout, word
     assert not re.search(r"\d\.\d+x\b", res.stdout)          # no ratio anywhere
@@ -83,7 +79,7 @@ def _table_rows(stdout: str) -> list[list[str]]:
 
 @no_gpu_only
 def test_summary_agrees_with_the_table(cpu_run):
-    res, data, _ = cpu_run
+    res, data = cpu_run
     rows = _table_rows(res.stdout)
     # the table: per column, how many shapes say each outcome
     table = {}
@@ -113,28 +109,27 @@ def test_summary_agrees_with_the_table(cpu_run):
 
 @no_gpu_only
 def test_a_median_is_never_printed_outside_its_own_p20_p80(cpu_run):
-    _, data, _ = cpu_run
-    for s in data["shapes"]:
-        for c in s["cells"].values():
-            if c["p20_ms"] is not None:
-                assert c["p20_ms"] <= c["median_ms"] <= c["p80_ms"], c
+    _, data = cpu_run
+    spread = [c for s in data["shapes"] for c in s["cells"].values() if c["p20_ms"] is not None]
+    assert spread                      # the run printed spreads: the rule below is checked, not skipped
+    for c in spread:
+        assert c["p20_ms"] <= c["median_ms"] <= c["p80_ms"], c
 
 
 def test_plot_without_matplotlib_fails_before_any_work(tmp_path):
-    res, seconds = _compare(["--plot", str(tmp_path / "p.png"), "--shapes", "tiny"], tmp_path, timeout=60,
-                            hide=("matplotlib",))
+    res = _compare(["--plot", str(tmp_path / "p.png"), "--shapes", "tiny"], tmp_path, timeout=60,
+                   hide=("matplotlib",))
     assert res.returncode == 2
     assert 'pip install "kernels[plot]"' in res.stderr and "pip install matplotlib" in res.stderr
     assert res.stdout == "" and "No GPU" not in res.stderr        # nothing ran: no banner, no table
     assert not (tmp_path / "p.png").exists() and not (tmp_path / "cache").exists()
-    assert seconds < 30
 
 
 @no_gpu_only
 def test_plot_after_installing_matplotlib_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
-    res, _ = _compare(["--plot", str(tmp_path / "p.png"), "--shapes", str(_one_shape(tmp_path)), "--quiet"],
-                      tmp_path)
+    res = _compare(["--plot", str(tmp_path / "p.png"), "--shapes", str(_one_shape(tmp_path)), "--quiet"],
+                   tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -60,7 +60,9 @@ def test_misaligned_pointer_is_copied():
     b = torch.randn(24, 16).to(torch.float16)
     p = GemmProblem.from_tensors("mm", a, b)
     assert p.align_a == 2 and not is_aligned(p)
-    for outcome in build_padded(a, b)[0]:
+    outcomes = build_padded(a, b, require_available=True)[0]
+    assert outcomes
+    for outcome in outcomes:
         assert_close(outcome.runner.launch(a, b, None), a, b)
 
 
@@ -75,7 +77,7 @@ def test_two_launch_triton_padded_matches_torch(dtype, m, n, k, la, lb, inner):
 
     a, b = operand(m, k, la, dtype), operand(k, n, lb, dtype)
     template = f"triton_padded_{inner}int8_mm" if dtype == torch.int8 else f"triton_padded_{inner}mm"
-    for outcome in build_offered(template, a, b, limit=2):
+    for outcome in build_offered(template, a, b, limit=2, require=True):
         check_launches(outcome.runner, a, b, calls=2)       # the padded buffers are reused between calls
 
 

@@ -31,8 +31,13 @@ def test_int8_row_by_col_is_offered(template):
 
 @pytest.mark.parametrize("la,lb", [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")])
 def test_16bit_every_layout(la, lb):
+    """Every layout of an aligned bf16 problem gets configs, each one the template supports, at full-width accesses
+    (8 bf16 = 16 bytes)."""
+    p = problem(la=la, lb=lb)
     for template in (SM90, SM80):
-        assert ranked_configs(problem(la=la, lb=lb), template)[0]
+        cfgs, _ = ranked_configs(p, template)
+        assert cfgs and all(c.align == 8 and c.align_c == 8 for c in cfgs)
+        assert all(supports_cutlass(p, template, c) == (True, "") for c in cfgs)
 
 
 def test_misaligned_pointer_reason():

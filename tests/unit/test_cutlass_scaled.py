@@ -2,6 +2,7 @@
 swap renders, the entry points' signature, what supports_cutlass() refuses and why, the pool, the launch's pointer
 order, the ninja edge and the (absent) default set. Compiles: tests/interp/test_cutlass_compile.py; GPU:
 tests/gpu/test_cutlass.py."""
+import ctypes
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -281,10 +282,13 @@ def test_a_strided_scale_is_passed_as_a_contiguous_copy(monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
     p = scaled(m=16, n=64, k=32, scaling="row")
     kernel = _FakeKernel()
+    seen = []
+    # read what the kernel would read, while the call holds the copy: 16 fp32 at unit stride from the pointer
+    kernel.run = lambda *args: seen.append(list((ctypes.c_float * 16).from_address(args[2]))) or 0
     launch = make_launcher(kernel, p, fitted(p, COOP))
     strided = torch.arange(32.0).reshape(16, 2)[:, :1]                      # (16, 1) at stride 2
     launch(torch.ones(16, 32), torch.ones(64, 32).t(), strided, torch.ones(1, 64))
-    assert kernel.calls[-1][2] != strided.data_ptr()
+    assert seen == [strided.flatten().tolist()] == [[2.0 * i for i in range(16)]]
 
 
 # -- the default set -------------------------------------------------------------------------------------------------

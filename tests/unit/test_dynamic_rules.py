@@ -45,12 +45,12 @@ def test_edge_and_exact_buckets():
 
 @pytest.mark.parametrize("bad", ["pow3", "64,16", "0,4", "16,16", "", "a,b"])
 def test_bad_bucket_rules(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=rf"^bucket (rule|edges) must be .*got {bad!r}$"):
         BucketRule(bad)
 
 
 def test_bucket_of_nonpositive_size_is_an_error():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"bucket of a size < 1 \(0\)"):
         BucketRule("pow2").bounds(0)
 
 
@@ -92,12 +92,12 @@ def test_parse_dims_hints_mode():
     assert parse_hints("m=16,64;k=1024") == (("m", (16, 64)), ("k", (1024,)))
     assert parse_hints({"k": [8], "m": (2, 1)}) == (("m", (1, 2)), ("k", (8,)))
     for bad in ("0,64", (-1,), (1.5,), "", "q=4"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="size hint|unknown dimension"):
             parse_hints(bad)
     assert hints_for((16, 32), ("m", "k")) == {"m": (16, 32), "k": (16, 32)}
     assert hints_for((("k", (8,)),), ("m", "k")) == {"m": DEFAULT_HINTS, "k": (8,)}
     assert parse_mode(" Similarity ") == "similarity"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="dynamic mode must be one of .*got 'guess'"):
         parse_mode("guess")
     assert parse_buckets("pow2") == "pow2"
 
@@ -130,7 +130,7 @@ def test_resolve_declarations():
         resolve(["m"])
     with pytest.raises(InputValueError, match="unknown dynamic"):
         resolve("q")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="Dynamic needs at least one of m, n, k"):
         Dynamic("")
 
 

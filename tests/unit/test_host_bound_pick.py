@@ -213,7 +213,7 @@ def test_tune_pauses_the_cyclic_collector_and_restores_it(monkeypatch):
     def boom(problem, backends, on_stage=None):
         raise RuntimeError("tune failed")
     monkeypatch.setattr(autotune, "_tune", boom)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="tune failed"):
         autotune.tune(problem(), ())
     assert gc.isenabled()
 

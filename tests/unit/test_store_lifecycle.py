@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from kernels.core.fsutil import build_each_once, file_lock, load_or_build
+from tests.helpers import eventually
 
 
 def test_a_hit_never_takes_the_lock_or_builds():
@@ -111,8 +112,8 @@ def test_a_key_the_other_process_left_unbuilt_is_built_after_waiting(tmp_path):
         t = threading.Thread(target=lambda: result.setdefault("keys", build_each_once(
             ["w", "x"], lambda k: base / "locks" / f"{k}.lock", lambda k: (base / f"{k}.built").exists(), build)))
         t.start()
-        time.sleep(0.3)
-        assert calls == [["w"]]                                 # its own key first, without waiting for x
+        assert eventually(lambda: calls == [["w"]])            # its own key first, without waiting for x
+        assert calls == [["w"]]
     t.join(30)
     assert calls == [["w"], ["x"]] and result["keys"] == ["w", "x"]
 

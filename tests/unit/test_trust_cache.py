@@ -233,9 +233,11 @@ def test_explain_of_a_dynamic_own_tune_survives_a_shrink(monkeypatch):
     kernels.config.max_problems = 8
     a, b = torch.randn(24, 40), torch.randn(40, 8)
     kernels.mm(a, b, dynamic="m")
+    before = kernels.explain(a, b, dynamic="m")
     for m in range(1, 12):
         kernels.mm(torch.randn(m, 8), torch.randn(8, 4))
-    assert kernels.explain(a, b, dynamic="m").winner
+    after = kernels.explain(a, b, dynamic="m")
+    assert before.winner and (after.winner, after.problem) == (before.winner, before.problem)
 
 
 def test_a_relative_cache_dir_is_made_absolute(monkeypatch, tmp_path):
