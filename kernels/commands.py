@@ -353,10 +353,18 @@ def _cache_clear(args) -> int:
         if not sys.stdin.isatty():
             print(f"python -m kernels cache clear: refusing to empty {where} without --yes", file=sys.stderr)
             return 1
-        if input(f"remove everything in {where}? [y/N] ").strip().lower() not in ("y", "yes"):
+        if input(f"remove what kernels made in {where}? [y/N] ").strip().lower() not in ("y", "yes"):
             print("nothing removed")
             return 1
-    print(f"removed {cache_admin.clear()} entries from {where}")
+    try:
+        removed, others = cache_admin.clear()
+    except OSError as e:
+        print(f"python -m kernels cache clear: error: cannot remove {e.filename or where}: {e.strerror or e}",
+              file=sys.stderr)
+        return 1
+    print(f"removed {removed} entries from {where}" + (
+        f"; left {len(others)} that kernels did not make: {', '.join(others[:5])}{' ...' if len(others) > 5 else ''}"
+        if others else ""))
     return 0
 
 

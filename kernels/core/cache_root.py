@@ -18,6 +18,18 @@ from kernels.core.config import config
 from kernels.core.fsutil import make_private_dirs
 
 
+# What kernels makes at the top of the cache directory, and who makes it: `cache clear` removes these and nothing else
+# (KERNELS_CACHE_DIR may name a folder that holds other things). tests/unit/test_cli_cache_dir.py keeps the list
+# complete against the sources.
+CACHE_ENTRIES = (
+    "selections",   # kernels.store: selections, dynamic bucket decisions
+    "triton",       # backends.triton: generated modules, compiled-kernel records, Triton's own cache
+    "cutlass",      # backends.cutlass: sources, binaries, batches, the background build's queue
+    "fastpath",     # kernels.native: the C++ warm-call table
+    "logs",         # kernels.tune.worker_launch: `tune --gpus` worker logs
+)
+
+
 class CacheWarning(UserWarning):
     """The cache could not be used as configured (kernels goes on with a private directory, or from memory)."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends import triton_modules
-from kernels.core.cache_root import cache_root, is_private_fallback, problem_with
+from kernels.core.cache_root import CACHE_ENTRIES, cache_root, is_private_fallback, problem_with
 from kernels.core.config import config
 from kernels.core.fsutil import file_lock, marker_valid
 from kernels.core.selection import Selection
@@ -387,17 +387,22 @@ def _prunable(entry: StoredEntry, current: Selection, cutoff: float | None, mach
     return machine is not None and bool(environment.differences(entry.environment(), machine, environment.SOFTWARE))
 
 
-def clear() -> int:
-    """Remove everything in the cache directory (the directory itself stays, private). Returns how many top-level
-    entries were removed. Processes running meanwhile see misses, and rebuild what they need."""
+def clear() -> tuple[int, list[str]]:
+    """Remove what kernels made in the cache directory (CACHE_ENTRIES; the directory itself stays, private): (how many
+    of those top-level entries were removed, the names of the others, left in place). KERNELS_CACHE_DIR may name a
+    folder that holds other things, and clearing must not take them. Processes running meanwhile see misses, and
+    rebuild what they need. An entry that cannot be removed raises OSError naming it."""
     base = root()
     removed = 0
     with os.scandir(base) as it:
-        names = [Path(e.path) for e in it]
-    for path in names:
+        names = sorted(e.name for e in it)
+    for name in names:
+        if name not in CACHE_ENTRIES:
+            continue
+        path = base / name
         if stat.S_ISDIR(os.lstat(path).st_mode):
             shutil.rmtree(path)               # never follows a link inside (it removes the link)
         else:
             os.unlink(path)
         removed += 1
-    return removed
+    return removed, [n for n in names if n not in CACHE_ENTRIES]

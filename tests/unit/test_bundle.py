@@ -481,6 +481,21 @@ def test_clear_asks_for_yes_and_then_empties_the_cache(tmp_path, monkeypatch, ca
     assert list(root.iterdir()) == [] and root.is_dir()
 
 
+def test_clear_removes_only_what_kernels_made(tmp_path, monkeypatch, capsys):
+    """KERNELS_CACHE_DIR may name a folder that holds other things (a typo, a shared folder): clear takes only the
+    cache's own entries and names what it left."""
+    root = use_cache(monkeypatch, tmp_path / "c")
+    store(cpu_problem())
+    (root / "thesis").mkdir()
+    (root / "thesis" / "main.tex").write_text("years of work")
+    (root / "notes.md").write_text("mine")
+    assert main(["cache", "clear", "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert "removed 1 entries" in out and "left 2 that kernels did not make: notes.md, thesis" in out
+    assert sorted(p.name for p in root.iterdir()) == ["notes.md", "thesis"] and not stored()
+    assert (root / "thesis" / "main.tex").read_text() == "years of work"
+
+
 def test_a_cache_directory_that_fails_its_checks_is_refused_before_anything_is_written(exported, tmp_path,
                                                                                          monkeypatch):
     path, _ = exported

@@ -64,3 +64,19 @@ def test_a_command_whose_work_is_written_there_refuses_a_cache_it_cannot_write(a
     # reading it still works
     assert cli.main(["cache", "list"]) == 0
     assert cli.main(["tune", str(listed), "--dry-run"]) == 0
+
+
+def test_every_top_level_entry_kernels_makes_is_one_cache_clear_knows():
+    """cache clear removes CACHE_ENTRIES only: a new top-level folder made anywhere must join the list, or clear
+    would leave it behind."""
+    import re
+
+    from kernels.core.cache_root import CACHE_ENTRIES
+    from tests.helpers import REPO
+
+    made = set()
+    for path in [*(REPO / "kernels").rglob("*.py"), *(REPO / "backends").rglob("*.py")]:
+        text = path.read_text()
+        made |= set(re.findall(r'cache_root\(\) / "([^"/]+)', text))
+        made |= {sub.split("/")[0] for sub in re.findall(r'^\s+subdir = "([^"]+)"', text, re.M) if sub}
+    assert made and made <= set(CACHE_ENTRIES), made - set(CACHE_ENTRIES)
