@@ -14,7 +14,7 @@ import torch
 
 from backends import get_backend
 from kernels.core import progress
-from kernels.core.cache_root import cache_root, problem_with
+from kernels.core.cache_root import CACHE_ENTRIES, cache_root, problem_with
 from kernels.core.config import ALL_BACKENDS, config, settings_markdown, with_readme_settings
 from kernels.core.errors import SettingError
 from kernels.core.problem import gpu_of, probe_problem
@@ -391,15 +391,26 @@ def _writes_the_cache(args) -> bool:
     return args.command in ("warmup", "fastpath")
 
 
+def _entry_problem(base: Path, writes: bool) -> str | None:
+    """Why the cache directory, or one of the entries kernels keeps at its top (CACHE_ENTRIES), cannot serve the
+    command: an entry that is not a folder, or (`writes`) one it cannot write; None when all can."""
+    for path in (base, *(base / name for name in CACHE_ENTRIES)):
+        if path != base and not os.path.lexists(path):
+            continue
+        if path != base and (path.is_symlink() or not path.is_dir()):
+            return f"holds {path.name}, which is not a folder"
+        if writes and not os.access(path, os.W_OK | os.X_OK):
+            return f"cannot be written{'' if path == base else f' in {path.name}'} (a read-only file system or a mode)"
+    return None
+
+
 def _cache_unusable(args) -> str | None:
     """The error line when the command needs the cache directory and it fails its checks. A call falls back to a
     private temporary cache with a warning; a command would then build or read there, and what it built (a warmup's
     kernels, a tune's selections, the C++ table, an imported bundle) would be gone at exit."""
     if not _needs_the_cache(args):
         return None
-    why = problem_with(Path(config.cache_dir))
-    if why is None and _writes_the_cache(args) and not os.access(config.cache_dir, os.W_OK | os.X_OK):
-        why = "cannot be written (a read-only file system or its mode)"
+    why = problem_with(Path(config.cache_dir)) or _entry_problem(Path(config.cache_dir), _writes_the_cache(args))
     if why is None:
         return None
     return (f"python -m kernels {args.command}: error: the cache directory {config.cache_dir} (KERNELS_CACHE_DIR) "

@@ -80,3 +80,27 @@ def test_every_top_level_entry_kernels_makes_is_one_cache_clear_knows():
         made |= set(re.findall(r'cache_root\(\) / "([^"/]+)', text))
         made |= {sub.split("/")[0] for sub in re.findall(r'^\s+subdir = "([^"]+)"', text, re.M) if sub}
     assert made and made <= set(CACHE_ENTRIES), made - set(CACHE_ENTRIES)
+
+
+def test_an_entry_of_the_cache_that_is_not_a_folder_or_cannot_be_written_is_named(tmp_path, monkeypatch, capsys):
+    """The top folder may pass while `selections` is a plain file (every command traced back on it) or cannot be
+    written (a tune's selections died with the process)."""
+    import kernels.commands as commands
+
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    monkeypatch.setenv("KERNELS_CACHE_DIR", str(cache))
+    listed = tmp_path / "one.csv"
+    listed.write_text("m,n,k,dtype,layout\n32,48,64,fp16,nn\n")
+    (cache / "selections").write_text("")
+    for argv in (["tune", str(listed)], ["cache", "list"], ["cache", "verify"]):
+        assert cli.main(argv) == 2
+        assert "(KERNELS_CACHE_DIR) holds selections, which is not a folder" in capsys.readouterr().err
+    (cache / "selections").unlink()
+    (cache / "selections").mkdir()
+    real = commands.os.access
+    monkeypatch.setattr(commands.os, "access",
+                        lambda p, mode: False if str(p) == str(cache / "selections") else real(p, mode))
+    assert cli.main(["tune", str(listed)]) == 2
+    assert "(KERNELS_CACHE_DIR) cannot be written in selections" in capsys.readouterr().err
+    assert cli.main(["cache", "list"]) == 0
