@@ -164,15 +164,22 @@ def _tune_settings(args) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "tune":
-        if not _tune_settings(args):
-            return 2
-        if _may_tune_on_gpus(args):
-            # workers started before torch is loaded: their start-up (seconds) overlaps this process's; a SIGTERM or
-            # SIGHUP meanwhile ends them as ^C does (commands.run ends the ones the run did not adopt)
-            with gpu_pool.terminations_as_interrupt():
+    if args.command == "tune" and not _tune_settings(args):
+        return 2
+    # SIGTERM and SIGHUP stop a command as ^C does: what it started (tune workers, ninja and its compilers, each in
+    # their own process group) is ended on the way out instead of left running when the default action kills us
+    try:
+        with gpu_pool.terminations_as_interrupt():
+            if args.command == "tune" and _may_tune_on_gpus(args):
+                # workers started before torch is loaded: their start-up (seconds) overlaps this process's
+                # (commands.run ends the ones the run did not adopt)
                 return _run(args, worker_launch.start_early(args.gpus))
-    return _run(args, None)
+            return _run(args, None)
+    except KeyboardInterrupt as e:
+        why = f" ({e})" if str(e) else ""
+        print(f"python -m kernels {args.command}: interrupted{why}; nothing it started is left running",
+              file=sys.stderr)
+        return 130
 
 
 def _run(args, early: worker_launch.EarlyWorkers | None) -> int:

@@ -47,11 +47,27 @@ def run_in_group(command: list[str], timeout_s: float | None = None, on_line=Non
             proc.wait(timeout=timeout_s)
             output = "".join(lines)
     except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _end_group(proc)
         raise
     return proc.returncode, output
+
+
+# how long an interrupted build's group has to stop on SIGTERM before SIGKILL
+STOP_GRACE_S = 5.0
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the group first: ninja runs each compile in a process group of its own and, on SIGTERM, ends those
+    groups itself; SIGKILL would leave its nvcc and cicc running, re-parented to init. Then SIGKILL what is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def alive(pid: int) -> bool:
