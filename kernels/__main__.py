@@ -88,11 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="compile again the kernels whose compile failed before (recorded, else never retried)")
 
     fp = sub.add_parser("fastpath", help="the C++ warm-call table").add_subparsers(dest="fastpath_command",
-                                                                                  required=True)
+                                                                                  required=True, metavar="build")
     fpb = fp.add_parser("build", help="compile it now (normally built in the background on the first tune)")
     fpb.add_argument("--force", action="store_true", help="retry even when an earlier build failed")
 
-    lut = sub.add_parser("lut", help="lookup tables").add_subparsers(dest="lut_command", required=True)
+    lut = sub.add_parser("lut", help="lookup tables").add_subparsers(dest="lut_command", required=True,
+                                                                        metavar="export|check")
     exp = lut.add_parser("export", help="write a lookup table from the selection store")
     exp.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
     exp.add_argument("--store", help="selection store directory (default: <cache dir>/selections)")
@@ -122,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cache_parser(sub) -> None:
     cache = sub.add_parser("cache", help="the selection cache: list, show, export/import bundles, verify, prune, clear")
-    cmds = cache.add_subparsers(dest="cache_command", required=True)
+    cmds = cache.add_subparsers(dest="cache_command", required=True,
+                                metavar="list|show|export|import|verify|prune|clear")
     cmds.add_parser("list", help="one line per stored selection: key, tuned when, final round, problem, winner")
     show = cmds.add_parser("show", help="a stored selection's table")
     show.add_argument("key", help="the key as `cache list` shows it (any unique prefix)")

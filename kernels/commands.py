@@ -3,6 +3,7 @@ comes with it). `run(args, early)` runs the parsed command; `early` holds the tu
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import warnings
@@ -154,6 +155,12 @@ def _lut_export(args) -> int:
 
 
 def _lut_check(args) -> int:
+    try:
+        json.loads(Path(args.file).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else f"not valid JSON ({e})"
+        print(f"python -m kernels lut check: error: {args.file}: {why}", file=sys.stderr)
+        return 2
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         table = lut.load(args.file)
@@ -187,7 +194,12 @@ def _config(args) -> int:
         sys.stdout.write(settings_markdown())
         return 0
     path = Path(args.readme)
-    path.write_text(with_readme_settings(path.read_text()))
+    try:
+        path.write_text(with_readme_settings(path.read_text()))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        print(f"python -m kernels config: error: --readme {path}: {why}", file=sys.stderr)
+        return 2
     print(f"settings table written into {path}", file=sys.stderr)
     return 0
 

@@ -1,0 +1,28 @@
+"""The CLI's own bad input ends in one line naming the file or what is missing, exit status 2, no traceback (a new
+user's probe found tracebacks for these)."""
+import pytest
+
+from kernels import __main__ as cli
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["config", "--readme", "{tmp}/missing.md"], "--readme {tmp}/missing.md: No such file or directory"),
+    (["config", "--readme", "{tmp}"], "--readme {tmp}: Is a directory"),
+    (["config", "--readme", "{tmp}/plain.md"], "no <!-- settings:begin --> ... <!-- settings:end --> section"),
+    (["lut", "check", "{tmp}/missing.json"], "lut check: error: {tmp}/missing.json: No such file or directory"),
+    (["lut", "check", "{tmp}/broken.json"], "lut check: error: {tmp}/broken.json: not valid JSON"),
+])
+def test_a_bad_file_is_one_line_naming_it(argv, says, tmp_path, capsys):
+    (tmp_path / "plain.md").write_text("# a README without the settings markers\n")
+    (tmp_path / "broken.json").write_text("{not json")
+    assert cli.main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert says.format(tmp=tmp_path) in err and "Traceback" not in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("command, choices", [("fastpath", "build"), ("lut", "export|check"),
+                                              ("cache", "list|show|export|import|verify|prune|clear")])
+def test_a_missing_subcommand_names_the_choices(command, choices, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([command])
+    assert e.value.code == 2 and f"the following arguments are required: {choices}" in capsys.readouterr().err
