@@ -308,7 +308,11 @@ def _cache_show(args) -> int:
 
 def _cache_export(args) -> int:
     items = args.problems or []
-    files = [p for p in items if p.endswith(problem_list.SUFFIXES) and Path(p).is_file()]
+    absent = [p for p in items if p.endswith(problem_list.SUFFIXES) and not Path(p).is_file()]
+    if absent:
+        raise bundle.BundleError(f"--problems {', '.join(absent)}: no such problem list (a .csv, .json or .jsonl "
+                                 "file); nothing exported")
+    files = [p for p in items if p.endswith(problem_list.SUFFIXES)]
     try:
         listed = [item.problem for item in problem_list.read_all(files)] if files else None
     except problem_list.ProblemListError as e:
@@ -319,6 +323,9 @@ def _cache_export(args) -> int:
     _print_some("not carried (built on first use where it is imported)", report.missing)
     if report.skipped:
         print(f"left out {report.skipped} invalid store entries (`python -m kernels cache verify`)", file=sys.stderr)
+    if report.not_stored:
+        print(f"{report.not_stored} of the listed problems have no stored selection here (tune them first: "
+              "`python -m kernels tune`)", file=sys.stderr)
     return 0
 
 

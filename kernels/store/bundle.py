@@ -84,6 +84,7 @@ class ExportReport:
     size: int
     missing: list[str] = field(default_factory=list)      # winners' artifacts not carried (built on first use)
     skipped: int = 0                                       # invalid store entries left out (`cache verify`)
+    not_stored: int = 0                                    # listed problems the store has no selection for
 
 
 def export_bundle(path: Path, patterns: tuple[str, ...] = (), problems: list[GemmProblem] | None = None
@@ -99,6 +100,14 @@ def export_bundle(path: Path, patterns: tuple[str, ...] = (), problems: list[Gem
         what = f" matching {', '.join(patterns)}" if patterns else ""
         what += f"{' or' if patterns else ''} of the {len(wanted)} problems listed" if problems is not None else ""
         raise BundleError(f"no stored selection{what} in {selections_dir()}: nothing to export")
+    # a pattern that matches nothing is a typo or a problem not tuned here: exporting the rest without it would
+    # leave the bundle short with no sign of it
+    unmatched = [p for p in patterns if not any(_matches(e, (p,)) for e in good)]
+    if unmatched:
+        raise BundleError(f"--problems {', '.join(unmatched)}: no stored selection matches (a key prefix as `cache "
+                          f"list` shows it, or a shell pattern on the problem such as '*4096x4096x4096*'); nothing "
+                          "exported")
+    not_stored = len(wanted - {_anywhere(e.selection.problem) for e in chosen})
     local = environment.software()
     members: dict[str, bytes] = {}
     environments: list[dict] = []
@@ -131,7 +140,7 @@ def export_bundle(path: Path, patterns: tuple[str, ...] = (), problems: list[Gem
                 "environments": environments, "entries": listed,
                 "members": {name: {"size": len(data), "sha256": sha256(data)} for name, data in sorted(members.items())}}
     size = _write_atomic(Path(path), manifest, members)
-    return ExportReport(Path(path), len(listed), len(members) - len(listed), size, missing, len(bad))
+    return ExportReport(Path(path), len(listed), len(members) - len(listed), size, missing, len(bad), not_stored)
 
 
 def _matches(entry: StoredEntry, patterns: tuple[str, ...]) -> bool:

@@ -327,7 +327,7 @@ def test_export_replaces_a_link_at_the_destination_and_never_writes_through_it(t
     assert not (tmp_path / "none.tar.gz").exists()
 
 
-def test_export_problems_selects_by_key_prefix_or_name_pattern(tmp_path, monkeypatch):
+def test_export_problems_selects_by_key_prefix_or_name_pattern(tmp_path, monkeypatch, capsys):
     use_cache(monkeypatch, tmp_path / "a")
     first = SelectionStore().path(store(cpu_problem(m=24))).stem
     store(cpu_problem(m=32))
@@ -339,8 +339,15 @@ def test_export_problems_selects_by_key_prefix_or_name_pattern(tmp_path, monkeyp
     assert main(["cache", "export", str(tmp_path / "z.tar.gz"), "--problems", str(listed)]) == 0
     assert {e["problem"] for e in read_tar(tmp_path / "z.tar.gz")[0]["entries"]} == {
         cpu_problem(m=24).short(), cpu_problem(m=48, n=8).short()}
+    assert "1 of the listed problems have no stored selection here" in capsys.readouterr().err
     listed.write_text("m,n,k,dtype,layout\n24,16,40,fp99,nn\n")
     assert main(["cache", "export", str(tmp_path / "z.tar.gz"), "--problems", str(listed)]) == 1
+    # a typo is an error naming it, not a bundle quietly short of it
+    with pytest.raises(bundle.BundleError, match="--problems zzz: no stored selection matches"):
+        bundle.export_bundle(tmp_path / "w.tar.gz", (first[:8], "zzz"))
+    assert not (tmp_path / "w.tar.gz").exists()
+    assert main(["cache", "export", str(tmp_path / "w.tar.gz"), "--problems", str(tmp_path / "missing.csv")]) == 1
+    assert "missing.csv: no such problem list" in capsys.readouterr().err and not (tmp_path / "w.tar.gz").exists()
 
 
 # -- CUTLASS binaries travel ---------------------------------------------------------------------------------------
