@@ -68,6 +68,11 @@ def info_lines() -> list[str]:
         lines.append("cutlass:   not found")
     for line in tools.tried:
         lines.append(f"           tried {line}")
+    try:
+        config.validate()
+    except SettingError as e:        # the lines below read the settings: say which one is wrong instead
+        lines.append(f"settings:  error: {e}")
+        return lines
     unusable = problem_with(Path(config.cache_dir))
     lines.append(f"cache dir: {config.cache_dir}" if unusable is None else
                  f"cache dir: {config.cache_dir} {unusable}: calls use a private temporary cache instead (gone at "
@@ -445,8 +450,9 @@ def run(args, early: worker_launch.EarlyWorkers | None = None) -> int:
             print(unusable, file=sys.stderr)
             return 2
         if args.command == "info":
-            print("\n".join(info_lines()))
-            return 0
+            lines = info_lines()
+            print("\n".join(lines))
+            return 2 if lines[-1].startswith("settings:  error:") else 0
         if args.command == "config":
             return _config(args)
         if args.command == "warmup":

@@ -26,3 +26,11 @@ def test_a_missing_subcommand_names_the_choices(command, choices, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main([command])
     assert e.value.code == 2 and f"the following arguments are required: {choices}" in capsys.readouterr().err
+
+
+def test_info_names_a_bad_setting_and_fails(monkeypatch, capsys):
+    monkeypatch.setenv("MAX_JOBS", "-2")
+    assert cli.main(["info"]) == 2
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("settings:  error: MAX_JOBS='-2' is not valid: allowed: a positive integer")
+    assert out.startswith("gpu:")                 # what does not need the settings is still shown
