@@ -159,6 +159,12 @@ def _tune_settings(args) -> bool:
     except SettingError as e:
         print(f"python -m kernels tune: error: {e}", file=sys.stderr)
         return False
+    if config.lut and not os.path.isfile(config.lut):
+        # a call goes on without a table it cannot read (with a warning); a tune run would store every selection
+        # without the table it was asked to use
+        print(f"python -m kernels tune: error: KERNELS_LUT={config.lut}: no such file (`python -m kernels lut check "
+              "FILE` validates a table)", file=sys.stderr)
+        return False
     if config.cutlass_build == "background":
         config.cutlass_build = "inline"     # a kernel left to a background build would leave its problem to re-tune
     return True

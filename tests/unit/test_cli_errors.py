@@ -34,3 +34,13 @@ def test_info_names_a_bad_setting_and_fails(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert out.rstrip().endswith("settings:  error: MAX_JOBS='-2' is not valid: allowed: a positive integer")
     assert out.startswith("gpu:")                 # what does not need the settings is still shown
+
+
+def test_tune_refuses_a_lookup_table_that_is_not_there(monkeypatch, tmp_path, capsys):
+    """A call goes on without an unreadable table, with a warning; a tune run would store every selection without
+    the table it was asked to use."""
+    listed = tmp_path / "one.csv"
+    listed.write_text("m,n,k,dtype,layout\n32,48,64,fp16,nn\n")
+    monkeypatch.setenv("KERNELS_LUT", str(tmp_path / "missing.json"))
+    assert cli.main(["tune", str(listed), "--dry-run"]) == 2
+    assert f"KERNELS_LUT={tmp_path / 'missing.json'}: no such file" in capsys.readouterr().err
