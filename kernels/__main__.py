@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"comma list of {', '.join(WARMUP_DTYPES)} (default all)")
     wu.add_argument("--jobs", type=_positive, default=None, help="parallel compiles (default MAX_JOBS: the CPU count)")
     wu.add_argument("--arch", type=_positive, default=None,
-                    help="compute capability to build for, as 90 or 80 (default this GPU's; without one, 90)")
+                    help="compute capability to build for, as 90 or 80 (8.0 or newer; default this GPU's; "
+                         "without one, 90)")
     wu.add_argument("--retry-failed", action="store_true",
                     help="compile again the kernels whose compile failed before (recorded, else never retried)")
 
