@@ -510,12 +510,19 @@ class CutlassBackend(Backend):
         each finishes; `retry_failed=False` leaves out binaries whose compile failed before. Returns how many
         were compiled."""
         pending = []
+        checked: dict[Path, bool] = {}
+
+        def built_once(paths: ArtifactPaths, key: str) -> bool:
+            # each binary hashed once: hundreds of candidates share a few binaries (528 and 23 for a 32-problem
+            # list), and hashing per candidate was most of a tune run's 0.9 s check with everything built (2xH200);
+            # a marker's claim alone would leave a corrupt binary to every later tune (the background builder too)
+            if paths.binary not in checked:
+                checked[paths.binary] = artifact_valid(paths, key)
+            return checked[paths.binary]
+
         for problem, choices in work:
             for choice in choices:
-                # the marker's claim, not the binary's hash: hashing each candidate's binary (the same few shared by
-                # hundreds of candidates) was most of a tune run's 0.9 s check with everything built (2xH200); a
-                # binary that is not what its marker says fails its hash at load, and its problem's build compiles it
-                prepared, _ = self._prepare(len(pending), problem, choice, built=artifact_claimed)
+                prepared, _ = self._prepare(len(pending), problem, choice, built=built_once)
                 if prepared is not None and (retry_failed or recorded_failure(prepared.paths, prepared.key) is None):
                     pending.append(prepared)
         unique = list({p.paths.binary: p for p in pending}.values())

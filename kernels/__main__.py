@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
+from pathlib import Path
 
 from kernels.core.config import ALL_BACKENDS, WARMUP_DTYPES, config
 from kernels.core.errors import SettingError
@@ -144,7 +146,8 @@ def _cache_parser(sub) -> None:
     pr.add_argument("--older-than", type=_days, metavar="DAYS", help="tuned more than DAYS days ago")
     pr.add_argument("--stale", action="store_true",
                     help="recorded for another torch, Triton, kernels version or template sources than this one's")
-    clr = cmds.add_parser("clear", help="remove everything in the cache directory")
+    clr = cmds.add_parser("clear", help="remove what kernels made in the cache directory (selections, built "
+                                        "kernels, logs)")
     clr.add_argument("--yes", action="store_true", help="do not ask")
 
 
@@ -160,12 +163,17 @@ def _tune_settings(args) -> bool:
     except SettingError as e:
         print(f"python -m kernels tune: error: {e}", file=sys.stderr)
         return False
-    if config.lut and not os.path.isfile(config.lut):
+    if config.lut:
         # a call goes on without a table it cannot read (with a warning); a tune run would store every selection
-        # without the table it was asked to use
-        print(f"python -m kernels tune: error: KERNELS_LUT={config.lut}: no such file (`python -m kernels lut check "
-              "FILE` validates a table)", file=sys.stderr)
-        return False
+        # without the table it was asked to use (a bad entry inside a readable table is skipped with a warning, as
+        # in a call)
+        try:
+            json.loads(Path(config.lut).read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else f"not valid JSON ({e})"
+            print(f"python -m kernels tune: error: KERNELS_LUT={config.lut}: {why} (`python -m kernels lut check "
+                  "FILE` validates a table)", file=sys.stderr)
+            return False
     if config.cutlass_build == "background":
         config.cutlass_build = "inline"     # a kernel left to a background build would leave its problem to re-tune
     return True
@@ -186,8 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, None)
     except KeyboardInterrupt as e:
         why = f" ({e})" if str(e) else ""
-        print(f"python -m kernels {args.command}: interrupted{why}; nothing it started is left running",
-              file=sys.stderr)
+        print(f"python -m kernels {args.command}: interrupted{why}", file=sys.stderr)
         return 130
 
 

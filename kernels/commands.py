@@ -49,8 +49,9 @@ def _fastpath_line(mode: str) -> str:
     return f"not built; KERNELS_FASTPATH={mode} ('auto' builds it in the background on the first tune)"
 
 
-def info_lines() -> list[str]:
-    lines = []
+def info_lines(lines: list[str] | None = None) -> list[str]:
+    """What `kernels info` prints, appended to `lines` as found (a bad setting raises SettingError part way)."""
+    lines = [] if lines is None else lines
     if torch.cuda.is_available():
         cap = torch.cuda.get_device_capability(0)
         arch, name = cap[0] * 10 + cap[1], torch.cuda.get_device_name(0)
@@ -68,11 +69,7 @@ def info_lines() -> list[str]:
         lines.append("cutlass:   not found")
     for line in tools.tried:
         lines.append(f"           tried {line}")
-    try:
-        config.validate()
-    except SettingError as e:        # the lines below read the settings: say which one is wrong instead
-        lines.append(f"settings:  error: {e}")
-        return lines
+    config.validate()                # the lines below read the settings: a bad one ends here, named (exit 2)
     unusable = problem_with(Path(config.cache_dir))
     lines.append(f"cache dir: {config.cache_dir}" if unusable is None else
                  f"cache dir: {config.cache_dir} {unusable}: calls use a private temporary cache instead (gone at "
@@ -381,14 +378,12 @@ def _cache_clear(args) -> int:
             print("nothing removed")
             return 1
     try:
-        removed, others = cache_admin.clear()
+        removed = cache_admin.clear()
     except OSError as e:
         print(f"python -m kernels cache clear: error: cannot remove {e.filename or where}: {e.strerror or e}",
               file=sys.stderr)
         return 1
-    print(f"removed {removed} entries from {where}" + (
-        f"; left {len(others)} that kernels did not make: {', '.join(others[:5])}{' ...' if len(others) > 5 else ''}"
-        if others else ""))
+    print(f"removed {removed} entries from {where}")
     return 0
 
 
@@ -415,14 +410,14 @@ def _writes_the_cache(args) -> bool:
     return args.command in ("warmup", "fastpath")
 
 
-def _entry_problem(base: Path, writes: bool) -> str | None:
-    """Why the cache directory, or one of the entries kernels keeps at its top (CACHE_ENTRIES), cannot serve the
-    command: an entry that is not a folder, or (`writes`) one it cannot write; None when all can."""
-    for path in (base, *(base / name for name in CACHE_ENTRIES)):
+def _entry_problem(base: Path, writes: bool, entries: tuple[str, ...] = CACHE_ENTRIES) -> str | None:
+    """Why the cache directory, or one of the `entries` kernels keeps at its top, cannot serve the command: an entry
+    that is not a folder, or (`writes`) one it cannot write; None when all can."""
+    for path in (base, *(base / name for name in entries)):
         if path != base and not os.path.lexists(path):
             continue
         if path != base and (path.is_symlink() or not path.is_dir()):
-            return f"holds {path.name}, which is not a folder"
+            return f"holds {path.name}, which is not a folder (`python -m kernels cache clear` removes it)"
         if writes and not os.access(path, os.W_OK | os.X_OK):
             return f"cannot be written{'' if path == base else f' in {path.name}'} (a read-only file system or a mode)"
     return None
@@ -434,10 +429,15 @@ def _cache_unusable(args) -> str | None:
     kernels, a tune's selections, the C++ table, an imported bundle) would be gone at exit."""
     if not _needs_the_cache(args):
         return None
-    why = problem_with(Path(config.cache_dir)) or _entry_problem(Path(config.cache_dir), _writes_the_cache(args))
+    # clear is how a broken entry is repaired (it removes it): only the directory itself must serve it
+    clearing = args.command == "cache" and args.cache_command == "clear"
+    why = problem_with(Path(config.cache_dir))
+    if why is None:
+        why = _entry_problem(Path(config.cache_dir), _writes_the_cache(args), () if clearing else CACHE_ENTRIES)
     if why is None:
         return None
-    return (f"python -m kernels {args.command}: error: the cache directory {config.cache_dir} (KERNELS_CACHE_DIR) "
+    command = f"{args.command} {args.cache_command}" if args.command == "cache" else args.command
+    return (f"python -m kernels {command}: error: the cache directory {config.cache_dir} (KERNELS_CACHE_DIR) "
             f"{why}; this command builds or reads there. Fix it, or set KERNELS_CACHE_DIR to a directory of yours")
 
 
@@ -450,9 +450,12 @@ def run(args, early: worker_launch.EarlyWorkers | None = None) -> int:
             print(unusable, file=sys.stderr)
             return 2
         if args.command == "info":
-            lines = info_lines()
-            print("\n".join(lines))
-            return 2 if lines[-1].startswith("settings:  error:") else 0
+            lines: list[str] = []
+            try:
+                info_lines(lines)
+            finally:                 # what was found before a bad setting is shown too
+                print("\n".join(lines), flush=True)
+            return 0
         if args.command == "config":
             return _config(args)
         if args.command == "warmup":

@@ -18,6 +18,14 @@ from kernels.core.config import config
 from kernels.core.fsutil import make_private_dirs
 
 
+# Written into a cache directory kernels creates (the cache-directory tag convention, which backup tools honour):
+# `cache clear` empties a tagged directory, or an untagged one that holds nothing but CACHE_ENTRIES (one made before
+# the tag); a folder that was there before, such as a home or a source tree named by mistake, is never tagged
+TAG_NAME = "CACHEDIR.TAG"
+TAG_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
+            "# This directory is a cache of the kernels library (tuned selections and built kernels).\n"
+            "# python -m kernels cache clear empties it; everything in it is rebuilt on demand.\n")
+
 # What kernels makes at the top of the cache directory, and who makes it: `cache clear` removes these and nothing else
 # (KERNELS_CACHE_DIR may name a folder that holds other things). tests/unit/test_cli_cache_dir.py keeps the list
 # complete against the sources.
@@ -51,6 +59,7 @@ def problem_with(path: Path) -> str | None:
     try:
         if not os.path.lexists(path):
             make_private_dirs(path)
+            _tag(path)
         st = _lstat(path)
     except OSError as e:
         return f"cannot be created or read ({e.strerror or e})"
@@ -63,6 +72,25 @@ def problem_with(path: Path) -> str | None:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
     return None
+
+
+def _tag(path: Path) -> None:
+    """Mark a directory kernels just created as its cache (best effort: an untagged cache only clears more
+    cautiously)."""
+    try:
+        fd = os.open(path / TAG_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(TAG_TEXT)
+
+
+def is_tagged(path: Path) -> bool:
+    """Whether kernels created `path` as its cache (its tag file is there, a regular file)."""
+    try:
+        return stat.S_ISREG(os.lstat(path / TAG_NAME).st_mode)
+    except OSError:
+        return False
 
 
 def cache_root() -> Path:

@@ -65,9 +65,10 @@ def _end_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=STOP_GRACE_S)
     except subprocess.TimeoutExpired:
         pass
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    finally:                  # a second ^C during the grace still ends the group
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def alive(pid: int) -> bool:

@@ -55,10 +55,11 @@ class Selection:
         return sorted(timed, key=lambda x: (x[0] not in final, x[1]))
 
     def regret(self) -> float | None:
-        """How much slower the winner ran than the fastest finalist in the final round (0.0 when it was the fastest;
-        the rules may keep a simpler candidate within a tie), or None when there was no final round."""
+        """How much slower the winner ran than the fastest finalist in the final round (0.0 when it was the fastest,
+        or the only finalist: no challenger came within reach; the rules may keep a simpler candidate within a tie),
+        or None when the winner was not timed in a final round (or a time is 0: a selection made in code)."""
         final = {n: self.timings[n] for n in self.finalists()}
-        if self.winner not in final:
+        if self.winner not in final or min(final.values()) <= 0:
             return None
         return final[self.winner] / min(final.values()) - 1.0
 

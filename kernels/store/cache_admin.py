@@ -4,6 +4,7 @@ writers of the same entry take, so a running process sees an entry or a miss, ne
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends import triton_modules
-from kernels.core.cache_root import CACHE_ENTRIES, cache_root, is_private_fallback, problem_with
+from kernels.core.cache_root import CACHE_ENTRIES, TAG_NAME, cache_root, is_private_fallback, is_tagged, problem_with
 from kernels.core.config import config
 from kernels.core.fsutil import file_lock, marker_valid
 from kernels.core.selection import Selection
@@ -387,22 +388,41 @@ def _prunable(entry: StoredEntry, current: Selection, cutoff: float | None, mach
     return machine is not None and bool(environment.differences(entry.environment(), machine, environment.SOFTWARE))
 
 
-def clear() -> tuple[int, list[str]]:
-    """Remove what kernels made in the cache directory (CACHE_ENTRIES; the directory itself stays, private): (how many
-    of those top-level entries were removed, the names of the others, left in place). KERNELS_CACHE_DIR may name a
-    folder that holds other things, and clearing must not take them. Processes running meanwhile see misses, and
-    rebuild what they need. An entry that cannot be removed raises OSError naming it."""
+class NotACacheError(CacheAdminError):
+    """The cache directory was not made by kernels and holds other things: `cache clear` touches nothing there."""
+
+
+def clear() -> int:
+    """Remove what kernels made in the cache directory (CACHE_ENTRIES; the directory and its tag stay): how many
+    top-level entries were removed. KERNELS_CACHE_DIR may name a folder that holds other things (a home, a source tree
+    with its own `cutlass` or `triton`), so a directory kernels did not create (no tag) is cleared only when it holds
+    nothing else; otherwise NotACacheError names what is there. Processes running meanwhile see misses and rebuild
+    what they need; an entry another process removes first is not an error. One that cannot be removed raises
+    OSError naming it."""
     base = root()
-    removed = 0
     with os.scandir(base) as it:
         names = sorted(e.name for e in it)
+    others = [n for n in names if n not in CACHE_ENTRIES and n != TAG_NAME]
+    if others and not is_tagged(base):
+        raise NotACacheError(f"{base} was not created by kernels (no {TAG_NAME}) and holds {len(others)} other "
+                             f"entries ({', '.join(others[:5])}{' ...' if len(others) > 5 else ''}): nothing removed; "
+                             "is KERNELS_CACHE_DIR right? (remove its selections, triton, cutlass, fastpath and logs "
+                             "by hand if it is)")
+    removed = 0
     for name in names:
         if name not in CACHE_ENTRIES:
             continue
         path = base / name
-        if stat.S_ISDIR(os.lstat(path).st_mode):
-            shutil.rmtree(path)               # never follows a link inside (it removes the link)
-        else:
-            os.unlink(path)
+        try:
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                # never follows a link inside (it removes the link); what another process removes meanwhile is
+                # skipped, and whatever could not be removed is named below
+                shutil.rmtree(path, ignore_errors=True)
+                if os.path.lexists(path):
+                    raise OSError(errno.EACCES, "could not be removed entirely", str(path))
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            continue                          # another clear or a pruning process got there first
         removed += 1
-    return removed, [n for n in names if n not in CACHE_ENTRIES]
+    return removed

@@ -383,7 +383,8 @@ def stop_workers(workers: list[Worker]) -> None:
 @contextlib.contextmanager
 def terminations_as_interrupt():
     """SIGTERM and SIGHUP (a closed terminal) raise KeyboardInterrupt while the block runs, so a run stopped by
-    either ends its workers as ^C does (main thread only; elsewhere the block changes nothing)."""
+    either ends its workers as ^C does (main thread only; elsewhere the block changes nothing; a signal the process
+    ignores, as under nohup, is left ignored)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -391,7 +392,9 @@ def terminations_as_interrupt():
     def interrupt(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # a signal the caller ignores stays ignored: under nohup a closed terminal must not stop the run
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)
+                if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield
     finally:

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -485,22 +486,36 @@ def test_clear_asks_for_yes_and_then_empties_the_cache(tmp_path, monkeypatch, ca
     assert main(["cache", "clear"]) == 1 and stored()
     assert "without --yes" in capsys.readouterr().err
     assert main(["cache", "clear", "--yes"]) == 0
-    assert list(root.iterdir()) == [] and root.is_dir()
+    assert [p.name for p in root.iterdir()] == ["CACHEDIR.TAG"] and root.is_dir()
 
 
 def test_clear_removes_only_what_kernels_made(tmp_path, monkeypatch, capsys):
-    """KERNELS_CACHE_DIR may name a folder that holds other things (a typo, a shared folder): clear takes only the
-    cache's own entries and names what it left."""
+    """A cache kernels created (tagged) is cleared of its own entries only; something else put there stays."""
     root = use_cache(monkeypatch, tmp_path / "c")
     store(cpu_problem())
-    (root / "thesis").mkdir()
-    (root / "thesis" / "main.tex").write_text("years of work")
+    assert (root / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55")
     (root / "notes.md").write_text("mine")
     assert main(["cache", "clear", "--yes"]) == 0
-    out = capsys.readouterr().out
-    assert "removed 1 entries" in out and "left 2 that kernels did not make: notes.md, thesis" in out
-    assert sorted(p.name for p in root.iterdir()) == ["notes.md", "thesis"] and not stored()
-    assert (root / "thesis" / "main.tex").read_text() == "years of work"
+    assert "removed 1 entries" in capsys.readouterr().out
+    assert sorted(p.name for p in root.iterdir()) == ["CACHEDIR.TAG", "notes.md"] and not stored()
+
+
+def test_clear_refuses_a_folder_kernels_did_not_create(tmp_path, monkeypatch, capsys):
+    """KERNELS_CACHE_DIR naming an existing folder by mistake (a source tree with its own cutlass and triton
+    checkouts): clear removes nothing there, names what it found, and says why."""
+    src = tmp_path / "src"
+    for name in ("cutlass", "triton", "thesis"):
+        (src / name).mkdir(parents=True)
+        (src / name / "README").write_text("years of work")
+    src.chmod(0o700)
+    use_cache(monkeypatch, src)
+    assert main(["cache", "clear", "--yes"]) == 1
+    err = capsys.readouterr().err
+    assert "was not created by kernels (no CACHEDIR.TAG) and holds 1 other entries (thesis): nothing removed" in err
+    assert all((src / name / "README").read_text() == "years of work" for name in ("cutlass", "triton", "thesis"))
+    # an untagged folder holding nothing but the cache's own entries (a cache made before the tag) is cleared
+    shutil.rmtree(src / "thesis")
+    assert main(["cache", "clear", "--yes"]) == 0 and list(src.iterdir()) == []
 
 
 def test_a_cache_directory_that_fails_its_checks_is_refused_before_anything_is_written(exported, tmp_path,

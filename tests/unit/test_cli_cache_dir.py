@@ -93,10 +93,14 @@ def test_an_entry_of_the_cache_that_is_not_a_folder_or_cannot_be_written_is_name
     listed = tmp_path / "one.csv"
     listed.write_text("m,n,k,dtype,layout\n32,48,64,fp16,nn\n")
     (cache / "selections").write_text("")
-    for argv in (["tune", str(listed)], ["cache", "list"], ["cache", "verify"]):
+    for argv in (["tune", str(listed)], ["cache", "list"], ["cache", "verify", "--fix"]):
         assert cli.main(argv) == 2
-        assert "(KERNELS_CACHE_DIR) holds selections, which is not a folder" in capsys.readouterr().err
-    (cache / "selections").unlink()
+        err = capsys.readouterr().err
+        assert "(KERNELS_CACHE_DIR) holds selections, which is not a folder (`python -m kernels cache clear` " \
+               "removes it)" in err
+    assert err.startswith("python -m kernels cache verify: error:")
+    assert cli.main(["cache", "clear", "--yes"]) == 0          # the repair is not refused
+    assert not (cache / "selections").exists()
     (cache / "selections").mkdir()
     real = commands.os.access
     monkeypatch.setattr(commands.os, "access",

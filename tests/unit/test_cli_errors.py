@@ -29,11 +29,11 @@ def test_a_missing_subcommand_names_the_choices(command, choices, capsys):
 
 
 def test_info_names_a_bad_setting_and_fails(monkeypatch, capsys):
-    monkeypatch.setenv("MAX_JOBS", "-2")
+    monkeypatch.setenv("MAX_JOBS", "-2")              # info itself reads no MAX_JOBS: it passed unnoticed
     assert cli.main(["info"]) == 2
-    out = capsys.readouterr().out
-    assert out.rstrip().endswith("settings:  error: MAX_JOBS='-2' is not valid: allowed: a positive integer")
-    assert out.startswith("gpu:")                 # what does not need the settings is still shown
+    out, err = capsys.readouterr()
+    assert err == "python -m kernels info: error: MAX_JOBS='-2' is not valid: allowed: a positive integer\n"
+    assert out.startswith("gpu:") and "nvcc:" in out  # what does not need the settings is still shown
 
 
 def test_tune_refuses_a_lookup_table_that_is_not_there(monkeypatch, tmp_path, capsys):
@@ -43,4 +43,47 @@ def test_tune_refuses_a_lookup_table_that_is_not_there(monkeypatch, tmp_path, ca
     listed.write_text("m,n,k,dtype,layout\n32,48,64,fp16,nn\n")
     monkeypatch.setenv("KERNELS_LUT", str(tmp_path / "missing.json"))
     assert cli.main(["tune", str(listed), "--dry-run"]) == 2
-    assert f"KERNELS_LUT={tmp_path / 'missing.json'}: no such file" in capsys.readouterr().err
+    assert f"KERNELS_LUT={tmp_path / 'missing.json'}: No such file or directory" in capsys.readouterr().err
+    (tmp_path / "broken.json").write_text("{not json")
+    monkeypatch.setenv("KERNELS_LUT", str(tmp_path / "broken.json"))
+    assert cli.main(["tune", str(listed), "--dry-run"]) == 2
+    assert f"KERNELS_LUT={tmp_path / 'broken.json'}: not valid JSON" in capsys.readouterr().err
+
+
+def test_a_command_stopped_by_a_signal_says_so_in_one_line(monkeypatch, capsys):
+    """SIGTERM / SIGHUP reach a command as ^C (so what it started is ended on the way out) and end it with one line,
+    exit status 130, no traceback; the handlers before are put back."""
+    import signal
+
+    import kernels.commands as commands
+
+    def stopped(args, early=None):
+        signal.raise_signal(signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the command")
+
+    monkeypatch.setattr(commands, "run", stopped)
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
+    assert cli.main(["cache", "list"]) == 130
+    assert capsys.readouterr().err == "python -m kernels cache: interrupted (SIGTERM)\n"
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before
+
+
+def test_a_command_under_nohup_keeps_ignoring_sighup(monkeypatch):
+    """nohup leaves SIGHUP ignored: a closed terminal must not stop the run."""
+    import signal
+
+    import kernels.commands as commands
+
+    seen = []
+
+    def runs(args, early=None):
+        signal.raise_signal(signal.SIGHUP)            # ignored: the command goes on
+        seen.append(signal.getsignal(signal.SIGHUP))
+        return 0
+
+    monkeypatch.setattr(commands, "run", runs)
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        assert cli.main(["cache", "list"]) == 0 and seen == [signal.SIG_IGN]
+    finally:
+        signal.signal(signal.SIGHUP, previous)

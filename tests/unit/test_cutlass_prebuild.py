@@ -53,22 +53,22 @@ def test_autotune_prebuild_uses_the_tuners_choices(batches, monkeypatch):
     assert prebuild([problem(arch=70)], ("cutlass",)) == {"cutlass": 0}     # unavailable there: nothing to do
 
 
-def test_a_built_set_is_checked_without_reading_its_binaries(batches, monkeypatch):
-    """With everything built, the batch check trusts the markers (no binary hashed: the same few binaries stand
-    behind hundreds of candidates); a binary changed behind its marker's back is still caught, by its problem's own
-    build, which hashes it and compiles it again."""
+def test_a_built_set_hashes_each_binary_once_and_rebuilds_a_corrupt_one(batches, monkeypatch):
+    """With everything built, the batch check hashes each distinct binary once, however many candidates (of however
+    many problems) stand behind it; a binary changed behind its marker's back (same size) is compiled again by the
+    batch itself, so the background builder repairs it too."""
     import kernels.core.fsutil as fsutil
 
     backend = CutlassBackend(TOOLS)
-    p = problem(16, 4096, 11008)
-    work = [(p, backend.choices(p)[0][:3])]
-    assert backend.prebuild(work) == 3
+    problems = [problem(16, 4096, 11008), problem(32, 4096, 11008)]
+    work = [(p, backend.choices(p)[0][:3]) for p in problems]
+    binaries = {backend.artifact_paths(p, c)[1].binary for p, cs in work for c in cs}
+    assert backend.prebuild(work) == len(binaries) and sum(len(cs) for _, cs in work) > len(binaries)
     hashed = []
     real = fsutil.file_sha256
     monkeypatch.setattr(fsutil, "file_sha256", lambda path: hashed.append(path) or real(path))
-    assert backend.prebuild(work) == 0 and hashed == []
-    _, paths, _ = backend.artifact_paths(p, work[0][1][0])
-    paths.binary.write_bytes(b"X" * paths.binary.stat().st_size)          # same size: the marker still claims it
     assert backend.prebuild(work) == 0
-    outcomes = backend.compile_only(p, work[0][1])
-    assert [o.compiled for o in outcomes] == [True, False, False] and len(batches) == 2
+    assert sorted(hashed) == sorted(binaries)                          # once each
+    _, paths, _ = backend.artifact_paths(problems[0], work[0][1][0])
+    paths.binary.write_bytes(b"X" * paths.binary.stat().st_size)          # same size: the marker still claims it
+    assert backend.prebuild(work) == 1 and batches[-1] == [paths.binary]

@@ -36,21 +36,3 @@ def test_an_interrupted_ninja_build_takes_its_compiles_down(tmp_path):
         run_in_group(["ninja", "-C", str(tmp_path), "-j2"], timeout_s=1.0)
     assert eventually(lambda: not _running(marker), timeout=10)
 
-
-def test_a_command_stopped_by_a_signal_says_so_in_one_line(monkeypatch, capsys):
-    """SIGTERM / SIGHUP reach a command as ^C (so what it started is ended on the way out) and end it with one line,
-    exit status 130, no traceback."""
-    import signal
-
-    import kernels.commands as commands
-    from kernels import __main__ as cli
-
-    def stopped(args, early=None):
-        signal.raise_signal(signal.SIGTERM)
-        raise AssertionError("SIGTERM did not stop the command")
-
-    monkeypatch.setattr(commands, "run", stopped)
-    assert cli.main(["cache", "list"]) == 130
-    assert capsys.readouterr().err == ("python -m kernels cache: interrupted (SIGTERM); nothing it started is left "
-                                       "running\n")
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL        # the handler is put back
