@@ -273,6 +273,11 @@ def _tune(args, early: worker_launch.EarlyWorkers | None) -> int:
               "TRITON_INTERPRET=1 tunes through the Triton interpreter on CPU (slowly: tests); --dry-run lists what "
               "would be tuned", file=sys.stderr)
         return 2
+    if where[0] == "cpu":
+        # one line up front: a problem of 1024^3 takes minutes there, and nothing else is printed until it ends
+        print("python -m kernels tune: no GPU: tuning through the Triton interpreter on CPU, which takes seconds for "
+              "tiny problems and minutes for large ones (for tests; tune on the GPU machine)", file=sys.stderr,
+              flush=True)
     if args.gpus is not None:
         try:
             devices = gpu_pool.parse_gpus(args.gpus, torch.cuda.device_count() if where[0] == "cuda" else 0)

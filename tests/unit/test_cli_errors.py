@@ -87,3 +87,16 @@ def test_a_command_under_nohup_keeps_ignoring_sighup(monkeypatch):
         assert cli.main(["cache", "list"]) == 0 and seen == [signal.SIG_IGN]
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+def test_a_tune_on_cpu_says_up_front_that_the_interpreter_is_slow(monkeypatch, tmp_path, capsys):
+    """Nothing else is printed until a problem ends, and a large one takes minutes through the interpreter."""
+    import kernels.commands as commands
+
+    listed = tmp_path / "one.csv"
+    listed.write_text("m,n,k,dtype,layout\n32,48,64,fp16,nn\n")
+    monkeypatch.setenv("KERNELS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(commands.offline, "target", lambda: ("cpu", 0, "cpu"))
+    monkeypatch.setattr(commands.offline, "run", lambda *a, **k: commands.offline.Report([]))
+    assert cli.main(["tune", str(listed)]) == 0
+    assert capsys.readouterr().err.startswith("python -m kernels tune: no GPU: tuning through the Triton interpreter")
