@@ -421,3 +421,22 @@ def test_the_neighbour_place_comes_out_of_the_analytic_share_while_that_keeps_on
     assert sorted(picked) == sorted([fastest[-1], fastest[-2], fastest[-3], fastest[20], fastest[0]])
     picked = top_k(ReversedRemembers(), p, cands, 5, analytic_share=0)
     assert sorted(picked) == sorted([fastest[-1], fastest[-2], fastest[-3], fastest[-4], fastest[20]])
+
+
+def test_dataset_rows_label_every_candidate_with_its_first_pass():
+    """A steady final round times its two finalists in 1 s windows at the power cap (slower than a first pass); the
+    dataset labels everyone by the first pass, the regime the model ranks for."""
+    from kernels.core.selection import Selection
+    from tools.perf_model.data import selection_rows
+    from tests.helpers import problem
+
+    names = ("aten_mm", "tile_duelled", "tile_first_pass_only", "broken")
+    sel = Selection(problem(), "aten_mm", {n: Choice("aten", n, "bf16") for n in names},
+                    timings={"aten_mm": 0.2025, "tile_duelled": 0.2104, "tile_first_pass_only": 0.1810,
+                             "broken": "failed verification"},
+                    details={"aten_mm": {"first_pass_ms": 0.2050, "final_ms": 0.2025},
+                             "tile_duelled": {"first_pass_ms": 0.1830, "final_ms": 0.2104}}, regime="steady")
+    rows = {r["name"]: r for r in selection_rows(sel, {})}
+    assert {n: rows[n]["ms"] for n in names} == {"aten_mm": "0.205", "tile_duelled": "0.183",
+                                                 "tile_first_pass_only": "0.181", "broken": ""}
+    assert rows["broken"]["status"] == "failed verification"
