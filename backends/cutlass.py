@@ -137,15 +137,10 @@ def recorded_failure(paths: ArtifactPaths, key: str) -> str | None:
     return data["message"]
 
 
-def artifact_claimed(paths: ArtifactPaths, key: str) -> bool:
-    """Whether the marker says this key's binary is built and the binary has its size (the binary not read)."""
-    return marker_claims(paths.binary, paths.marker, key) is not None
-
-
 def artifact_state(paths: ArtifactPaths, key: str) -> str:
     """'built', 'failed' or 'missing', without reading the binary (marker_claims): what a cold lookup, `kernels
     info` and warmup ask. Loading still checks the hash."""
-    if artifact_claimed(paths, key):
+    if marker_claims(paths.binary, paths.marker, key) is not None:
         return "built"
     return "failed" if recorded_failure(paths, key) is not None else "missing"
 

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
-from pathlib import Path
 
 from kernels.core.config import ALL_BACKENDS, WARMUP_DTYPES, config
 from kernels.core.errors import SettingError
+from kernels.core.fsutil import json_file_problem
 from kernels.tune import gpu_pool, worker_launch
 
 
@@ -167,10 +166,8 @@ def _tune_settings(args) -> bool:
         # a call goes on without a table it cannot read (with a warning); a tune run would store every selection
         # without the table it was asked to use (a bad entry inside a readable table is skipped with a warning, as
         # in a call)
-        try:
-            json.loads(Path(config.lut).read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            why = e.strerror if isinstance(e, OSError) and e.strerror else f"not valid JSON ({e})"
+        why = json_file_problem(config.lut)
+        if why is not None:
             print(f"python -m kernels tune: error: KERNELS_LUT={config.lut}: {why} (`python -m kernels lut check "
                   "FILE` validates a table)", file=sys.stderr)
             return False

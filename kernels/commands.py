@@ -3,7 +3,6 @@ comes with it). `run(args, early)` runs the parsed command; `early` holds the tu
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import warnings
@@ -18,6 +17,7 @@ from kernels.core import progress
 from kernels.core.cache_root import CACHE_ENTRIES, cache_root, problem_with
 from kernels.core.config import ALL_BACKENDS, config, settings_markdown, with_readme_settings
 from kernels.core.errors import SettingError
+from kernels.core.fsutil import json_file_problem
 from kernels.core.problem import gpu_of, probe_problem
 from kernels.core.toolchain import toolchain
 from kernels.dispatch import record
@@ -157,10 +157,8 @@ def _lut_export(args) -> int:
 
 
 def _lut_check(args) -> int:
-    try:
-        json.loads(Path(args.file).read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        why = e.strerror if isinstance(e, OSError) and e.strerror else f"not valid JSON ({e})"
+    why = json_file_problem(args.file)
+    if why is not None:
         print(f"python -m kernels lut check: error: {args.file}: {why}", file=sys.stderr)
         return 2
     with warnings.catch_warnings(record=True) as caught:
@@ -418,13 +416,17 @@ def _writes_the_cache(args) -> bool:
 def _entry_problem(base: Path, writes: bool, entries: tuple[str, ...] = CACHE_ENTRIES) -> str | None:
     """Why the cache directory, or one of the `entries` kernels keeps at its top, cannot serve the command: an entry
     that is not a folder, or (`writes`) one it cannot write; None when all can."""
-    for path in (base, *(base / name for name in entries)):
-        if path != base and not os.path.lexists(path):
+    unwritable = " (a read-only file system or a mode)"
+    if writes and not os.access(base, os.W_OK | os.X_OK):
+        return "cannot be written" + unwritable
+    for name in entries:
+        path = base / name
+        if not os.path.lexists(path):
             continue
-        if path != base and (path.is_symlink() or not path.is_dir()):
-            return f"holds {path.name}, which is not a folder (`python -m kernels cache clear` removes it)"
+        if path.is_symlink() or not path.is_dir():
+            return f"holds {name}, which is not a folder (`python -m kernels cache clear` removes it)"
         if writes and not os.access(path, os.W_OK | os.X_OK):
-            return f"cannot be written{'' if path == base else f' in {path.name}'} (a read-only file system or a mode)"
+            return f"cannot be written in {name}" + unwritable
     return None
 
 

@@ -121,6 +121,18 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def json_file_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` is not a JSON file a command can read (a regular file of at most MAX_JSON_BYTES holding JSON), in
+    words for an error line, or None when it is one."""
+    try:
+        json.loads(read_regular(Path(path), MAX_JSON_BYTES))
+    except OSError as e:
+        return e.strerror or str(e)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        return f"not valid JSON ({e})"
+    return None
+
+
 # How long a process waits for another that holds the same lock (tuning one problem, building a CUTLASS batch): a
 # tune may include an isolated child's 300 s (backends.child_handle.CHILD_TIMEOUT_S) besides its builds; a holder
 # that dies drops its lock at once, so only a live, stuck one is ever waited out

@@ -11,8 +11,12 @@ from kernels import __main__ as cli
     (["config", "--readme", "{tmp}/plain.md"], "no <!-- settings:begin --> ... <!-- settings:end --> section"),
     (["lut", "check", "{tmp}/missing.json"], "lut check: error: {tmp}/missing.json: No such file or directory"),
     (["lut", "check", "{tmp}/broken.json"], "lut check: error: {tmp}/broken.json: not valid JSON"),
+    (["lut", "check", "{tmp}/fifo.json"], "lut check: error: {tmp}/fifo.json: not a regular file"),
 ])
 def test_a_bad_file_is_one_line_naming_it(argv, says, tmp_path, capsys):
+    import os
+
+    os.mkfifo(tmp_path / "fifo.json")               # read without blocking: refused, never waited on
     (tmp_path / "plain.md").write_text("# a README without the settings markers\n")
     (tmp_path / "broken.json").write_text("{not json")
     assert cli.main([a.format(tmp=tmp_path) for a in argv]) == 2
