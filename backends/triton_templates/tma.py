@@ -44,6 +44,8 @@ def tma_unsupported(problem: GemmProblem) -> str:
         return "TMA needs 16-byte aligned operand pointers"
     if not (problem.leading_dim_aligned("a") and problem.leading_dim_aligned("b")):
         return "TMA needs 16-byte aligned leading dimensions"
+    if problem.rows_overlap("a") or problem.rows_overlap("b"):
+        return "TMA needs operands whose rows do not overlap (a broadcast or overlapping view)"
     if (problem.n * problem.out_bytes) % 16:
         return "TMA needs 16-byte aligned output rows (N * element size % 16)"
     return ""

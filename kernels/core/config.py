@@ -406,13 +406,16 @@ class _Attribute:
 
     def __set__(self, obj, value):
         s = self.setting
+        before = obj._overrides.get(s.name, _UNSET)
         if value is None:
             obj._overrides.pop(s.name, None)
-            return
-        try:
-            obj._overrides[s.name] = s.parse(value)
-        except (TypeError, ValueError) as e:
-            raise SettingError(f"kernels.config.{s.name} = {s.shown(value)!r} is not valid: {e}") from None
+        else:
+            try:
+                obj._overrides[s.name] = s.parse(value)
+            except (TypeError, ValueError) as e:
+                raise SettingError(f"kernels.config.{s.name} = {s.shown(value)!r} is not valid: {e}") from None
+        if s.name in SELECTION_SETTINGS and obj._overrides.get(s.name, _UNSET) != before:
+            _selection_settings_changed()
 
 
 class Config:
@@ -432,7 +435,10 @@ class Config:
 
     def reset(self) -> None:
         """Forget every value set in code; environment variables apply again."""
+        changed = any(name in SELECTION_SETTINGS for name in self._overrides)
         self._overrides.clear()
+        if changed:
+            _selection_settings_changed()
 
     def validate(self) -> None:
         """Read every setting: a bad one raises SettingError here. Tuning calls this first, so that a bad value
@@ -443,6 +449,26 @@ class Config:
 
 for _s in SETTINGS + INTERNAL:
     setattr(Config, _s.name, _Attribute(_s))
+
+# The settings a selection depends on (what tune() builds and times; the store's fingerprint holds them). Setting one
+# in code drops what this process has selected (kernels.clear_memory_cache, registered by kernels.dispatch), so that
+# the next call of a problem already seen looks up or tunes under the new value instead of serving the old winner.
+# A change to the environment variable itself is seen by problems not yet seen only: the warm path reads no setting.
+SELECTION_SETTINGS = frozenset({"backends", "preset", "lut", "only", "skip", "search_space", "benchmark_space",
+                                "perf_model"})
+_UNSET = object()
+_on_selection_change: list[Callable[[], None]] = []
+
+
+def on_selection_settings_change(callback: Callable[[], None]) -> None:
+    """Call `callback` whenever a SELECTION_SETTINGS value set in code changes (or reset() forgets one)."""
+    if callback not in _on_selection_change:
+        _on_selection_change.append(callback)
+
+
+def _selection_settings_changed() -> None:
+    for callback in list(_on_selection_change):
+        callback()
 
 config = Config()
 

@@ -133,6 +133,17 @@ class GemmProblem:
             return False
         return (lead * self.elem_bytes) % bytes_ == 0
 
+    def rows_overlap(self, which: str) -> bool:
+        """True when the operand's rows (row-major; columns, column-major) overlap in memory: more than one, and a
+        leading stride below the contiguous extent -- a broadcast view (`expand`: stride 0) or an overlapping
+        `as_strided` one. Plain loads read such views correctly; a TMA descriptor may not describe them."""
+        lead = self.leading_dim(which)
+        if lead is None:
+            return False
+        rows, cols = (self.m, self.k) if which == "a" else (self.k, self.n)
+        count, extent = (rows, cols) if (self.layout_a if which == "a" else self.layout_b) == "row" else (cols, rows)
+        return count > 1 and lead < extent
+
     def key(self) -> str:
         """Stable text identity of the problem, used in the persistent selection store."""
         data = asdict(self)

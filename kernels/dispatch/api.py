@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from kernels.core import counters as _stats
 from kernels.core.cache_root import warn_once
 from kernels.core.choice import Choice
-from kernels.core.config import config, interpret_mode
+from kernels.core.config import config, interpret_mode, on_selection_settings_change
 from kernels.core.errors import InputTypeError, InputValueError
 from kernels.core.problem import ACTIVATIONS, GemmProblem
 from kernels.core.selection import Selection
@@ -686,3 +686,5 @@ def clear_memory_cache() -> None:
 
 
 _scaled.connect(_load_fast)
+# a selection setting changed in code: what this process selected under the old value must not serve the next call
+on_selection_settings_change(clear_memory_cache)

@@ -274,6 +274,8 @@ def supports_cutlass(problem: GemmProblem, template: str, cfg: CutlassConfig | N
         why = _operand_reason(problem, which, cfg.align)
         if why:
             return False, why
+        if family == "sm90" and problem.rows_overlap(which):
+            return False, f"{which.upper()}'s rows overlap (a broadcast or overlapping view): TMA may not describe it"
     if problem.n % cfg.align_c:
         return False, f"N={problem.n} is not a multiple of the output access of {cfg.align_c} elements"
     if cfg.align_c * out > 16:

@@ -17,6 +17,10 @@ def test_descriptor_rules():
     assert "sm90" in tma_unsupported(problem(arch=80))
     assert "leading" in tma_unsupported(problem(k=4095))
     assert "output rows" in tma_unsupported(problem(n=4095, stride_b=(4096, 1)))
+    # a broadcast operand (expand: stride 0) and rows that overlap: plain loads serve them, a descriptor may not
+    assert "overlap" in tma_unsupported(problem(stride_a=(0, 1)))
+    assert "overlap" in tma_unsupported(problem(stride_b=(1, 8)))                 # column-major B, 8 < K
+    assert tma_unsupported(problem(m=1, stride_a=(0, 1))) == ""                  # one row: nothing to overlap
     choices, _ = family("triton_tma_mm").choices(problem(), "triton_tma_mm", "default")
     assert choices and all(c.config.num_warps >= 4 for c in choices)
     assert any(dict(c.params).get("sub") for c in choices)          # 128x256 tiles get a subtiled epilogue too

@@ -88,3 +88,22 @@ def test_verbose_prints_autotune_table(capsys):
     a, b = operand(9, 32, "row", torch.float16), operand(32, 9, "row", torch.float16)
     kernels.mm(a, b)
     assert "AUTOTUNE mm 9x9x32 fp16" in capsys.readouterr().err
+
+
+def test_a_selection_setting_changed_in_code_is_seen_by_a_problem_already_served():
+    # the process's warm table held the winner tuned under the old value, and served it after the change
+    a, b = operand(16, 256, "row", torch.float16), operand(256, 16, "row", torch.float16)
+    kernels.config.backends = ("triton",)
+    kernels.config.only = ("^triton_mm_",)
+    assert_close(kernels.mm(a, b), a, b)
+    assert kernels.explain(a, b).winner.startswith("triton_mm_")
+    kernels.config.only = ("^split_k_",)
+    assert_close(kernels.mm(a, b), a, b)
+    assert kernels.explain(a, b).winner.startswith("split_k_")
+    kernels.config.backends = ("aten",)
+    assert_close(kernels.mm(a, b), a, b)
+    assert kernels.explain(a, b).winner == "aten_mm"
+    tunes = kernels.stats()["tunes"]
+    kernels.config.reset()                       # the values set in code forgotten: the problem is selected again
+    kernels.mm(a, b)
+    assert kernels.stats()["tunes"] == tunes + 1

@@ -183,3 +183,23 @@ def test_a_home_relative_path_is_expanded(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("KERNELS_CACHE_DIR", "~/kc")
     assert config.cache_dir == str(tmp_path / "kc")
+
+
+def test_only_a_change_to_what_selection_depends_on_calls_the_selection_hooks(monkeypatch):
+    calls = []
+    monkeypatch.setattr(config_mod, "_on_selection_change", [lambda: calls.append(1)])
+    cfg = config_mod.Config()
+    cfg.verbose = True                     # not a selection setting
+    assert calls == []
+    cfg.backends = ("aten",)
+    assert len(calls) == 1
+    cfg.backends = "aten"                  # the same value, parsed
+    assert len(calls) == 1
+    cfg.only = ("^triton_mm_",)
+    cfg.backends = None                    # forgotten: the environment's value applies again
+    assert len(calls) == 3
+    cfg.reset()                            # forgets `only`
+    assert len(calls) == 4
+    cfg.verbose = True
+    cfg.reset()                            # nothing selection depends on was set
+    assert len(calls) == 4

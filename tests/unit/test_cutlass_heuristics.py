@@ -182,3 +182,13 @@ def test_sm80_kernels_are_left_out_where_an_sm90_kernel_serves():
     assert skipped["cutlass2x_sm80_mm"] == SM80_ON_SM90
     chosen, skipped = backend.choices(problem(4096, 4096, 4096, arch=80))
     assert chosen and all(c.template == "cutlass2x_sm80_mm" for c in chosen) and "cutlass2x_sm80_mm" not in skipped
+
+
+def test_overlapping_rows_are_refused_by_tma_kernels_only():
+    broadcast = problem(m=256, n=256, k=256, stride_b=(0, 1))      # B = w.expand(K, N): every row the same
+    ok, why = supports_cutlass(broadcast, SM90, BIG)
+    assert not ok and "B's rows overlap" in why
+    ok, why = supports_cutlass(broadcast, SM80, CutlassConfig(128, 128, 64, stages=4, warps_m=2, warps_n=2,
+                                                              schedule="", align=8, align_c=8))
+    assert ok, why
+
