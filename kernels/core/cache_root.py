@@ -121,15 +121,16 @@ def foreign_writer(path: Path) -> str | None:
     """Why code at `path` in this process's cache could have been put there by someone else, or None. Walking down
     from the root (which passed its own check; for a path outside the cache, from the folder that holds it): a folder
     of this user's that others cannot enter (no x for group and others: new ones are 0700) closes everything below
-    it, whatever the modes there (a tool's umask); before that, each folder and `path` itself must be no link, this
-    user's and writable by no group or other -- a binary's marker is written beside it, so whoever can write its
-    folder can swap both."""
+    it, whatever the modes there (a tool's umask), as long as no link below leads out of it; before that, each folder
+    and `path` itself must be no link, this user's and writable by no group or other -- a binary's marker is written
+    beside it, so whoever can write its folder can swap both."""
     root = cache_root()
     try:
         parts = Path(path).relative_to(root).parts
     except ValueError:      # a binary built elsewhere (a test's folder): its own folder, then it
         root, parts = Path(path).parent, (Path(path).name,)
     here = root
+    closed = False
     for part in ("", *parts):
         here = here / part if part else here
         try:
@@ -138,14 +139,16 @@ def foreign_writer(path: Path) -> str | None:
             return None                     # nothing there to load
         except OSError as e:
             return f"{here} cannot be checked ({e.strerror or e})"
-        if stat.S_ISLNK(st.st_mode):
+        if stat.S_ISLNK(st.st_mode):        # below a closed folder too: a link leads out of it
             return f"{here} is a symbolic link"
+        if closed:
+            continue
         if st.st_uid != _uid():
             return f"{here} is owned by uid {st.st_uid}, not by this user (uid {_uid()})"
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             return f"{here} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
         if stat.S_ISDIR(st.st_mode) and not st.st_mode & (stat.S_IXGRP | stat.S_IXOTH):
-            return None                     # no one else gets past this folder
+            closed = True                   # no one else gets past this folder, unless a link leads out
     return None
 
 

@@ -331,6 +331,16 @@ def test_code_in_a_folder_others_can_write_or_reach_through_a_link_is_not_loaded
     (root / "linked").symlink_to(loose)
     assert "is a symbolic link" in cache_root_mod.foreign_writer(root / "linked" / "_kernels_fastpath.so")
     assert cache_root_mod.foreign_writer(root / "absent" / "x.so") is None     # nothing there to load
+    os.chmod(root, 0o700)                  # a closed root: a link below it still leads out, to a folder others write
+    world = tmp_path / "world"
+    world.mkdir(mode=0o777)
+    os.chmod(world, 0o777)
+    (world / "k.so").write_bytes(b"\x7fELF planted")
+    (root / "fastpath" / "out").symlink_to(world)
+    assert "is a symbolic link" in cache_root_mod.foreign_writer(root / "fastpath" / "out" / "k.so")
+    (loose / "k.so").symlink_to(world / "k.so")
+    assert "is a symbolic link" in cache_root_mod.foreign_writer(loose / "k.so")
+    os.chmod(root, 0o755)
     elsewhere = tmp_path / "elsewhere"                 # built outside the cache: its folder and it are checked
     elsewhere.mkdir(mode=0o700)
     (elsewhere / "k.so").write_bytes(b"")
