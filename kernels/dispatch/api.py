@@ -50,6 +50,12 @@ scaled_mm = _scaled.scaled_mm
 
 
 _FP32 = torch.float32
+_FP64 = torch.float64
+# one C call per call (autocast off is the common case); torch builds without it ask each device type
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled",
+                        lambda: torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"))
+# torch.func's transforms (vmap, grad, jacrev) hand ops wrappers without storage: kernels has no batching rule
+_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: False)
 _matmul_precision = torch.get_float32_matmul_precision
 _grad_enabled = torch.is_grad_enabled
 _compiling = torch.compiler.is_compiling      # Dynamo folds it to True while tracing: the branch is in the graph
@@ -67,9 +73,12 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dyn
     """a @ b for 2-D fp16 / bf16 / fp32 tensors, with the fastest verified kernel for this problem.
     `dynamic`: dims whose size varies between calls ('m', 'm,k', kernels.Dynamic(...); None = KERNELS_DYNAMIC):
     one winner per size hint, each new shape served by one of them (see kernels.dispatch.dynamic).
-    Differentiable, and traced by torch.compile as the custom op kernels::mm (kernels.dispatch.ops)."""
+    Differentiable, and traced by torch.compile as the custom op kernels::mm (kernels.dispatch.ops). Under
+    torch.autocast the operands are cast as torch's autocast casts torch.mm's (out= calls, like torch.mm's, are not)."""
     if _compiling():
-        return _traced("mm", a, b, out)
+        return _traced("mm", *_autocast(a, b) if out is None else (a, b), out)
+    if out is None and _any_autocast():
+        a, b = _autocast(a, b)
     if _fast_call is not None and out is None and dynamic is None:
         result = _fast_call(0, a, b)
         if result is not None:
@@ -77,7 +86,7 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dyn
     try:
         key = _fast_key("mm", a, b)
         entry = _dispatch.get(key if dynamic is None else (key, dynamic))
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, RuntimeError):
         key = entry = None
     if entry is not None:
         if out is None:
@@ -101,7 +110,7 @@ def int_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     try:
         key = _fast_key("int_mm", a, b)
         entry = _dispatch.get(key if dynamic is None else (key, dynamic))
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, RuntimeError):
         key = entry = None
     if entry is not None:
         if out is None:
@@ -121,10 +130,29 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     more is flattened to 2-D without a copy when its strides allow.
     Differentiable, and traced by torch.compile as the custom op kernels::linear (kernels.dispatch.ops); under
     autograd the activation is not fused (torch applies it, so autograd differentiates it): fusion is for
-    inference."""
+    inference. Under torch.autocast x, weight and bias are cast as torch's autocast casts F.linear's."""
     if _compiling():
-        return _traced_linear(x, weight, bias, activation)
+        return _traced_linear(*_autocast(x, weight, bias), activation)
+    if _any_autocast():
+        x, weight, bias = _autocast(x, weight, bias)
     return _plain_linear(x, weight, bias, activation, route=True)
+
+
+def _autocast(*tensors):
+    """The operands as torch's autocast hands them to mm / linear (ops it runs in lower precision): each floating
+    tensor but fp64, on a device type where autocast is on, cast to that device's autocast dtype; the rest as they
+    are. Without it a fp32 call in an autocast region returned fp32 where torch's returns the autocast dtype -- or
+    not, by which candidate won (aten's torch.mm casts itself)."""
+    cast = []
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype is not _FP64:
+            device = t.device.type
+            if torch.is_autocast_enabled(device):
+                dtype = torch.get_autocast_dtype(device)
+                if t.dtype is not dtype:
+                    t = t.to(dtype)
+        cast.append(t)
+    return cast
 
 
 def _linear_key(x2, wt, bias, activation) -> tuple:
@@ -161,6 +189,10 @@ def _plain_linear(x, weight, bias, activation, route: bool = False):
 
 
 def _linear_cold(x, weight, bias, activation, route: bool = True):
+    if _under_functorch(x, weight, bias):
+        return _activate(F.linear(x, weight, bias), activation)
+    if not _settings_checked:
+        _check_settings()
     validate_linear(x, weight, bias, activation)
     if route and _needs_grad(x, weight, bias):
         return _grad_route_linear(x, weight, bias, activation)(x, weight, bias)
@@ -354,6 +386,12 @@ def _aten_launch(op: str):
     return launch
 
 
+def _dense_int_mm(a, b, out=None):
+    """torch._int_mm on the CPU with broadcast operands copied first: torch's CPU kernel misreads a stride of 0
+    (torch 2.13: sums off by up to ~1e9, not the same twice)."""
+    return torch._int_mm(a.contiguous(), b.contiguous(), **({} if out is None else {"out": out}))
+
+
 def _trivial(op, a, b, out):
     """Zero-size dims: an empty result, or zeros when only K is zero."""
     shape = (a.shape[0], b.shape[1])
@@ -369,6 +407,10 @@ def _cpu_fallback(a) -> bool:
 
 def _cold(op: str, a, b, out, dynamic=None, route: bool = True, key: tuple | None = None):
     """`key`: the call's _fast_key when the caller has made it (mm(), int_mm()), else None."""
+    if _under_functorch(a, b):
+        return _aten_launch(op)(a, b, out)
+    if not _settings_checked:
+        _check_settings()
     if route and op == "mm" and out is None and key is not None:
         # a grad call (their keys never reach the warm tables) met before: its route, without validating again
         grad_route = _grad_routes.get((key, a.requires_grad, b.requires_grad))
@@ -390,7 +432,7 @@ def _cold(op: str, a, b, out, dynamic=None, route: bool = True, key: tuple | Non
     if a.device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
         return _under_capture(op, a, b, out)
     if _cpu_fallback(a):
-        launch = _aten_launch(op)
+        launch = _aten_launch(op) if op != "int_mm" or 0 not in (*a.stride(), *b.stride()) else _dense_int_mm
         _stats.bump("cpu_fallbacks")
     else:
         problem = GemmProblem.from_tensors(op, a, b)
@@ -404,6 +446,26 @@ def _cold(op: str, a, b, out, dynamic=None, route: bool = True, key: tuple | Non
             if len(_dispatch) > config.max_problems:
                 _shrink(config.max_problems)
         return launch(a, b, out)
+
+
+_settings_checked = False
+
+
+def _check_settings() -> None:
+    """Every setting read once, at the process's first cold call: a bad value fails there, naming the variable,
+    not at whichever later call first tunes a problem (a warm cache served typos silently until then)."""
+    global _settings_checked
+    config.validate()
+    _settings_checked = True
+
+
+def _under_functorch(*tensors) -> bool:
+    """Whether a torch.func transform wraps an operand: then the call is torch's (which batches and differentiates
+    it), counted as a pass-through. (The warm paths never match such a call: it has no data pointer to key on.)"""
+    if any(isinstance(t, torch.Tensor) and _functorch_wrapped(t) for t in tensors):
+        _stats.passthrough("functorch")
+        return True
+    return False
 
 
 # -- routed calls: autograd and torch.compile go through the custom ops ------------------------------------------

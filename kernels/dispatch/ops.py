@@ -95,7 +95,7 @@ class CustomOps:
         self.plain = plain
         self.ready = _registrar(plain)
         self.ahead = BackwardAhead(plain.prepare, plain.max_problems)
-        self._eager_mm, self._eager_linear = _eager_functions(plain, self.ahead)
+        self._eager_mm, self._eager_linear = _eager_functions(plain, self.ahead, self.ready)
 
     def eager_mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """mm for an untraced call that needs grad (see _eager_functions)."""
@@ -353,11 +353,12 @@ def _alignment(t: torch.Tensor) -> int:
     return pointer_alignment(t.data_ptr())
 
 
-def _eager_functions(plain: Plain, ahead: BackwardAhead) -> tuple[type, type]:
+def _eager_functions(plain: Plain, ahead: BackwardAhead, ready: Callable[[], bool]) -> tuple[type, type]:
     """autograd.Functions for eager (untraced) calls that need grad: the same forward and backward as the ops' own
     autograd, on the plain products, without the custom-op dispatch around each call (its Python layers cost ~50 us
-    per call on a CPU host where torch's F.linear costs 4: the gap a host-bound training step pays per layer). Their
-    backward is not differentiable again (once_differentiable); torch.compile traces the ops instead."""
+    per call on a CPU host where torch's F.linear costs 4: the gap a host-bound training step pays per layer). A
+    backward under create_graph (grad mode on) runs through the ops, so it is differentiable again (gradient
+    penalties, double backward); torch.compile traces the ops instead."""
 
     class EagerMm(torch.autograd.Function):
         @staticmethod
@@ -367,8 +368,9 @@ def _eager_functions(plain: Plain, ahead: BackwardAhead) -> tuple[type, type]:
             return plain.mm(a, b)
 
         @staticmethod
-        @torch.autograd.function.once_differentiable
         def backward(ctx, grad):
+            if torch.is_grad_enabled() and ready():      # create_graph: through the ops, whose autograd is registered
+                return _mm_grads(ctx, grad, _op_mm)
             return _mm_grads(ctx, grad, plain.mm)
 
     class EagerLinear(torch.autograd.Function):
@@ -380,8 +382,9 @@ def _eager_functions(plain: Plain, ahead: BackwardAhead) -> tuple[type, type]:
             return plain.linear(x, weight, bias, activation)
 
         @staticmethod
-        @torch.autograd.function.once_differentiable
         def backward(ctx, grad):
+            if torch.is_grad_enabled() and ready():
+                return _linear_grads(ctx, grad, _op_mm, _op_linear)
             return _linear_grads(ctx, grad, plain.mm, plain.linear)
 
     return EagerMm, EagerLinear

@@ -259,3 +259,22 @@ def test_a_strided_3d_input_meets_its_backward_ahead_too():
     assert kernels.stats()["tunes"] == after_forward and after_forward - before == 3
     want = reference_grads(lambda a, b: F.linear(a.transpose(0, 1), b).square().sum(), [base, w])
     assert_grads_close([base.grad, w.grad], want, torch.float32)
+
+
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_double_backward_through_kernels_own_autograd(activation):
+    """A gradient penalty (create_graph=True, then backward through the grads) with Triton winners: kernels' eager
+    Functions differentiate their backward again (they were once_differentiable: it raised where aten won not)."""
+    kernels.config.backends = ("triton",)
+    x, w, b = leaves((8, 16), (4, 16), (4,), dtype=torch.float32, seed=3)
+
+    def penalty(lin, mm, x, w, b):
+        y = lin(x, w, b, activation=activation) if activation else lin(x, w, b)
+        (gx,) = torch.autograd.grad((mm(y, w) ** 2).sum(), x, create_graph=True)
+        return (gx ** 2).sum()
+
+    got = grads_of(lambda: penalty(kernels.linear, kernels.mm, x, w, b), [x, w, b])
+    assert "EagerLinear" in type(kernels.linear(x, w, b).grad_fn).__name__
+    torch_linear = (lambda x, w, b, activation=None: ACT[activation](F.linear(x, w, b)))
+    want = reference_grads(lambda x, w, b: penalty(torch_linear, torch.mm, x, w, b), [x, w, b])
+    assert_grads_close(got, want, torch.float32)

@@ -83,6 +83,21 @@ def test_epilogue_matches_float64(template, dtype, with_bias, activation):
     assert result.ok, result.message
 
 
+@interpreted
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+@pytest.mark.parametrize("template", ["triton_mm", "split_k"])
+def test_epilogue_keeps_nan_and_inf_as_torch_does(template, activation):
+    """A NaN in a row of `a` reaches the activation as NaN: relu keeps it (torch's does; tl.maximum gave 0)."""
+    (m, n, k), _, _ = FAMILIES[template]
+    a, b = operand(m, k, "row", torch.float16), operand(k, n, "col", torch.float16)
+    a[0, 0], a[1, 0] = float("nan"), float("inf")
+    bias = bias_vector(n, torch.float16)
+    launch = build(template, epilogue_problem(a, b, True, activation))
+    got, ref = launch(a, b, bias, None).double(), reference(a, b, bias, activation)
+    assert torch.equal(got[:2].isnan(), ref[:2].isnan()) and torch.equal(got[:2].isinf(), ref[:2].isinf())
+    assert got[0].isnan().all()
+
+
 class _Handle(CompiledHandle):
     """A compiled-kernel stand-in: launches nothing, offers a native layout."""
 

@@ -107,3 +107,23 @@ def test_a_selection_setting_changed_in_code_is_seen_by_a_problem_already_served
     kernels.config.reset()                       # the values set in code forgotten: the problem is selected again
     kernels.mm(a, b)
     assert kernels.stats()["tunes"] == tunes + 1
+
+
+def test_autocast_casts_the_operands_whatever_wins():
+    """Under torch.autocast torch.mm and F.linear run in the autocast dtype; a Triton winner must too (it returned
+    fp32 from fp32 operands, where aten's torch.mm cast itself), and the grads reach the fp32 leaves."""
+    kernels.config.backends = ("triton",)
+    a = operand(16, 32, "row", torch.float32).requires_grad_()
+    b, w, bias = operand(32, 8, "row", torch.float32), torch.randn(8, 32), torch.randn(8)
+    with torch.autocast("cpu", dtype=torch.float16):
+        ref_mm, ref_linear = torch.mm(a, b), torch.nn.functional.linear(a, w, bias)
+        got_mm, got_linear = kernels.mm(a, b), kernels.linear(a, w, bias)
+    assert kernels.explain(a.detach().half(), b.half()).winner.startswith(("triton", "split_k", "decompose_k"))
+    assert got_mm.dtype == ref_mm.dtype == torch.float16 and got_linear.dtype == ref_linear.dtype == torch.float16
+    torch.testing.assert_close(got_mm, ref_mm, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(got_linear, ref_linear, atol=2e-2, rtol=2e-2)
+    got_linear.float().sum().backward()
+    assert a.grad.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = torch.empty(16, 8)
+        assert kernels.mm(a.detach(), b, out=out) is out         # out= is not cast, as torch.mm's is not

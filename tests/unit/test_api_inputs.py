@@ -1,8 +1,10 @@
 """Every bad input gets a clear TypeError/ValueError naming the problem; zero-size dims need no tuning."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 import kernels
+from kernels.dispatch import api
 from kernels.core.errors import InputTypeError, InputValueError
 
 
@@ -95,3 +97,44 @@ def test_a_non_string_activation_and_a_non_path_preload_are_type_errors():
     with pytest.raises(InputTypeError, match="preload: problems must be a path or a list of paths"):
         kernels.preload(problems=5)
     assert kernels.preload(problems=iter([])).loaded == 0        # any iterable of paths, a generator too
+
+
+def test_torch_func_transforms_pass_through_to_torch():
+    """vmap / grad wrap operands without storage: kernels.mm, kernels.linear, a patched model and enabled() hand such
+    calls to torch (which batches and differentiates them), counted, instead of failing on the data pointer."""
+    torch.manual_seed(0)
+    x, b, w = torch.randn(3, 16, 32), torch.randn(32, 8), torch.randn(8, 32)
+    torch.testing.assert_close(torch.vmap(lambda xi: kernels.mm(xi, b))(x), x @ b)
+    torch.testing.assert_close(torch.vmap(lambda xi: kernels.linear(xi, w, activation="relu"))(x), F.relu(x @ w.t()))
+    model = kernels.patch(torch.nn.Sequential(torch.nn.Linear(32, 8)))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    per_sample = torch.func.vmap(torch.func.grad(lambda p, xi: torch.func.functional_call(model, p, (xi,)).sum()),
+                                 in_dims=(None, 0))(params, x[0])
+    torch.testing.assert_close(per_sample["0.weight"], x[0][:, None, :].expand(16, 8, 32))
+    with kernels.enabled():
+        torch.testing.assert_close(torch.vmap(lambda xi: F.linear(xi, w))(x), x @ w.t())
+    assert kernels.stats()["passthrough:functorch"] >= 4
+
+
+def test_int_mm_on_the_cpu_fallback_is_exact_for_broadcast_operands(monkeypatch):
+    """torch's CPU _int_mm misreads a stride of 0 (an expand): the fallback copies such operands first."""
+    monkeypatch.setattr(api, "_cpu_fallback", lambda like: True)
+    torch.manual_seed(0)
+    a, b = torch.randint(-128, 128, (16, 32), dtype=torch.int8), torch.randint(-128, 128, (32, 8), dtype=torch.int8)
+    a_row, b_col = a[:1].expand(16, 32), b[:, :1].expand(32, 8)
+    for x, y in ((a_row, b), (a, b_col), (a_row, b_col)):
+        want = (x.long() @ y.long()).int()
+        assert torch.equal(kernels.int_mm(x, y), want) and torch.equal(kernels.int_mm(x, y), want)
+
+
+def test_a_bad_setting_fails_the_first_call_even_when_nothing_is_tuned(monkeypatch):
+    """Settings are checked at the process's first cold call, not only when a problem is tuned: a warm cache (here
+    the CPU fallback, which tunes nothing) used to serve a typo silently until a new shape came mid-run."""
+    monkeypatch.setattr(api, "_cpu_fallback", lambda like: True)
+    monkeypatch.setattr(api, "_settings_checked", False)
+    monkeypatch.setenv("KERNELS_BENCH_MS", "abc")
+    with pytest.raises(ValueError, match="KERNELS_BENCH_MS='abc' is not valid"):
+        kernels.mm(t(4, 8), t(8, 4))
+    monkeypatch.delenv("KERNELS_BENCH_MS")
+    kernels.mm(t(4, 8), t(8, 4))
+    assert api._settings_checked

@@ -158,7 +158,10 @@ int64_t device_code(c10::DeviceType type, c10::DeviceIndex index) {
   return (static_cast<int64_t>(type) << 16) | static_cast<int64_t>(static_cast<uint16_t>(index));
 }
 
-int64_t alignment(const at::Tensor& t) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()) & 15); }
+// -1 (no entry's) for a tensor without storage: torch.func's wrappers (vmap, grad) have no data pointer to read
+int64_t alignment(const at::Tensor& t) {
+  return t.has_storage() ? static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) : -1;
+}
 
 bool key_from_tensors(int64_t op, const at::Tensor& a, const at::Tensor& b, Key& k) {
   if (a.dim() != 2 || b.dim() != 2) return false;
