@@ -280,7 +280,7 @@ def _two_arg(launch):
 
 def _out_matches(out, a, b, dtype) -> bool:
     return (isinstance(out, torch.Tensor) and out.dtype is dtype and out.device == a.device
-            and out.shape == (a.shape[0], b.shape[1]))
+            and out.shape == (a.shape[0], b.shape[1]) and 0 not in out.stride())
 
 
 # -- validation ------------------------------------------------------------------------------------------------
@@ -331,6 +331,10 @@ def validate(op: str, a, b, out=None) -> None:
             raise InputTypeError(f"kernels.{op}: out has dtype {out.dtype}, expected {out_dtype}")
         if out.device != a.device:
             raise InputValueError(f"kernels.{op}: out is on {out.device}, inputs on {a.device}")
+        if any(st == 0 and size > 1 for st, size in zip(out.stride(), out.shape)):
+            # torch refuses it too: which of the elements sharing memory is written last is undefined
+            raise InputValueError(f"kernels.{op}: out has elements that share memory (strides {tuple(out.stride())}, "
+                                  f"an expanded tensor); pass a tensor whose elements are distinct")
 
 
 def validate_linear(x, weight, bias, activation) -> None:

@@ -138,3 +138,12 @@ def test_a_bad_setting_fails_the_first_call_even_when_nothing_is_tuned(monkeypat
     monkeypatch.delenv("KERNELS_BENCH_MS")
     kernels.mm(t(4, 8), t(8, 4))
     assert api._settings_checked
+
+
+def test_an_out_whose_elements_share_memory_is_refused():
+    a, b = t(16, 8), t(8, 8)
+    with pytest.raises(ValueError, match="out has elements that share memory"):
+        kernels.mm(a, b, out=torch.empty(1, 8, dtype=torch.float16).expand(16, 8))
+    out = torch.empty(1, 8, dtype=torch.float16).expand(1, 8)          # one row: nothing shared
+    torch.testing.assert_close(kernels.mm(a[:1], b, out=out), a[:1].float().mm(b.float()).half())
+
