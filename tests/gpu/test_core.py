@@ -105,3 +105,17 @@ def test_new_shape_reuses_built_binaries(isolated_cache):
     a2 = operand(2048, 512, "row", torch.bfloat16)          # same specialisation (M % 16 == 0), new M
     kernels.mm(a2, b)
     assert kernels.stats()["compiles"] == compiled
+
+
+@pytest.mark.gpu
+def test_a_broadcast_operand_is_served_right_and_never_by_a_tma_kernel():
+    """B = w.expand(K, N) (stride 0): plain loads read it right, a TMA descriptor need not, so TMA kernels are not
+    offered for it (CUTLASS sm90's refusal: tests/unit/test_cutlass_heuristics.py)."""
+    kernels.config.backends = ("aten", "triton")
+    a = operand(512, 512, "row", torch.bfloat16)
+    b = torch.randn(1, 512, device="cuda", dtype=torch.bfloat16).expand(512, 512)
+    c = kernels.mm(a, b)
+    assert rel_err(c, a, b) < 1e-2
+    names = list(kernels.explain(a, b).timings)
+    assert any(n.startswith("triton_mm") for n in names)
+    assert not any("tma" in n for n in names), names

@@ -87,3 +87,23 @@ def test_cuda_graph_captures_a_warm_linear():
     ref = F.silu(F.linear(x.double(), w.double(), b.double()))
     assert _rel(out, ref) < 1e-2
 
+
+
+@pytest.mark.gpu
+def test_autocast_vmap_and_nan_reach_torchs_answers_whatever_wins():
+    """Three things where the winner used to decide the answer: under autocast (bf16) a Triton winner returned
+    fp32; under torch.func.vmap the call failed on a missing data pointer; a fused relu turned NaN into 0."""
+    kernels.config.backends = ("triton",)              # a Triton winner, whatever aten would do
+    x = torch.randn(64, 256, device="cuda")
+    w, bias = torch.randn(128, 256, device="cuda"), torch.randn(128, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got, ref = kernels.linear(x, w, bias), F.linear(x, w, bias)
+        got_mm = kernels.mm(x, w.t())
+    assert got.dtype == ref.dtype == got_mm.dtype == torch.bfloat16
+    assert _rel(got, ref.double()) < 1e-2
+    xs = torch.randn(4, 16, 256, device="cuda")
+    torch.testing.assert_close(torch.vmap(lambda xi: kernels.linear(xi, w))(xs), xs @ w.t(), rtol=2e-2, atol=2e-2)
+    xh, wh, bh = x.half(), w.half(), bias.half()
+    xh[0, 0] = float("nan")
+    out = kernels.linear(xh, wh, bh, activation="relu")
+    assert out[0].isnan().all() and not out[1:].isnan().any()
