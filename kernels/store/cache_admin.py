@@ -21,7 +21,7 @@ from kernels.core.fsutil import file_lock, marker_valid
 from kernels.core.selection import Selection
 from kernels.native.fastpath_build import BuildPaths
 from kernels.store import environment
-from kernels.store.buckets import BucketStore
+from kernels.store.buckets import BucketStore, bad_buckets
 from kernels.store.schema import problems
 from kernels.store.selections import SelectionStore, store_key
 from kernels.store.winner_artifacts import (
@@ -32,6 +32,7 @@ from kernels.store.winner_artifacts import (
 )
 
 KEY_PREFIX_CHARS = 12       # what `cache list` shows of an entry's name
+UNKNOWN_WHEN = f"{'unknown':16s}"      # as wide as a date, so the columns stay aligned
 
 
 class CacheAdminError(Exception):
@@ -133,7 +134,7 @@ def _files(folder: Path, suffix: str) -> list[Path]:
         with os.scandir(folder) as it:
             return sorted(Path(e.path) for e in it if e.name.endswith(suffix) and not e.name.startswith(".")
                           and not e.is_dir(follow_symlinks=False))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):     # a plain file where the folder belongs: verify names it
         return []
 
 
@@ -147,7 +148,12 @@ def list_lines() -> list[str]:
 
 
 def _when(created: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if created else "unknown         "
+    """The date as `cache list` shows it; "unknown" for 0 or a value no clock can show (never raises: a listing must
+    not die on one odd entry)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if created else UNKNOWN_WHEN
+    except (OverflowError, OSError, ValueError, TypeError):
+        return UNKNOWN_WHEN
 
 
 def find(prefix: str) -> StoredEntry:
@@ -213,7 +219,32 @@ def _unlink(path: Path) -> bool:
 
 def _check_selections(base: Path):
     good, bad = entries()
-    return len(good) + len(bad), [(b.path, b.why, lambda p=b.path: _unlink(p)) for b in bad]
+    found = [(b.path, b.why, lambda p=b.path: _unlink(p)) for b in bad]
+    strays = _in_the_way(base / SelectionStore.subdir, ".json")
+    return len(good) + len(bad) + len(strays), found + strays
+
+
+def _in_the_way(folder: Path, suffix: str) -> list:
+    """A plain file (or a link) where the store's folder belongs, or directories named like its files: every write
+    there fails. Writers remove these themselves (KeyedJsonStore.clear_the_way); verify names them, --fix removes."""
+    if os.path.lexists(folder) and not _is_dir_no_link(folder):
+        return [(folder, "not a folder, where the store's folder belongs", lambda p=folder: _unlink(p))]
+    return [(path, "a directory, where an entry's file belongs", lambda p=path: _rmtree(p))
+            for path in _dirs(folder, "") if path.name.endswith(suffix)]
+
+
+def _is_dir_no_link(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _rmtree(path: Path) -> bool:
+    if not _is_dir_no_link(path):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return not os.path.lexists(path)
 
 
 def _check_buckets(base: Path):
@@ -224,12 +255,15 @@ def _check_buckets(base: Path):
         try:
             data = json.loads(read_plain(path))
             ok = isinstance(data, dict) and isinstance(data.get("key"), str) and store.path(data["key"]) == path
-        except (OSError, ValueError, UnicodeDecodeError):
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError):
             ok = False
-        if not ok:
-            bad.append((path, "unreadable, or not the decisions of the key its name hashes",
-                        lambda p=path: _unlink(p)))
-    return len(files), bad
+        # a malformed bucket is dropped by the reader (re-benchmarked); --fix removes the file, so all its buckets are
+        why = "unreadable, or not the decisions of the key its name hashes" if not ok else \
+            "; ".join(bad_buckets(data)[:3])
+        if why:
+            bad.append((path, why, lambda p=path: _unlink(p)))
+    strays = _in_the_way(base / BucketStore.subdir, ".json")
+    return len(files) + len(strays), bad + strays
 
 
 def _check_triton_records(base: Path):
@@ -328,7 +362,7 @@ def _dirs(folder: Path, prefix: str) -> list[Path]:
     try:
         with os.scandir(folder) as it:
             return sorted(Path(e.path) for e in it if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
 
 

@@ -4,6 +4,7 @@ fails is ignored (the problem is re-tuned); `problems()` says why, for the warni
 from __future__ import annotations
 
 import math
+import time
 
 from kernels.core.choice import Choice, GemmConfig
 from kernels.core.problem import ACTIVATIONS, DTYPES_BY_NAME, MAX_DIM, OPS, SCALINGS
@@ -14,6 +15,10 @@ from kernels.space.families import BY_NAME
 DIMS = ("m", "n", "k")
 PRECISIONS = ("", "ieee", "tf32")
 ALIGNMENTS = (1, 2, 4, 8, 16)
+# How far past this machine's clock a selection's `created` may lie: a day covers clocks set wrong by a time zone or
+# drifted between machines. Further is no real tune's date, and newer-wins merges (redis publish, bundle import) would
+# keep such an entry over every later tune, forever
+MAX_CREATED_AHEAD_S = 86400.0
 
 
 def _int(v) -> bool:
@@ -134,6 +139,8 @@ def _problems(data) -> str | None:
     for key in ("tune_seconds", "created"):
         if not _number(data.get(key, 0.0)):
             return f"{key} is not a time"
+    if data.get("created", 0.0) > time.time() + MAX_CREATED_AHEAD_S:
+        return f"created {data['created']!r} is in the future (past this clock by more than a day)"
     if data.get("regime", "burst") not in ("steady", "burst"):
         return "regime is neither steady nor burst"
     pending = data.get("pending", [])

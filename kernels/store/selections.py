@@ -17,6 +17,7 @@ def store_key(problem: GemmProblem, fingerprint: dict) -> str:
 
 class SelectionStore(KeyedJsonStore):
     subdir = "selections"
+    held_for = "tuning the same problem"
 
     def get(self, key: str) -> Selection | None:
         """The stored selection, or None when absent, corrupt, of another schema, or for another key."""

@@ -12,8 +12,10 @@ heartbeat thread while the tuner lives, so a killed tuner's lock lapses after KE
 poll for its published entry for up to KERNELS_STORE_WAIT seconds, then tune themselves.
 
 Every Redis failure (refused, timed out, gone mid-run, an error reply) is caught here: the lookup goes on as if
-there were no shared store, with one warning per process, and the store is tried again after RETRY_S. Nothing in this
-module raises into a caller but a missing `redis` client, which is a configuration error (SettingError).
+there were no shared store, with one warning per process, and the store is tried again after RETRY_S. A key of
+another redis type under an entry's name (WRONGTYPE) is no failure of the store but one bad entry: a miss, replaced
+by the next publish. Nothing in this module raises into a caller but a missing `redis` client, which is a
+configuration error (SettingError).
 """
 from __future__ import annotations
 
@@ -43,9 +45,13 @@ POLL_S = 0.2                    # how often a waiting machine looks for the tune
 
 # publish unless the stored entry is at least as new: a slow machine must not replace a later tune with its older one.
 # An entry this process read and found bad (ARGV[3]: its sha1) is replaced whatever its "created" says, if it is still
-# the same bytes: else a bad entry claiming a far future would keep every machine from sharing that problem
+# the same bytes: else a bad entry claiming a far future would keep every machine from sharing that problem. A value
+# of another redis type under the key (a list, a hash: GET's WRONGTYPE error) is no entry at all: SET replaces it
 _PUBLISH_IF_NEWER = """
-local cur = redis.call('GET', KEYS[1])
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' and cur['err'] then
+  cur = nil
+end
 if cur and ARGV[3] ~= '' and redis.sha1hex(cur) == ARGV[3] then
   cur = nil
 end
@@ -58,6 +64,25 @@ end
 redis.call('SET', KEYS[1], ARGV[1])
 return 1
 """
+
+
+class _WrongType:
+    """What `get` read when the key holds another redis type than a string (a list, a hash, a set)."""
+
+
+WRONG_TYPE = _WrongType()
+
+
+def _get_entry(r, name: str):
+    """GET, with a WRONGTYPE error reply (the key holds a list, a hash, ...) read as WRONG_TYPE: that is one bad
+    entry, not a store that is down. The redis client is an optional import, so its error reply is told by the code
+    redis puts first in its message."""
+    try:
+        return r.get(name)
+    except Exception as e:  # noqa: BLE001 - anything else is the store failing: re-raised, _call handles it
+        if any(c.__name__ == "ResponseError" for c in type(e).__mro__) and str(e).startswith("WRONGTYPE"):
+            return WRONG_TYPE
+        raise
 
 
 def _sha1(raw) -> str:
@@ -117,11 +142,13 @@ class SharedStore:
     # -- entries ---------------------------------------------------------------------------------------------------
     def get(self, key: str) -> Selection | None:
         """The published selection for exactly this key, or None (absent, malformed, another key, store down)."""
-        raw = self._call("read", lambda r: r.get(KEY_PREFIX + _digest(key)))
+        raw = self._call("read", lambda r: _get_entry(r, KEY_PREFIX + _digest(key)))
         if raw is None:
             return None
         why = None
         try:
+            if raw is WRONG_TYPE:
+                raise TypeError("the key holds another redis type than a string")
             if len(raw) > MAX_ENTRY_BYTES:
                 raise ValueError(f"{len(raw)} bytes")
             data = json.loads(raw)
@@ -129,11 +156,14 @@ class SharedStore:
                 self._bad[key] = _sha1(raw)      # under our prefix, not our entry: a miss, and publish replaces it
                 return None
             why = problems(data.get("selection"))
+            # publish compares the outer "created": one that is not the selection's would decide for it
+            if why is None and data.get("created") != data["selection"].get("created"):
+                why = f"created {data.get('created')!r} is not the selection's"
             if why is None:
                 return Selection.from_dict(data["selection"], source="shared")
         except (AttributeError, KeyError, TypeError, ValueError, UnicodeDecodeError, RecursionError) as e:
             why = f"{type(e).__name__}: {str(e)[:200]}"
-        self._bad[key] = _sha1(raw)
+        self._bad[key] = "" if raw is WRONG_TYPE else _sha1(raw)      # publish's script replaces another type anyway
         warn_once(f"bad shared entry {key}", f"kernels: ignoring a bad entry in the shared store {self.shown} "
                   f"({why}); the problem is tuned here and the entry replaced", stacklevel=3)
         return None
