@@ -230,7 +230,7 @@ class TritonBackend(Backend):
         folder = self.triton_cache_dir / group
         try:
             return all(file_sha256(folder / name) == digest for name, digest in files.items())
-        except OSError:
+        except OSError:         # missing, or not a regular file (a FIFO is refused, never waited on): compiled again
             return False
 
     def _load(self, problem, spec, module_path, key, from_store: bool):

@@ -17,7 +17,7 @@ from kernels.core import progress
 from kernels.core.cache_root import CACHE_ENTRIES, cache_root, problem_with
 from kernels.core.config import ALL_BACKENDS, config, settings_markdown, with_readme_settings
 from kernels.core.errors import SettingError
-from kernels.core.fsutil import json_file_problem
+from kernels.core.fsutil import json_file_problem, read_regular_text
 from kernels.core.problem import gpu_of, probe_problem
 from kernels.core.toolchain import toolchain
 from kernels.dispatch import record
@@ -27,6 +27,9 @@ from kernels.space.families import families_of
 from kernels.store import bundle, cache_admin
 from kernels.tune import background_build, build_queue, gpu_pool, offline, on_gpus, problem_list, warmup, worker_launch
 from kernels.tune.autotune import fingerprint
+
+# a README the settings table is written into: KiBs
+MAX_README_BYTES = 16 << 20
 
 
 def _version(package: str) -> str:
@@ -194,8 +197,8 @@ def _config(args) -> int:
         sys.stdout.write(settings_markdown())
         return 0
     path = Path(args.readme)
-    try:
-        path.write_text(with_readme_settings(path.read_text()))
+    try:    # a regular file only: a FIFO named as the README is refused, never waited on
+        path.write_text(with_readme_settings(read_regular_text(path, MAX_README_BYTES)))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         print(f"python -m kernels config: error: --readme {path}: {why}", file=sys.stderr)

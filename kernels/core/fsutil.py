@@ -84,17 +84,33 @@ def write_if_different(path: Path, text: str) -> bool:
 MAX_JSON_BYTES = 64 << 20
 
 
-def read_regular(path: Path, limit: int, follow: bool = True) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes. Anything else in its place -- a FIFO (opened without
-    blocking, then refused), a device such as /dev/zero, a directory, a larger file -- raises OSError, as a missing
-    file does: a reader never hangs on it nor reads it whole. A symlink is followed (a user's table may be one) unless
-    `follow` is off (then it raises OSError: ELOOP)."""
+def open_regular(path: str | os.PathLike, follow: bool = True) -> int:
+    """A descriptor open for reading (blocking, close-on-exec) on the regular file at `path`; the caller closes it.
+    Anything else in its place -- a FIFO (opened without blocking, then refused), a device such as /dev/zero -- raises
+    OSError (EINVAL, "not a regular file", the path), a directory IsADirectoryError, as a missing file raises
+    FileNotFoundError: a reader never hangs on it nor reads it endlessly. A symlink is followed (a user's table may be
+    one) unless `follow` is off (then it raises OSError: ELOOP)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     fd = os.open(path, flags)
     try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):          # what open(2) itself says of one: clearer than "not a regular file"
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        os.set_blocking(fd, True)       # O_NONBLOCK was only for the open: reads of a regular file never block
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: Path, limit: int, follow: bool = True) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes. Anything else in its place (see open_regular), or a
+    larger file, raises OSError, as a missing file does: a reader never hangs on it nor reads it whole."""
+    fd = open_regular(path, follow)
+    try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
         if st.st_size > limit:
             raise OSError(errno.EFBIG, f"{st.st_size} bytes, over {limit}", str(path))
         chunks, left = [], limit + 1
@@ -109,6 +125,12 @@ def read_regular(path: Path, limit: int, follow: bool = True) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def read_regular_text(path: Path, limit: int) -> str:
+    """read_regular's bytes as UTF-8 text, newlines translated as Path.read_text does (\\r\\n and \\r read as \\n):
+    raises OSError, or UnicodeDecodeError (a ValueError)."""
+    return read_regular(path, limit).decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
 
 
 def read_json(path: Path) -> dict | None:
@@ -140,11 +162,13 @@ LOCK_TIMEOUT_S = 600.0
 
 
 @contextlib.contextmanager
-def file_lock(path: Path, timeout_s: float = LOCK_TIMEOUT_S):
-    """Exclusive advisory lock; the OS drops it if the holder dies, so a killed run never wedges others."""
+def file_lock(path: Path, timeout_s: float | None = None):
+    """Exclusive advisory lock; the OS drops it if the holder dies, so a killed run never wedges others. The timeout
+    defaults to LOCK_TIMEOUT_S as it is when called (the module attribute is the documented knob)."""
     _private_parent(path)
     fd = _open_lock_file(path)
     try:
+        timeout_s = LOCK_TIMEOUT_S if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         delay = 0.01
         while True:
@@ -221,8 +245,10 @@ def build_each_once(keys: list[str], lock_for: Callable[[str], Path], built: Cal
 
 
 def file_sha256(path: Path) -> str:
+    """sha256 of a regular file's bytes; OSError for anything else (a FIFO planted in a cache folder must not block
+    the check that is meant to catch it: see open_regular)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(open_regular(path), "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -252,4 +278,7 @@ def marker_claims(binary: Path, marker: Path, key: str) -> dict | None:
 def marker_valid(binary: Path, marker: Path, key: str) -> bool:
     """The binary is the one its marker published for this key (same size and sha256)."""
     meta = marker_claims(binary, marker, key)
-    return meta is not None and file_sha256(binary) == meta.get("sha256")
+    try:
+        return meta is not None and file_sha256(binary) == meta.get("sha256")
+    except OSError:         # gone since the stat, or not a regular file: not the binary the marker published
+        return False

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
+import stat
 import threading
 from collections.abc import Iterator
 
@@ -65,7 +67,7 @@ def note(problem: GemmProblem, dyn=None) -> None:
 def _append(path: str, line: str) -> None:
     data = line.encode()
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        fd = _open_trace(path)
         try:
             written = os.write(fd, data)
         finally:
@@ -75,6 +77,24 @@ def _append(path: str, line: str) -> None:
     except OSError as e:
         warn_once(f"record:{path}", f"kernels: cannot append to the problem trace {path} ({e}); problems are not "
                   "recorded there", stacklevel=3)
+
+
+def _open_trace(path: str) -> int:
+    """The trace open for appending; OSError when something other than a regular file is there. A FIFO (or a device)
+    is refused by name before the open, and the open is non-blocking with the type checked again after it (something
+    swapped in between): a trace never blocks the user's call that notes a problem."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def resolve(problem: GemmProblem, dyn=None):
@@ -98,6 +118,8 @@ def record(path: str | os.PathLike) -> Iterator[str]:
     target = os.path.abspath(os.path.expanduser(os.fspath(path)))
     if not os.fspath(path).strip() or os.path.isdir(target):
         raise InputValueError(f"kernels.record: {os.fspath(path)!r} is not a file path")
+    if os.path.exists(target) and not os.path.isfile(target):      # a FIFO, a device: appends would block or vanish
+        raise InputValueError(f"kernels.record: {os.fspath(path)!r} is not a regular file (a FIFO or a device)")
     with _lock:
         _open_blocks.append(target)
     try:

@@ -41,7 +41,8 @@ from kernels.core import detached
 from kernels.core.cache_root import cache_root, is_private_fallback, refuse_foreign
 from kernels.core.config import config, tool_variable
 from kernels.core.fsutil import file_lock, make_private_dirs
-from kernels.native.fastpath_build import MODULE_NAME, OUTPUT, BuildJob, BuildPaths, FastpathBuildError, published
+from kernels.native.fastpath_build import (MODULE_NAME, OUTPUT, BuildJob, BuildPaths, FastpathBuildError, published,
+                                           read_note)
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fastpath.cpp"
 _started: list[subprocess.Popen] = []   # detached builders this process started (kept so none is reaped early)
@@ -92,7 +93,7 @@ def build(force: bool = False) -> Path:
     if library is not None:
         return library
     if where.failed.exists() and not force:
-        raise FastpathBuildError(f"an earlier build failed; log: {where.log}", _read(where.log))
+        raise FastpathBuildError(f"an earlier build failed; log: {where.log}", read_note(where.log))
     make_private_dirs(where.folder)
     proc = start_builder(build_job(where, force), wait=True)
     _, errors = proc.communicate()
@@ -105,7 +106,7 @@ def _outcome(where: BuildPaths, returncode: int, errors: str = "") -> Path:
     if library is not None:
         return library
     if where.failed.exists():
-        raise FastpathBuildError(f"{_read(where.failed).strip()}; log: {where.log}", _read(where.log))
+        raise FastpathBuildError(f"{read_note(where.failed).strip()}; log: {where.log}", read_note(where.log))
     raise FastpathBuildError(f"the builder exited with {returncode} without publishing the library", errors[-4000:])
 
 
@@ -142,11 +143,6 @@ def state(where: BuildPaths) -> str:
     return "failed" if where.failed.exists() else "absent"
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
 
 
 def load_library(library: Path):

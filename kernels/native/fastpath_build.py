@@ -25,11 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kernels.core.detached import alive, exit_on_signals, run_in_group
-from kernels.core.fsutil import atomic_write_text, file_lock, load_or_build, marker_valid, publish_marker
+from kernels.core.fsutil import (atomic_write_text, file_lock, load_or_build, marker_valid, publish_marker,
+                                 read_regular)
 
 MODULE_NAME = "_kernels_fastpath"
 OUTPUT = "{output}"             # where the compile command names its output file
 BUILD_TIMEOUT_S = 600
+# a failed build's log holds a message, the command and the compiler's last 20000 characters
+MAX_NOTE_BYTES = 1 << 20
 # temporaries a build leaves only when killed: the compiler's output, and fsutil's atomic-write temp of the marker
 _TEMPORARY = re.compile(r"\." + re.escape(MODULE_NAME) + r"\.(?:tmp\.)?(?P<pid>\d+)(?:\.[0-9a-f]+)?\.so"
                         r"|\..+\.(?P<writer>\d+)\.[0-9a-f]{8}\.tmp")
@@ -92,7 +95,7 @@ def run(job: BuildJob) -> Path:
 def _build(job: BuildJob) -> Path:
     where = job.where
     if where.failed.exists() and not job.force:
-        raise FastpathBuildError(f"an earlier build failed; log: {where.log}", _read(where.log))
+        raise FastpathBuildError(f"an earlier build failed; log: {where.log}", read_note(where.log))
     remove_stale_temporaries(where.folder)
     tmp = where.folder / f".{MODULE_NAME}.tmp.{os.getpid()}.so"
     command = [tmp.as_posix() if part == OUTPUT else part for part in job.command]
@@ -145,9 +148,11 @@ def _fail(where: BuildPaths, message: str, log: str):
     raise FastpathBuildError(f"{message}; log: {where.log}", log)
 
 
-def _read(path: Path) -> str:
+def read_note(path: Path) -> str:
+    """A failed build's log or FAILED message, or "" when it is missing, not a regular file (a FIFO there is never
+    waited on, a device never read endlessly) or over MAX_NOTE_BYTES: it only adds detail to an error."""
     try:
-        return path.read_text()
+        return read_regular(path, MAX_NOTE_BYTES).decode(errors="replace")
     except OSError:
         return ""
 

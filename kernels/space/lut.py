@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kernels.core.choice import GemmConfig
 from kernels.core.config import config
-from kernels.core.fsutil import atomic_write_text, read_json
+from kernels.core.fsutil import MAX_JSON_BYTES, atomic_write_text, read_json, read_regular_text
 from kernels.core.problem import OPS, GemmProblem
 from kernels.core.selection import Selection
 from kernels.space.choice_rules import config_problem, param_problem
@@ -319,10 +319,12 @@ def loads(text: str, source: str = "<memory>") -> Lut:
 
 
 def load(path: str | os.PathLike) -> Lut:
-    """Read a table file; an unreadable file is a warning and an empty table."""
+    """Read a table file; an unreadable file is a warning and an empty table. Only a regular file of at most
+    MAX_JSON_BYTES is read: a FIFO or a device such as /dev/zero named by KERNELS_LUT is unreadable, never waited on
+    or read endlessly."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_regular_text(Path(path), MAX_JSON_BYTES)
     except (OSError, UnicodeDecodeError) as e:
         _Problems(source).warn("table", f"cannot be read ({type(e).__name__}: {e}); ignored")
         return Lut(source=source)

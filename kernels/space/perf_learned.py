@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from kernels.core.choice import Choice
-from kernels.core.fsutil import atomic_write_text
+from kernels.core.fsutil import MAX_JSON_BYTES, atomic_write_text, read_regular
 from kernels.core.problem import GemmProblem
 from kernels.space.perf_model import AnalyticModel, estimate_of, gpu_spec, tile_of
 
@@ -279,7 +279,7 @@ def save(params: dict, path: str | os.PathLike) -> None:
 def load(path: str | os.PathLike) -> tuple[LearnedModel | None, str]:
     """The model at `path`, or (None, why not). Never raises."""
     try:
-        params = json.loads(Path(path).read_text())
+        params = json.loads(read_regular(Path(path), MAX_JSON_BYTES))     # a FIFO or a device is refused, not read
         if params.get("kind") != KIND or params.get("version") != VERSION:
             return None, f"not a {KIND} v{VERSION} file"
         return LearnedModel(params, str(path)), ""

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernels.core.cache_root import cache_root
+from kernels.core.fsutil import open_regular
 from kernels.core.problem import GemmProblem
 from kernels.store import environment
 from kernels.store.cache_admin import StoredEntry, entries, parse_entry, selections_dir
@@ -216,12 +217,17 @@ def read_bundle(path: Path) -> Bundle:
     """The bundle at `path`, every member checked (type, name, size, sha256) and every selection validated; raises
     BundleError naming the first thing wrong. Writes nothing."""
     try:
-        with tarfile.open(path, mode="r:*") as tar:
+        # a regular file only: a FIFO would block the open, a device such as /dev/zero would be read without end
+        fd = open_regular(path)
+    except FileNotFoundError as e:
+        raise BundleError(f"{path}: no such file") from e
+    except OSError as e:
+        raise BundleError(f"{path}: cannot be read: {e.strerror or e}; nothing imported") from e
+    try:
+        with os.fdopen(fd, "rb") as raw, tarfile.open(fileobj=raw, mode="r:*") as tar:
             manifest, members = _read_members(tar, path)
     except BundleError:
         raise
-    except FileNotFoundError as e:
-        raise BundleError(f"{path}: no such file") from e
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, OSError, ValueError) as e:
         raise BundleError(f"{path} is truncated or not a kernels bundle ({type(e).__name__}: {e}); nothing "
                           "imported") from e

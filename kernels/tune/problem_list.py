@@ -27,6 +27,7 @@ from pathlib import Path
 
 from kernels.core.dynamic_spec import DIMS, MODES, parse_buckets, parse_dims
 from kernels.core.errors import KernelsError
+from kernels.core.fsutil import read_regular_text
 from kernels.core.problem import (ACTIVATIONS, MAX_DIM, OPS, SCALED_OUT_DTYPES, SCALINGS, GemmProblem, op_of,
                                   precision_of)
 from kernels.space.shapes import Shape, problem_of
@@ -43,6 +44,8 @@ RECORD_DEFAULTS = {"precision": None, "dynamic": (), "bias": False, "activation"
 # lack them
 DYNAMIC_SPEC_KEYS = ("hints", "mode", "buckets", "pool")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+# a list is read whole: a long-lived trace of ~400-byte lines stays far below this
+MAX_LIST_BYTES = 256 << 20
 
 
 class ProblemListError(KernelsError, ValueError):
@@ -383,11 +386,13 @@ def read(path: str | Path) -> list[Listed]:
     parser = PARSERS.get(path.suffix.lower())
     if parser is None:
         raise ProblemListError(f"{path}: not a problem list: expected a {', '.join(SUFFIXES)} file")
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:    # a regular file only: a FIFO or a device named as a list is refused, never waited on
+        text = read_regular_text(path, MAX_LIST_BYTES)
     except FileNotFoundError as e:
         raise ProblemListError(f"{path}: no such file") from e
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
+        raise ProblemListError(f"{path}: cannot be read: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
         raise ProblemListError(f"{path}: cannot be read: {e}") from e
     return parser(text, str(path))
 
