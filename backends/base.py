@@ -33,6 +33,10 @@ class BuildOutcome:
     # not built yet, and left to a background build (KERNELS_CUTLASS_BUILD=background): the tune goes on without it
     # and records it in Selection.pending
     pending: bool = False
+    # failed for a reason outside the candidate (an OSError reading or writing the cache: a full disk, a folder's
+    # mode): the tune records the backend as unavailable, so the next cold lookup tunes again instead of keeping a
+    # winner chosen without it for good
+    environment: bool = False
 
 
 class Backend(ABC):

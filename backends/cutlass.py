@@ -533,7 +533,8 @@ class CutlassBackend(Backend):
             key, paths, source = self.artifact_paths(problem, choice)
             spec = spec_for(problem, choice)
         except Exception as e:  # noqa: BLE001 - a config that does not render is one failed candidate
-            return None, (BuildOutcome(choice, None, f"render failed: {type(e).__name__}: {e}"), None, start)
+            return None, (BuildOutcome(choice, None, f"render failed: {type(e).__name__}: {e}",
+                                       environment=isinstance(e, OSError)), None, start)
         if (built or artifact_valid)(paths, key):
             return None, (BuildOutcome(choice, None), paths, start)
         write_if_different(paths.source, source)

@@ -89,6 +89,7 @@ class TritonBackend(Backend):
         """Render every kernel the choices need, compile the distinct ones in parallel, then assemble launchers."""
         plans: list[tuple[Choice, list[TritonKernelSpec], list[str], float, str | None]] = []
         kernels: dict[str, tuple[TritonKernelSpec, Path, str]] = {}    # build key -> (spec, module, source)
+        environment: set[str] = set()      # choices whose module could not be written (BuildOutcome.environment)
         for choice in choices:
             start = time.perf_counter()
             try:
@@ -105,6 +106,8 @@ class TritonBackend(Backend):
                 plans.append((choice, specs, keys, start, None))
             except Exception as e:  # noqa: BLE001 - a template that does not render is one failed candidate
                 plans.append((choice, [], [], start, f"render failed: {type(e).__name__}: {e}"))
+                if isinstance(e, OSError):
+                    environment.add(choice.name)
         if interpret_mode():
             handles, compiled_now = self._interpreted(kernels), set()
         else:
@@ -115,7 +118,8 @@ class TritonBackend(Backend):
             if error is None:
                 error = next((handles[k] for k in keys if isinstance(handles[k], str)), None)
             if error is not None:
-                outcomes.append(BuildOutcome(choice, None, error, compiled=compiled))
+                outcomes.append(BuildOutcome(choice, None, error, compiled=compiled,
+                                             environment=choice.name in environment))
                 continue
             try:
                 launch = family(choice.template).launcher(problem, choice, specs, [handles[k] for k in keys])

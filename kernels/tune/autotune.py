@@ -131,10 +131,17 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
                     timings[outcome.choice.name] = outcome.error or "build failed"
                 else:
                     runners[outcome.choice.name] = outcome.runner
+            cache_faults = sum(o.environment for o in outcomes)
+            if cache_faults:
+                notes.append(f"{name}: {cache_faults} candidate(s) failed on the cache (an OS error, not the kernel); "
+                             "tuned without them, and again at the next cold lookup")
+                unavailable.append(name)
             if any(o.runner is not None and o.runner.isolated for o in outcomes):
                 _prestart_child(device)
         except Exception as e:  # noqa: BLE001 - one broken backend must not take tuning down
             notes.append(f"{name} failed: {type(e).__name__}: {e}")
+            if isinstance(e, OSError):      # the cache, not the backend: tune again at the next cold lookup
+                unavailable.append(name)
 
     details: dict[str, dict] = {}
     isolated = {n: r for n, r in runners.items() if r.isolated}
