@@ -61,7 +61,7 @@ from kernels.core.fsutil import (
     marker_claims,
     marker_valid,
     read_json,
-    read_regular,
+    read_tail,
     write_if_different,
 )
 from kernels.core.fsutil import publish_marker as fs_publish_marker
@@ -77,7 +77,6 @@ from kernels.space.heuristics_cutlass import (
 )
 
 LOG_TAIL_CHARS = 1500
-MAX_LOG_BYTES = 16 << 20      # a compiler log is read whole for its tail; a FIFO or a device there is refused
 # CUTLASS candidates built per problem in the default search space, the best-ranked by kernels.space.heuristics_cutlass
 # first. What 12 costs: a cold build and tune of the default set (12 configs, 22 choices with run-time swizzles) took
 # 61 s on a lent 16-core H200 host, the next shape of that dtype 6-7 s with no compile; other limits were not compared
@@ -596,7 +595,7 @@ class CutlassBackend(Backend):
         published for a good binary."""
         if not p.paths.binary.exists():
             try:
-                tail = read_regular(p.paths.log, MAX_LOG_BYTES).decode(errors="replace")[-LOG_TAIL_CHARS:]
+                tail = read_tail(p.paths.log, 4 * LOG_TAIL_CHARS).decode(errors="replace")[-LOG_TAIL_CHARS:]
             except OSError:
                 tail = "(no compiler log)"
             record_failure(p.paths, p.key, tail.strip())

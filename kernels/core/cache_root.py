@@ -93,6 +93,17 @@ def is_tagged(path: Path) -> bool:
         return False
 
 
+def kernels_own(path: Path) -> bool:
+    """Whether `path` is a cache folder kernels made: tagged, or holding nothing but CACHE_ENTRIES (a cache made before
+    the tag). What kernels may clear out of the way in it; a user's folder named as the cache by mistake is not."""
+    if is_tagged(path):
+        return True
+    try:
+        return all(name in CACHE_ENTRIES for name in os.listdir(path))
+    except OSError:
+        return False
+
+
 def cache_root() -> Path:
     """The directory this process keeps its cache in: config.cache_dir when it passes the checks, else (with one
     warning) a private temporary directory, removed when the process exits."""

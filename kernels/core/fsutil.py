@@ -105,6 +105,19 @@ def open_regular(path: str | os.PathLike, follow: bool = True) -> int:
     return fd
 
 
+def read_tail(path: Path, size: int) -> bytes:
+    """The last `size` bytes of a regular file (see open_regular): a long log's end without reading it whole."""
+    fd = open_regular(path)
+    try:
+        os.lseek(fd, max(0, os.fstat(fd).st_size - size), os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(fd, size):
+            chunks.append(chunk)
+        return b"".join(chunks)[-size:]
+    finally:
+        os.close(fd)
+
+
 def read_regular(path: Path, limit: int, follow: bool = True) -> bytes:
     """The bytes of a regular file of at most `limit` bytes. Anything else in its place (see open_regular), or a
     larger file, raises OSError, as a missing file does: a reader never hangs on it nor reads it whole."""

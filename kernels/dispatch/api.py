@@ -29,6 +29,7 @@ _ATEN = {"mm": torch.mm, "int_mm": torch._int_mm}
 # warm path: fast key -> launch(a, b, out). Filled on the first call of each problem.
 _dispatch: dict[tuple, object] = {}
 _memory_hits = [0]
+_generation = [0]       # bumped by clear_memory_cache: a cold call registers its winner only if it did not move
 # calls that need grad (an input requires it, grad mode on, not traced): (warm key, which inputs require grad) -> the
 # call: kernels' autograd Function, or torch's own function where the layer's winners (forward and backward products)
 # save less GPU time over aten than the Function costs in host time (_torchs_autograd_serves): aten everywhere, or
@@ -51,6 +52,7 @@ scaled_mm = _scaled.scaled_mm
 
 _FP32 = torch.float32
 _FP64 = torch.float64
+_AUTOCAST_DEVICES = ("cuda", "cpu")       # where kernels runs; torch.is_autocast_enabled("meta") raises
 # one C call per call (autocast off is the common case); torch builds without it ask each device type
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled",
                         lambda: torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"))
@@ -147,7 +149,7 @@ def _autocast(*tensors):
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype is not _FP64:
             device = t.device.type
-            if torch.is_autocast_enabled(device):
+            if device in _AUTOCAST_DEVICES and torch.is_autocast_enabled(device):
                 dtype = torch.get_autocast_dtype(device)
                 if t.dtype is not dtype:
                     t = t.to(dtype)
@@ -210,6 +212,7 @@ def _linear_cold(x, weight, bias, activation, route: bool = True):
         with selected.device_context(x):
             launch = selected.resolved(problem) or _linear_aten(problem)
             return launch(*operands, None).view(shape)
+    generation = _generation[0]
     aten = _cpu_fallback(x)
     if aten:
         launch = _linear_aten(problem)
@@ -227,11 +230,12 @@ def _linear_cold(x, weight, bias, activation, route: bool = True):
     kind = _FAST_ADDMM_KIND if aten and problem.epilogue else _FAST_ATEN_KIND.get(direct, _FAST_PYTHON_KIND)
     with selected.device_context(x):       # the C++ table's plan is made for the operands' device, not the current one
         with _lock:
-            _dispatch[key] = entry = (direct, launch, kind)
-            if _fast.module is not None:
-                _fast_register(_fast.module, key, entry)
-            if len(_dispatch) > config.max_problems:
-                _shrink(config.max_problems)
+            if generation == _generation[0]:
+                _dispatch[key] = entry = (direct, launch, kind)
+                if _fast.module is not None:
+                    _fast_register(_fast.module, key, entry)
+                if len(_dispatch) > config.max_problems:
+                    _shrink(config.max_problems)
         return direct(*operands).view(shape)
 
 
@@ -435,6 +439,7 @@ def _cold(op: str, a, b, out, dynamic=None, route: bool = True, key: tuple | Non
         key = (key, dynamic)
     if a.device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
         return _under_capture(op, a, b, out)
+    generation = _generation[0]
     if _cpu_fallback(a):
         launch = _aten_launch(op) if op != "int_mm" or 0 not in (*a.stride(), *b.stride()) else _dense_int_mm
         _stats.bump("cpu_fallbacks")
@@ -444,11 +449,12 @@ def _cold(op: str, a, b, out, dynamic=None, route: bool = True, key: tuple | Non
             launch = _record.resolve(problem, dyn)
     with selected.device_context(a):       # the C++ table's plan is made for the operands' device, not the current one
         with _lock:
-            _dispatch[key] = entry = (_two_arg(launch), launch)
-            if dynamic is None and _fast.module is not None:
-                _fast_register(_fast.module, key, entry)
-            if len(_dispatch) > config.max_problems:
-                _shrink(config.max_problems)
+            if generation == _generation[0]:
+                _dispatch[key] = entry = (_two_arg(launch), launch)
+                if dynamic is None and _fast.module is not None:
+                    _fast_register(_fast.module, key, entry)
+                if len(_dispatch) > config.max_problems:
+                    _shrink(config.max_problems)
         return launch(a, b, out)
 
 
@@ -740,8 +746,12 @@ def load_fastpath(wait: bool = True) -> str:
 
 
 def clear_memory_cache() -> None:
-    """Forget in-process selections and launchers (the persistent store is untouched)."""
+    """Forget in-process selections and launchers (the persistent store is untouched). A cold call that resolved
+    its winner before this does not register it after (the generation moved): it may have been chosen under a
+    setting that has changed since."""
     with _lock:
+        _generation[0] += 1
+        _custom.ahead.forget()
         _dispatch.clear()
         _grad_routes.clear()
         if _fast.module is not None:

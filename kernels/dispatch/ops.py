@@ -298,6 +298,11 @@ class BackwardAhead:
         self.seen: set[tuple] = set()
         self.lock = threading.Lock()
 
+    def forget(self) -> None:
+        """Meet every layer again (kernels.clear_memory_cache: the selections behind the products are gone)."""
+        with self.lock:
+            self.seen.clear()
+
     def _first(self, key: tuple) -> bool:
         with self.lock:
             if key in self.seen:
@@ -308,14 +313,20 @@ class BackwardAhead:
             return True
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, needs: tuple[bool, ...]) -> None:
-        if (needs[0] or needs[1]) and self._first((id(weight), x.shape, needs[0], needs[1])):
+        if (needs[0] or needs[1]) and self._first((*_facts(weight), x.shape, x.stride(), needs[0], needs[1])):
             for problem in linear_backward_problems(x, weight, needs):
                 self.prepare(problem, x)
 
     def mm(self, a: torch.Tensor, b: torch.Tensor, needs: tuple[bool, ...]) -> None:
-        if (needs[0] or needs[1]) and self._first((id(b), id(a), a.shape, needs[0], needs[1])):
+        if (needs[0] or needs[1]) and self._first((*_facts(b), *_facts(a), needs[0], needs[1])):
             for problem in mm_backward_problems(a, b, needs):
                 self.prepare(problem, a)
+
+
+def _facts(t: torch.Tensor) -> tuple:
+    # what a backward problem is made of, not the tensor's identity: under autocast each call's operand is a fresh
+    # cast (a new id every step), which re-ran the look-ahead on every forward
+    return t.dtype, t.device, t.shape, t.stride()
 
 
 def linear_backward_problems(x: torch.Tensor, weight: torch.Tensor, needs: tuple[bool, ...]) -> list[GemmProblem]:

@@ -16,12 +16,14 @@ import warnings
 from pathlib import Path
 
 from kernels.core import fsutil
-from kernels.core.cache_root import CacheWarning, cache_root, warn_once
+from kernels.core.cache_root import CacheWarning, cache_root, kernels_own, warn_once
 from kernels.core.fsutil import atomic_write_text, file_lock, read_json
 
 # How long a process waits for another's lock on the same entry before it says so: a tune usually finishes well within
 # this, so a longer wait is worth a line explaining why the call is slow (the wait goes on, up to LOCK_TIMEOUT_S)
 SLOW_LOCK_WARN_S = 30.0
+# the errors that mean something stands where the store's file or folder belongs (not a full disk, not a mode)
+_IN_THE_WAY = (NotADirectoryError, IsADirectoryError, FileExistsError)
 
 
 def _warn_unwritable(root: Path, error: OSError) -> None:
@@ -82,7 +84,7 @@ class KeyedJsonStore:
         except OSError as e:
             failed = e
         try:
-            if self.clear_the_way(self.path(key)):
+            if isinstance(failed, _IN_THE_WAY) and self.clear_the_way(self.path(key)):
                 atomic_write_text(self.path(key), text)
                 return True
         except OSError as e:
@@ -96,9 +98,17 @@ class KeyedJsonStore:
         through a link (the cache is kernels' own folder: nothing of its own is ever there). One warning per thing
         removed; True when something was. OSError when it cannot be removed."""
         top = self.top
+        if self._root is None and not kernels_own(top.parent):
+            return False                     # KERNELS_CACHE_DIR names a folder of the user's: nothing is removed
         folders = [f for f in reversed(path.parents) if f == top or top in f.parents]
         for folder in folders:
-            if os.path.lexists(folder) and not os.path.isdir(folder):
+            try:
+                mode = os.lstat(folder).st_mode
+            except FileNotFoundError:
+                break
+            if stat.S_ISLNK(mode):
+                return False                 # a link is neither removed nor followed
+            if not stat.S_ISDIR(mode):
                 os.unlink(folder)
                 return self._removed(folder, "a plain file where a folder of the store belongs")
         if _is_dir_no_link(path):
@@ -151,7 +161,7 @@ class KeyedJsonStore:
                 held.enter_context(file_lock(path, timeout_s))
             except TimeoutError:
                 raise
-            except OSError:
+            except _IN_THE_WAY:
                 if not self.clear_the_way(path):
                     raise
                 held.enter_context(file_lock(path, timeout_s))

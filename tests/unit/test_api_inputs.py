@@ -147,3 +147,32 @@ def test_an_out_whose_elements_share_memory_is_refused():
     out = torch.empty(1, 8, dtype=torch.float16).expand(1, 8)          # one row: nothing shared
     torch.testing.assert_close(kernels.mm(a[:1], b, out=out), a[:1].float().mm(b.float()).half())
 
+
+
+def test_autocast_leaves_meta_tensors_to_the_usual_checks():
+    """torch.is_autocast_enabled("meta") raises: a patched model built on the meta device still falls back to torch
+    under autocast, and kernels.mm names the device as before."""
+    with torch.device("meta"):
+        model = torch.nn.Linear(16, 8)
+    kernels.patch(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(torch.empty(4, 16, device="meta")).shape == (4, 8)
+        with pytest.raises((TypeError, ValueError)):
+            kernels.mm(torch.empty(4, 16, device="meta"), torch.empty(16, 8, device="meta"))
+
+
+def test_a_winner_resolved_before_a_clear_is_not_registered_after_it(monkeypatch):
+    """kernels.clear_memory_cache (what a selection setting's change calls) during a cold call: the call returns
+    its product, but its winner, chosen before the change, does not enter the warm table."""
+    monkeypatch.setattr(api, "_cpu_fallback", lambda like: False)
+    real = api._record.resolve
+
+    def resolve_then_clear(*args, **kwargs):
+        launch = real(*args, **kwargs)
+        kernels.clear_memory_cache()
+        return launch
+
+    monkeypatch.setattr(api._record, "resolve", resolve_then_clear)
+    a, b = t(8, 16), t(16, 8)
+    torch.testing.assert_close(kernels.mm(a, b), (a.float() @ b.float()).half(), rtol=1e-2, atol=1e-2)
+    assert api._dispatch.get(api._fast_key("mm", a, b)) is None

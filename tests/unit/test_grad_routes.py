@@ -49,3 +49,21 @@ def test_a_small_gain_hands_the_layer_to_torch_and_a_large_one_keeps_kernels(mon
     else:
         assert call is not torch.nn.functional.linear and kernels.stats()["torch_autograd"] == before
     api.clear_memory_cache()
+
+
+def test_the_backward_look_ahead_knows_a_layer_by_its_operands_facts_not_their_identity():
+    """Under autocast every forward's weight is a fresh cast: a new tensor with the same dtype, shape and strides
+    meets the look-ahead once, not once per step."""
+    from kernels.dispatch.ops import BackwardAhead
+
+    prepared = []
+    ahead = BackwardAhead(lambda problem, like: prepared.append(problem), lambda: 100)
+    x = torch.randn(4, 16)
+    for _ in range(3):
+        ahead.linear(x, torch.randn(8, 16), (True, True))
+    assert len(prepared) == 2                  # dX and dW, once
+    ahead.linear(x, torch.randn(8, 16).t().contiguous().t(), (True, True))     # another layout: met again
+    assert len(prepared) == 4
+    ahead.forget()
+    ahead.linear(x, torch.randn(8, 16), (True, True))
+    assert len(prepared) == 6

@@ -263,3 +263,12 @@ def test_a_performance_model_file_that_is_a_fifo_or_a_device_is_no_model(fifo):
         model, why = _within(lambda: perf_learned.load(path), *([path] if path != "/dev/zero" else []))
         assert model is None and ("not a regular file" in why or "larger than" in why), why
 
+
+
+def test_a_logs_tail_is_read_without_reading_it_whole_and_never_from_a_fifo(fifo, tmp_path):
+    log = tmp_path / "build.log"
+    log.write_bytes(b"x" * (1 << 20) + b"error: the end")
+    assert fsutil.read_tail(log, 14) == b"error: the end"
+    assert fsutil.read_tail(log, 1 << 22).endswith(b"the end")
+    with pytest.raises(OSError, match="not a regular file"):
+        _within(lambda: fsutil.read_tail(fifo("log"), 10), tmp_path / "log")

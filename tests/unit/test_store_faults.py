@@ -175,6 +175,30 @@ def test_a_plain_file_at_the_selections_folder_is_removed_and_the_entry_written(
     assert not any("cannot write" in w for w in _ours(caught))
 
 
+def test_nothing_is_removed_from_a_users_folder_named_as_the_cache(isolated_cache):
+    """KERNELS_CACHE_DIR names a folder of the user's (it holds more than kernels' entries, untagged): a file of
+    theirs called `selections` stays, and the result is kept in memory; a link at selections/ is never followed."""
+    (isolated_cache / "notes.txt").write_text("the user's")
+    (isolated_cache / "selections").write_text("the user's too")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _mm_ok()
+    assert (isolated_cache / "selections").read_text() == "the user's too"
+    assert any("cannot make the lock" in w or "cannot write" in w for w in _ours(caught)), _ours(caught)
+
+
+def test_a_link_where_the_stores_folder_belongs_is_left_alone(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("not a folder")
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "selections").symlink_to(elsewhere)
+    store = SelectionStore(tmp_path / "cache" / "selections")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        assert store.clear_the_way(store.path(KEY)) is False
+    assert (tmp_path / "cache" / "selections").is_symlink() and elsewhere.read_text() == "not a folder"
+
+
 def test_a_stray_directory_is_only_removed_at_the_entrys_own_path(tmp_path):
     store = SelectionStore(tmp_path / "selections")
     (tmp_path / "selections" / "neighbour.json").mkdir(parents=True)
