@@ -21,6 +21,9 @@ def parse_dims(value) -> tuple[str, ...]:
         return ()
     if value is True:
         return ("m",)
+    if isinstance(value, str) and "=" in value:
+        raise ValueError(f"{value!r} holds size hints, and this takes dim names only ('m' or 'm,k'); give hints "
+                         "with kernels.Dynamic('m', hints=(16, 64)) or KERNELS_DYNAMIC='m=16,64'")
     names = [s.strip().lower() for s in value.replace(";", ",").split(",")] if isinstance(value, str) \
         else [str(s).strip().lower() for s in value]
     names = [n for n in names if n]

@@ -120,6 +120,8 @@ def test_resolve_declarations():
     assert resolve(None) is None and resolve(False) is None and resolve("") is None and resolve(()) is None
     assert resolve("m") == Dynamic("m", (("m", DEFAULT_HINTS),), "benchmark", "pow2", DYNAMIC_POOL)
     assert resolve(True) == resolve("m") == resolve(("m",))
+    with pytest.raises(ValueError, match="holds size hints.*kernels.Dynamic"):     # KERNELS_DYNAMIC's syntax
+        resolve("m=8,16")
     d = Dynamic("m", hints={"m": (32, 16)}, mode="similarity", buckets="exact", pool=1)
     hash(d)                                    # part of the warm dispatch key
     assert resolve(d) == Dynamic("m", (("m", (16, 32)),), "similarity", "exact", 1)
