@@ -17,7 +17,9 @@ The predicates `mm_unserved` / `linear_unserved` are what kernels.patch asks too
 """
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -162,6 +164,14 @@ class KernelsMode(TorchFunctionMode):
     """The torch function mode behind kernels.enabled(). While its handler runs torch pops it, so the torch calls
     kernels itself makes (aten winners are torch.mm) are not routed again."""
 
+    def __call__(self, fn: Callable) -> Callable:
+        """`@kernels.enabled()` on a function: each call of it runs routed, as inside a `with` block."""
+        @functools.wraps(fn)
+        def routed(*args, **kwargs):
+            with KernelsMode():
+                return fn(*args, **kwargs)
+        return routed
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         route = _ROUTES.get(func)
@@ -191,7 +201,7 @@ class KernelsMode(TorchFunctionMode):
 
 
 def enabled() -> KernelsMode:
-    """`with kernels.enabled():` routes torch.mm, torch.matmul (2-D, and N-D @ 2-D), F.linear and torch.addmm
+    """`with kernels.enabled():` (or `@kernels.enabled()` on a function) routes torch.mm, torch.matmul (2-D, and N-D @ 2-D), F.linear and torch.addmm
     (beta = alpha = 1, a bias row) through kernels for the code inside; what kernels does not serve runs in torch
     unchanged, counted in kernels.stats() as "passthroughs" and "passthrough:<reason>". Nested blocks are one."""
     return KernelsMode()

@@ -212,6 +212,19 @@ def test_enabled_lets_torch_raise_its_own_error(reason, a, b):
     assert passed_through == error() and passed == {reason: 1} and reached == 0
 
 
+def test_enabled_is_also_a_decorator():
+    a, b = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+
+    @kernels.enabled()
+    def product(x, y):
+        return torch.mm(x, y)
+
+    got, reached, passed = served_and_passed(lambda: product(a, b))
+    assert passed == {"dtype=float64": 1} and reached == 0      # routed (then passed through, fp64)
+    torch.testing.assert_close(got, a @ b)
+    assert served_and_passed(lambda: torch.mm(a, b))[2] == {}     # outside the function: not routed
+
+
 def test_kernels_calls_inside_enabled_tune_without_routing_their_own_torch_calls():
     """A cold kernels call inside the block (a patched model, a backward) tunes as usual: the torch calls of the
     tune itself (aten candidates, the float64 reference) are not routed back into kernels nor counted."""
