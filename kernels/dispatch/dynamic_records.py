@@ -40,6 +40,10 @@ class Dynamic:
         object.__setattr__(self, "dims", dims)
         if self.hints is not None:
             object.__setattr__(self, "hints", parse_hints(self.hints))
+            stray = [d for d, _ in self.hints if d not in dims] if self.hints and isinstance(self.hints[0], tuple) \
+                else []
+            if stray:       # they would be ignored: a dim the caller meant to make dynamic, left out of `dims`
+                raise ValueError(f"hints for {', '.join(stray)}, which is not among the dynamic dims {dims}")
         if self.mode is not None:
             object.__setattr__(self, "mode", parse_mode(self.mode))
         if self.buckets is not None:

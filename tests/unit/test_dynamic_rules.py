@@ -122,6 +122,8 @@ def test_resolve_declarations():
     assert resolve(True) == resolve("m") == resolve(("m",))
     with pytest.raises(ValueError, match="holds size hints.*kernels.Dynamic"):     # KERNELS_DYNAMIC's syntax
         resolve("m=8,16")
+    with pytest.raises(ValueError, match=r"hints for k, which is not among the dynamic dims \('m',\)"):
+        Dynamic("m", hints={"k": (4,)})
     d = Dynamic("m", hints={"m": (32, 16)}, mode="similarity", buckets="exact", pool=1)
     hash(d)                                    # part of the warm dispatch key
     assert resolve(d) == Dynamic("m", (("m", (16, 32)),), "similarity", "exact", 1)
