@@ -192,17 +192,19 @@ class SharedStore:
         its winner; a store that is down builds at once."""
         deadline = time.monotonic() + wait_s
         waited = False
+        lock_key = LOCK_PREFIX + _digest(key)
         while True:
             found = load()
             if found is not None:
                 return found
-            lock = self._call("lock", lambda r: r.lock(LOCK_PREFIX + _digest(key), timeout=self.lock_s,
-                                                       thread_local=False))
+            lock = self._call("lock", lambda r: r.lock(lock_key, timeout=self.lock_s, thread_local=False))
             claimed = None if lock is None else self._call("lock", lambda r: lock.acquire(blocking=False))
             if claimed is None:                     # the store is down: build here
                 return build()
             if claimed:
                 return self._build_holding(lock, build)
+            if not waited and self._call("lock", lambda r: _drop_if_not_a_lock(r, lock_key)):
+                continue                            # something else sat at the lock's key: gone, claim it now
             if time.monotonic() >= deadline:
                 if wait_s > 0:
                     warn_once("waited for the shared store", f"kernels: waited {wait_s:g} s for another machine's tune of a "
@@ -224,6 +226,17 @@ class SharedStore:
                 lock.release()
             except Exception:  # noqa: BLE001 - lapsed (a stall past its lifetime) or the store is gone: no harm
                 pass
+
+
+def _drop_if_not_a_lock(client, lock_key: str) -> bool:
+    """Delete what sits at a tuning lock's key when it is not a lock (a lock is a string with an expiry): a list or a
+    hash there never lapses, so every machine would wait KERNELS_STORE_WAIT on the problem, forever. True if it went."""
+    kind = client.type(lock_key)
+    kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+    if kind in ("string", "none") and (kind == "none" or client.pttl(lock_key) > 0):
+        return False
+    client.delete(lock_key)
+    return True
 
 
 class _Heartbeat(threading.Thread):

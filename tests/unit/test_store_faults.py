@@ -4,6 +4,7 @@ a directory where an entry's file (or a plain file where the store's folder) bel
 and a directory at a lock's path."""
 import json
 import os
+import time
 import warnings
 from pathlib import Path
 
@@ -145,6 +146,19 @@ def test_a_redis_key_of_the_wrong_type_is_a_miss_and_the_next_publish_replaces_i
     assert store.get(KEY).created == 1.0 and client.type(name) == b"string"
     assert counters.snapshot()["store_errors"] == errors
     assert len(_ours(caught)) == 1 and "bad entry" in _ours(caught)[0] and "failed" not in _ours(caught)[0]
+
+
+@pytest.mark.parametrize("plant", ["list", "string without an expiry"])
+def test_something_at_a_tuning_locks_key_that_is_no_lock_is_cleared_not_waited_on(redis_server, plant):
+    """A lock is a string with an expiry; a list, or a string that never expires, at its key never lapses: every
+    machine waited KERNELS_STORE_WAIT on the problem, for good. It is deleted and the lock claimed at once."""
+    client = redis_server.client()
+    name = shared.LOCK_PREFIX + shared._digest(KEY)
+    {"list": lambda: client.rpush(name, "a"), "string without an expiry": lambda: client.set(name, "x")}[plant]()
+    store = SharedStore(redis_server.url, lock_s=5)
+    start = time.monotonic()
+    assert store.tune_once(KEY, lambda: None, lambda: "built", wait_s=10) == "built"
+    assert time.monotonic() - start < 5 and client.exists(name) == 0      # claimed, built, released
 
 
 # -- 4. a directory where an entry's file belongs, a plain file where the store's folder belongs -----------------------
