@@ -41,8 +41,8 @@ from kernels.core import detached
 from kernels.core.cache_root import cache_root, is_private_fallback, refuse_foreign
 from kernels.core.config import config, tool_variable
 from kernels.core.fsutil import file_lock, make_private_dirs
-from kernels.native.fastpath_build import (MODULE_NAME, OUTPUT, BuildJob, BuildPaths, FastpathBuildError, published,
-                                           read_note)
+from kernels.native.fastpath_build import (MODULE_NAME, OUTPUT, BuildJob, BuildPaths, FastpathBuildError, failed_lately,
+                                           published, read_note)
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fastpath.cpp"
 _started: list[subprocess.Popen] = []   # detached builders this process started (kept so none is reaped early)
@@ -92,7 +92,7 @@ def build(force: bool = False) -> Path:
     library = verified_library(where)
     if library is not None:
         return library
-    if where.failed.exists() and not force:
+    if failed_lately(where) and not force:
         raise FastpathBuildError(f"an earlier build failed; log: {where.log}", read_note(where.log))
     make_private_dirs(where.folder)
     proc = start_builder(build_job(where, force), wait=True)
@@ -210,7 +210,7 @@ class Fastpath:
                 self.why_not = f"cannot read {SOURCE}: {e}"
                 return
             library = verified_library(where)
-            if library is None and where.failed.exists():
+            if library is None and failed_lately(where):
                 self.why_not = f"build failed earlier; log: {where.log}"
                 return
             if library is None and mode == "auto" and is_private_fallback():

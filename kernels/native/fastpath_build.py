@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,9 @@ from kernels.core.fsutil import (atomic_write_text, file_lock, load_or_build, ma
 MODULE_NAME = "_kernels_fastpath"
 OUTPUT = "{output}"             # where the compile command names its output file
 BUILD_TIMEOUT_S = 600
+# a failed build is tried again (by the next process that wants the table) once this old: a day, so a broken compiler
+# costs one background build a day, and a failure of the machine's own does not last for good
+FAILED_RETRY_S = 24 * 3600.0
 # a failed build's log holds a message, the command and the compiler's last 20000 characters
 MAX_NOTE_BYTES = 1 << 20
 # temporaries a build leaves only when killed: the compiler's output, and fsutil's atomic-write temp of the marker
@@ -54,7 +58,7 @@ class BuildPaths:
     library: Path
     marker: Path            # written last by a build: the library's size and sha256
     lock: Path              # held by the one build that runs
-    failed: Path            # a failed build's message (not retried until forced)
+    failed: Path            # a failed build's message (not retried until forced or FAILED_RETRY_S old)
     log: Path
 
     @classmethod
@@ -92,9 +96,18 @@ def run(job: BuildJob) -> Path:
                          lambda: _build(job))
 
 
+def failed_lately(where: BuildPaths) -> bool:
+    """Whether a build failed less than FAILED_RETRY_S ago: then it is not tried again unless forced. Older, it is:
+    what failed may have been the machine's (a full disk, a killed compiler), not the source's."""
+    try:
+        return time.time() - os.stat(where.failed).st_mtime < FAILED_RETRY_S
+    except OSError:
+        return False
+
+
 def _build(job: BuildJob) -> Path:
     where = job.where
-    if where.failed.exists() and not job.force:
+    if failed_lately(where) and not job.force:
         raise FastpathBuildError(f"an earlier build failed; log: {where.log}", read_note(where.log))
     remove_stale_temporaries(where.folder)
     tmp = where.folder / f".{MODULE_NAME}.tmp.{os.getpid()}.so"

@@ -17,7 +17,7 @@ import kernels
 from kernels.core import fsutil
 from kernels.core.config import interpret_mode
 from kernels.dispatch import api
-from kernels.native import fastpath
+from kernels.native import fastpath, fastpath_build
 from tests.helpers import run_python, served
 
 
@@ -194,6 +194,13 @@ def test_failed_build_is_recorded_and_calls_still_work(fast, monkeypatch):
     a, b = torch.randn(4, 8).half(), torch.randn(8, 4).half()
     torch.testing.assert_close(kernels.mm(a, b), torch.mm(a, b), rtol=0, atol=0)
     assert api._fast_call is None and "failed earlier" in api._fast.why_not
+    with pytest.raises(fastpath.FastpathBuildError, match="an earlier build failed"):
+        fastpath.build()                                # not retried at once...
+    old = time.time() - fastpath_build.FAILED_RETRY_S - 60
+    os.utime(where.failed, (old, old))
+    with pytest.raises(fastpath.FastpathBuildError, match="not found"):
+        fastpath.build()                                # ...but a day later: it ran (and failed) again
+    assert time.time() - where.failed.stat().st_mtime < 60
 
 
 def test_leftover_temp_files_are_not_loaded(fast):
