@@ -88,3 +88,18 @@ def fast(built_library, monkeypatch):
     # isolated_cache's teardown (clear_memory_cache) runs while api._fast is still this one: it empties this copy's
     # table, which the ops' C++ dispatcher kernels may be bound to for the rest of the session
     return where
+
+
+@pytest.fixture
+def fresh_cache_checks(monkeypatch):
+    """The cache directory's checks and their once-only warnings made anew for the test, aten only (the store and
+    trust tests)."""
+    import kernels
+    from kernels.core import cache_root
+
+    cache_root.forget()
+    monkeypatch.setattr(cache_root, "_warned", set())
+    kernels.config.backends = ("aten",)
+    yield
+    cache_root.forget()
+

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import kernels
-from kernels.core import cache_root as cache_root_mod
 from kernels.core import counters, fsutil
 from kernels.core.cache_root import CacheWarning
 from kernels.core.choice import Choice
@@ -27,13 +26,7 @@ from tests.helpers import problem
 KEY = '{"env": {"test": 1}, "problem": "p"}'
 
 
-@pytest.fixture(autouse=True)
-def fresh_checks(monkeypatch):
-    cache_root_mod.forget()
-    monkeypatch.setattr(cache_root_mod, "_warned", set())
-    kernels.config.backends = ("aten",)
-    yield
-    cache_root_mod.forget()
+pytestmark = pytest.mark.usefixtures("fresh_cache_checks")       # conftest.py: the cache's checks made anew
 
 
 def _ours(caught) -> list[str]:

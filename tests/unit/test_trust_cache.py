@@ -22,13 +22,7 @@ from kernels.store import entries
 from kernels.store.selections import SelectionStore
 
 
-@pytest.fixture(autouse=True)
-def fresh_checks(monkeypatch):
-    cache_root_mod.forget()
-    monkeypatch.setattr(cache_root_mod, "_warned", set())
-    kernels.config.backends = ("aten",)
-    yield
-    cache_root_mod.forget()
+pytestmark = pytest.mark.usefixtures("fresh_cache_checks")       # conftest.py: the cache's checks made anew
 
 
 def _mm_ok() -> None:
