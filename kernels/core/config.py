@@ -1,9 +1,9 @@
 """The settings a user may change, in one table (SETTINGS). Each is an attribute of `kernels.config`, read from its
 environment variable when it is used unless it was set in code (`kernels.config.backends = ("aten", "triton")`;
 `kernels.config.reset()` forgets what was set in code). An invalid value fails where it is used (at the latest at
-the process's first cold call, or when a problem is tuned: `Config.validate`), with a SettingError (a ValueError) that names the variable (or the attribute)
-and says what is allowed. `python -m kernels config` prints the table that README.md carries; tests/test_config.py
-checks that the two agree.
+the process's first cold call, or when a problem is tuned: `Config.validate`), with a SettingError (a ValueError)
+that names the variable (or the attribute) and says what is allowed. `python -m kernels config` prints the table
+that README.md carries; tests/test_config.py checks that the two agree.
 
 What used to be a knob and is not in the table is a named constant beside the code that uses it (with the reason for
 its value), or a keyword parameter where a tool or a test varies it; three tuning choices that the preset makes are

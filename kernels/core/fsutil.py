@@ -84,14 +84,20 @@ def write_if_different(path: Path, text: str) -> bool:
 MAX_JSON_BYTES = 64 << 20
 
 
-def open_regular(path: str | os.PathLike, follow: bool = True) -> int:
-    """A descriptor open for reading (blocking, close-on-exec) on the regular file at `path`; the caller closes it.
-    Anything else in its place -- a FIFO (opened without blocking, then refused), a device such as /dev/zero -- raises
-    OSError (EINVAL, "not a regular file", the path), a directory IsADirectoryError, as a missing file raises
-    FileNotFoundError: a reader never hangs on it nor reads it endlessly. A symlink is followed (a user's table may be
-    one) unless `follow` is off (then it raises OSError: ELOOP)."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
-    fd = os.open(path, flags)
+def open_regular(path: str | os.PathLike, follow: bool = True, append: bool = False) -> int:
+    """A descriptor open for reading (for appending with `append`, the file made if missing) on the regular file at
+    `path`, blocking, close-on-exec; the caller closes it. Anything else in its place -- a FIFO (opened without
+    blocking, then refused), a device such as /dev/zero -- raises OSError (EINVAL, "not a regular file", the path), a
+    directory IsADirectoryError, as a missing file raises FileNotFoundError: a reader never hangs on it nor reads it
+    endlessly, a writer never blocks on it. A symlink is followed (a user's table may be one) unless `follow` is off
+    (then it raises OSError: ELOOP)."""
+    access = os.O_WRONLY | os.O_APPEND | os.O_CREAT if append else os.O_RDONLY
+    try:
+        fd = os.open(path, access | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW), 0o666)
+    except OSError as e:
+        if e.errno == errno.ENXIO:      # a FIFO opened to write without blocking, no reader at its other end
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path)) from e
+        raise
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):          # what open(2) itself says of one: clearer than "not a regular file"
@@ -103,6 +109,14 @@ def open_regular(path: str | os.PathLike, follow: bool = True) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def is_dir_no_link(path: Path) -> bool:
+    """A directory itself, not a link to one (nor anything missing)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def read_tail(path: Path, size: int) -> bytes:

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import os
-import stat
 import threading
 from collections.abc import Iterator
 
@@ -26,6 +24,7 @@ from kernels.core import counters
 from kernels.core.cache_root import warn_once
 from kernels.core.config import config
 from kernels.core.errors import InputTypeError, InputValueError
+from kernels.core.fsutil import open_regular
 from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
 from kernels.dispatch import dynamic as _dynamic
@@ -67,7 +66,7 @@ def note(problem: GemmProblem, dyn=None) -> None:
 def _append(path: str, line: str) -> None:
     data = line.encode()
     try:
-        fd = _open_trace(path)
+        fd = open_regular(path, append=True)      # a FIFO or a device never blocks the user's call
         try:
             written = os.write(fd, data)
         finally:
@@ -77,24 +76,6 @@ def _append(path: str, line: str) -> None:
     except OSError as e:
         warn_once(f"record:{path}", f"kernels: cannot append to the problem trace {path} ({e}); problems are not "
                   "recorded there", stacklevel=3)
-
-
-def _open_trace(path: str) -> int:
-    """The trace open for appending; OSError when something other than a regular file is there. A FIFO (or a device)
-    is refused by name before the open, and the open is non-blocking with the type checked again after it (something
-    swapped in between): a trace never blocks the user's call that notes a problem."""
-    with contextlib.suppress(FileNotFoundError):
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def resolve(problem: GemmProblem, dyn=None):

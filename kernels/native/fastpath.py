@@ -143,8 +143,6 @@ def state(where: BuildPaths) -> str:
     return "failed" if where.failed.exists() else "absent"
 
 
-
-
 def load_library(library: Path):
     """Import the built extension from its file (torch is imported first: the library links against it). Callers
     pass only a library its marker vouched for (verified_library, published); the check and the dlopen are not one

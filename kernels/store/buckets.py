@@ -4,27 +4,16 @@ re-tuned) is stale and ignored. Each bucket's entry is data read back from disk:
 kernels.dispatch.dynamic writes (`entry_problem`) is dropped, a miss, so that bucket is benchmarked again."""
 from __future__ import annotations
 
-import math
-
 from kernels.core.problem import MAX_DIM
 from kernels.store.entries import KeyedJsonStore
+from kernels.store.schema import finite_non_negative, valid_timings
 
 SCHEMA = 1
-
-
-def _number(v) -> bool:
-    """A finite, non-negative int or float (not a bool)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
 def _size(v) -> bool:
     """A problem dimension a bucket can be timed at (zero-size problems are never benchmarked)."""
     return isinstance(v, int) and not isinstance(v, bool) and 0 < v < MAX_DIM
-
-
-def _timings(t) -> bool:
-    """name -> ms (a measured call: positive, since ratios divide by it) or the failure's text."""
-    return isinstance(t, dict) and all(isinstance(v, str) or (_number(v) and v > 0) for v in t.values())
 
 
 def _shape_text(text) -> bool:
@@ -40,19 +29,19 @@ def entry_problem(entry) -> str | None:
         return "not an object"
     if not isinstance(entry.get("winner"), str):
         return "winner is not a name"
-    if not _timings(entry.get("timings", {})):
+    if not valid_timings(entry.get("timings", {})):
         return "timings malformed"
     at = entry.get("measured_at")
     if at is not None and not (isinstance(at, list) and len(at) == 3 and all(_size(v) for v in at)):
         return "measured_at is not a shape"
     edges = entry.get("edge_timings", {})
-    if not (isinstance(edges, dict) and all(_shape_text(s) and _timings(t) for s, t in edges.items())):
+    if not (isinstance(edges, dict) and all(_shape_text(s) and valid_timings(t) for s, t in edges.items())):
         return "edge_timings malformed"
     ratios = entry.get("worst_ratio", {})
-    if not (isinstance(ratios, dict) and all(_number(v) for v in ratios.values())):
+    if not (isinstance(ratios, dict) and all(finite_non_negative(v) for v in ratios.values())):
         return "worst_ratio malformed"
     for key in ("seconds", "created"):
-        if not _number(entry.get(key, 0.0)):
+        if not finite_non_negative(entry.get(key, 0.0)):
             return f"{key} is not a time"
     return None
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from backends import triton_modules
 from kernels.core.cache_root import CACHE_ENTRIES, TAG_NAME, cache_root, is_private_fallback, is_tagged, problem_with
 from kernels.core.config import config
-from kernels.core.fsutil import file_lock, marker_valid
+from kernels.core.fsutil import file_lock, is_dir_no_link, marker_valid
 from kernels.core.selection import Selection
 from kernels.native.fastpath_build import BuildPaths
 from kernels.store import environment
@@ -227,21 +227,14 @@ def _check_selections(base: Path):
 def _in_the_way(folder: Path, suffix: str) -> list:
     """A plain file (or a link) where the store's folder belongs, or directories named like its files: every write
     there fails. Writers remove these themselves (KeyedJsonStore.clear_the_way); verify names them, --fix removes."""
-    if os.path.lexists(folder) and not _is_dir_no_link(folder):
+    if os.path.lexists(folder) and not is_dir_no_link(folder):
         return [(folder, "not a folder, where the store's folder belongs", lambda p=folder: _unlink(p))]
     return [(path, "a directory, where an entry's file belongs", lambda p=path: _rmtree(p))
             for path in _dirs(folder, "") if path.name.endswith(suffix)]
 
 
-def _is_dir_no_link(path: Path) -> bool:
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
 def _rmtree(path: Path) -> bool:
-    if not _is_dir_no_link(path):
+    if not is_dir_no_link(path):
         return False
     shutil.rmtree(path, ignore_errors=True)
     return not os.path.lexists(path)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kernels.core import fsutil
 from kernels.core.cache_root import CacheWarning, cache_root, kernels_own, warn_once
-from kernels.core.fsutil import atomic_write_text, file_lock, read_json
+from kernels.core.fsutil import atomic_write_text, file_lock, is_dir_no_link, read_json
 
 # How long a process waits for another's lock on the same entry before it says so: a tune usually finishes well within
 # this, so a longer wait is worth a line explaining why the call is slow (the wait goes on, up to LOCK_TIMEOUT_S)
@@ -36,13 +36,6 @@ def _warn_unlockable(root: Path, lock: Path, error: OSError) -> None:
     warn_once(f"unwritable {root}", f"kernels: cannot make the lock {lock} ({error.strerror or error}); going on "
               "without it (another process may do the same work at once); an entry that cannot be written either is "
               "kept in memory for this process only", stacklevel=6)
-
-
-def _is_dir_no_link(path: Path) -> bool:
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except OSError:
-        return False
 
 
 class KeyedJsonStore:
@@ -111,7 +104,7 @@ class KeyedJsonStore:
             if not stat.S_ISDIR(mode):
                 os.unlink(folder)
                 return self._removed(folder, "a plain file where a folder of the store belongs")
-        if _is_dir_no_link(path):
+        if is_dir_no_link(path):
             shutil.rmtree(path)
             return self._removed(path, "a directory where a file of the store belongs")
         return False
@@ -159,8 +152,6 @@ class KeyedJsonStore:
         with contextlib.ExitStack() as held:
             try:
                 held.enter_context(file_lock(path, timeout_s))
-            except TimeoutError:
-                raise
             except _IN_THE_WAY:
                 if not self.clear_the_way(path):
                     raise

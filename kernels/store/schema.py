@@ -25,8 +25,15 @@ def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _number(v) -> bool:
+def finite_non_negative(v) -> bool:
+    """A finite int or float (not a bool) of at least 0: a time, a ratio."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+def valid_timings(timings) -> bool:
+    """name -> ms or the failure's text; a time is a measured call, never 0 (ratios and tables divide by it)."""
+    return isinstance(timings, dict) and all(isinstance(t, str) or (finite_non_negative(t) and t > 0)
+                                             for t in timings.values())
 
 
 def _problem(p) -> str | None:
@@ -121,15 +128,14 @@ def _problems(data) -> str | None:
     if not isinstance(data.get("winner"), str) or data["winner"] not in choices:
         return "the winner is not among the choices"
     timings = data.get("timings")
-    # a time is a measured call: never 0 (the table divides by it)
-    if not (isinstance(timings, dict) and all(isinstance(t, str) or (_number(t) and t > 0) for t in timings.values())):
+    if not valid_timings(timings):
         return "timings malformed"
     if not isinstance(timings.get(data["winner"]), (int, float)):
         return "the winner has no time"
     for key in ("details", "fingerprint", "stage_seconds"):
         if not isinstance(data.get(key, {}), dict):
             return f"{key} is not an object"
-    if not all(_number(v) for v in data.get("stage_seconds", {}).values()):
+    if not all(finite_non_negative(v) for v in data.get("stage_seconds", {}).values()):
         return "stage_seconds malformed"
     if not all(isinstance(v, dict) for v in data.get("details", {}).values()):
         return "details malformed"
@@ -137,7 +143,7 @@ def _problems(data) -> str | None:
         if not (isinstance(data.get(key, []), list) and all(isinstance(s, str) for s in data.get(key, []))):
             return f"{key} malformed"
     for key in ("tune_seconds", "created"):
-        if not _number(data.get(key, 0.0)):
+        if not finite_non_negative(data.get(key, 0.0)):
             return f"{key} is not a time"
     if data.get("created", 0.0) > time.time() + MAX_CREATED_AHEAD_S:
         return f"created {data['created']!r} is in the future (past this clock by more than a day)"
