@@ -9,7 +9,8 @@
   20th-percentile guard: on the H100 a TMA tile that tied aten in 40 ms bursts ran 0.963x it in a 3 s loop (issue
   27); and it replaced a round of short windows over the fastest three, which on the H200 flattered CUTLASS tiles by
   up to 16% and so always needed the long windows after it. The duel's windows are 1 s since 300 ms ones aliased with
-  the power control's oscillation (kernels.measure.steady): 2-3 s a duel.
+  the power control's oscillation (kernels.measure.steady): B C B, 3 s, or B C, 2 s, where the challenger's first
+  window leaves it no way to win (first_window_bound).
 - Shorter calls: their speed is set by the host's launch cost as much as by the GPU, and the chip never reaches its
   power cap on them; the final round times them in short interleaved samples and ranks host-set calls by GPU time
   (`_burst_pick`; each rule below carries the measurement that keeps it).
@@ -181,8 +182,7 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
                 d["first_window_stop"] = True
         timings[name] = t.median_ms
     rounds = len(result.timings[challenger].ratios) if challenger is not None else 0
-    # one round: its ratio errs towards the challenger by up to DUEL_FIRST_ROUND_LEAD (see _decided)
-    winner, _, why = steady_winner(result, max(MARGIN_FLOOR, DUEL_FIRST_ROUND_LEAD) if rounds == 1 else MARGIN_FLOOR)
+    winner, _, why = steady_winner(result, ONE_ROUND_FLOOR if rounds == 1 else MARGIN_FLOOR)
     if rounds and not result.stopped_early:
         details[baseline]["self_spread"] = round(result.self_spread, 5)
     shape = ("the challenger's first window" if result.stopped_early else f"{rounds} round(s)")
@@ -202,7 +202,7 @@ def _duels(baseline: str, contenders: list[str], timings, calls, make_clock, pla
         if baseline_ran:
             result = measure_duel(make_clock({n: calls[n] for n in (baseline, challenger)}),
                                   {n: timings[n] for n in (baseline, challenger)}, baseline, challenger, plan,
-                                  decided=_decided, hopeless=_hopeless)
+                                  decided=_decided, hopeless=_hopeless if plan.rounds == 1 else _far_behind)
         else:
             result = measure_steady(make_clock({challenger: calls[challenger]}), {challenger: timings[challenger]},
                                     challenger, replace(plan, rounds=1))
@@ -234,18 +234,39 @@ DUEL_FIRST_ROUND_LEAD = 0.015
 DUEL_CLEAR_WIN = 0.15
 
 
-# A duel ends at the challenger's first window when that window is more than DUEL_FIRST_WINDOW_BEHIND slower than the
-# baseline's first (the baseline is kept without its closing window, one window saved). The round's verdict would keep
-# the baseline unless the closing window ran 2 * (1.08 / (1 - DUEL_FIRST_ROUND_LEAD) - 1) = 19.3% slower than the first.
-# Chosen with the 300 ms windows, whose baseline spread reached 15.4% on an H100 (twenty-fourth session,
-# docs/measurements/cost5_sustained_h100_twentyfourth.jsonl) and whose first window pair strayed up to 23% from 1.5 s
-# loops after a first pass (the aliasing in kernels.measure.steady); with 1 s windows the first pair read within 1.7%
-# (H100) and 0.4% (H200) of the loops and the baseline's spread stayed <= 1.9% (twenty-sixth session), so 8% is wide.
-DUEL_FIRST_WINDOW_BEHIND = 0.08
+# A one-round duel's verdict (the plan measured, kernels.measure.steady.ROUNDS) takes at least this margin: its ratio
+# errs towards the challenger by up to DUEL_FIRST_ROUND_LEAD.
+ONE_ROUND_FLOOR = max(MARGIN_FLOOR, DUEL_FIRST_ROUND_LEAD)
+
+
+def first_window_bound(floor: float) -> float:
+    """The challenger's first window over the baseline's first (C / B1) from which a one-round duel keeps the baseline
+    whatever the baseline's closing window B2 reads, so that window need not run. The challenger wins when
+    C / m < 1 - max(|B1 - B2| / m, floor), m = (B1 + B2) / 2, i.e. when C < m - max(|B1 - B2|, floor * m). The right
+    side rises with B2 up to B2 = B1 (1 + floor/2) / (1 - floor/2), where B2 - B1 reaches floor * m, and falls
+    beyond; there it is B1 (1 - floor) / (1 - floor/2). 0.99244 for the 1.5% floor: a challenger not 0.76% ahead of
+    the baseline's first window cannot win, however slow or fast the closing window would read."""
+    return (1 - floor) / (1 - floor / 2)
 
 
 def _hopeless(first_window_ratio: float) -> bool:
-    """Whether the challenger's first window already loses the duel (DUEL_FIRST_WINDOW_BEHIND)."""
+    """Whether a one-round duel is already lost by the challenger at its first window (first_window_bound; a
+    relative 1e-9 keeps float rounding at the bound on the side of running the closing window). The 1 s duels
+    measured so far had C / B1 = 0.998-1.043 (14 of 14 at or above the bound; twenty-sixth session, after 1 s of
+    aten) and within 1.1% of 1 on 17 of 20 large problems in tuning (twenty-ninth): the stop ends most duels after
+    two windows instead of three, with the verdict the three would give."""
+    return first_window_ratio >= first_window_bound(ONE_ROUND_FLOOR) * (1 + 1e-9)
+
+
+# Plans of more than one round (experiments and tests; the measured plan has one) have no such bound, since later
+# rounds move the median: their duel ends at the challenger's first window when that window is more than this slower
+# than the baseline's first (chosen with the 300 ms windows, whose baseline spread reached 15.4% on an H100,
+# twenty-fourth session, docs/measurements/cost5_sustained_h100_twentyfourth.jsonl).
+DUEL_FIRST_WINDOW_BEHIND = 0.08
+
+
+def _far_behind(first_window_ratio: float) -> bool:
+    """A multi-round plan's first-window stop (DUEL_FIRST_WINDOW_BEHIND)."""
     return first_window_ratio > 1 + DUEL_FIRST_WINDOW_BEHIND
 
 

@@ -4,6 +4,8 @@ is a duel of the baseline and the first pass's fastest other candidate in long w
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernels.core.choice import Choice
 from kernels.core.selection import Selection
@@ -259,8 +261,8 @@ def test_a_lead_within_the_first_rounds_error_keeps_the_baseline_after_one_round
 
 def test_a_challenger_far_behind_in_its_first_window_ends_the_duel_there(monkeypatch):
     """The llama-7B layer at M=4096 on the H100: Triton TMA tiles ahead of aten in the first pass ran up to 1.26x it
-    in the duel. Beyond DUEL_FIRST_WINDOW_BEHIND behind in its first window, the challenger's duel ends there: B C,
-    aten kept, no closing window; within it, the round runs whole."""
+    in the duel. In a multi-round plan, beyond DUEL_FIRST_WINDOW_BEHIND behind in its first window, the challenger's
+    duel ends there: B C, aten kept, no closing window; within it, the round runs whole."""
     monkeypatch.setattr(fr, "plan_for", lambda device: PLAN)
     first_pass = {ATEN.name: 0.50, TMA.name: 0.45}
     chip = PowerHungryChip(burst=first_pass, sustained={ATEN.name: 0.50, TMA.name: 0.60})
@@ -273,10 +275,10 @@ def test_a_challenger_far_behind_in_its_first_window_ends_the_duel_there(monkeyp
     assert "closing window not run" in notes[-1] and "against itself" not in notes[-1]
     chip = PowerHungryChip(burst=first_pass, sustained={ATEN.name: 0.50, TMA.name: 0.50 * 1.079})
     assert _pick(chip, first_pass)[0] == ATEN.name and len(chip.windows) == 3
-    assert fr._hopeless(1.081) and not fr._hopeless(1.079) and not fr._hopeless(0.8)
+    assert fr._far_behind(1.081) and not fr._far_behind(1.079) and not fr._far_behind(0.8)
 
 
-def test_the_first_window_stop_never_ends_a_duel_the_round_would_not():
+def test_the_multi_round_first_window_stop_never_ends_a_duel_the_round_would_not():
     """Stopped at C/B1 > 1.08, the round's ratio C / mean(B1, B2) stays above 1 - DUEL_FIRST_ROUND_LEAD unless the
     baseline's closing window runs over 19% slower than its first, beyond the widest spread measured (15.4% in 300 ms
     windows, an H100 duel on bf16 4096^3; 1.9% in 1 s windows)."""
@@ -369,7 +371,8 @@ def test_failures_when_a_window_is_read(monkeypatch):
 def test_the_production_plan_is_one_round_of_long_windows_and_a_lead_must_clear_its_error():
     """What a GPU tune runs (plan_for("cuda")): B C B in 1 s windows, half untimed, and a one-round lead must clear
     DUEL_FIRST_ROUND_LEAD (1 s windows read within 1.4% of 1.5 s loops on the H100) or aten's own spread, whichever
-    is wider; a challenger far behind in its first window ends the duel there (B C)."""
+    is wider; a challenger whose first window cannot win whatever aten's closing one reads ends the duel there
+    (B C: first_window_bound)."""
     from kernels.measure.steady import plan_for
 
     plan = plan_for("cuda")
@@ -378,7 +381,10 @@ def test_the_production_plan_is_one_round_of_long_windows_and_a_lead_must_clear_
     first_pass = {ATEN.name: 1.0, TMA.name: 0.9}
     for ratio, jitter, winner, windows in [(0.98, 0.0, TMA.name, 3),           # a 2% lead wins
                                            (0.986, 0.0, ATEN.name, 3),         # 1.4%: within the round's error
-                                           (0.975, 0.02, ATEN.name, 3),        # aten 4% against itself: no win
+                                           (0.992, 0.0, ATEN.name, 3),         # under the bound: B C B
+                                           (0.975, 0.02, ATEN.name, 2),        # 0.975 / 0.98 over the bound: B C
+                                           (0.95, 0.04, ATEN.name, 3),         # aten 8% against itself: no win
+                                           (0.995, 0.0, ATEN.name, 2),         # 0.5% ahead: cannot win, B C
                                            (1.10, 0.0, ATEN.name, 2)]:         # far behind: B C
         chip = FakeChip(first_pass, {ATEN.name: 1.0, TMA.name: ratio}, settle_ms=1.0, jitter=jitter)
         names = {c.name: c for c in (ATEN, TMA)}
@@ -398,3 +404,51 @@ def test_a_stored_time_of_zero_is_refused_and_a_table_in_memory_still_prints():
     assert selection_problems(data) == "timings malformed"
     sel.timings[TMA.name] = 0.0
     assert TMA.name in sel.table()
+
+
+class ScriptedWindows:
+    """A WindowClock reading given ms per call for the baseline's windows in turn and the challenger's."""
+
+    def __init__(self, baseline_ms, challenger_ms):
+        self.base = list(baseline_ms)
+        self.challenger_ms = challenger_ms
+        self.windows = []
+
+    def __call__(self, name, untimed, timed):
+        self.windows.append(name)
+        ms = self.base.pop(0) if name == "a" else self.challenger_ms
+        return lambda: ms
+
+
+ONE_ROUND = SteadyPlan(heat_ms=0, window_ms=4, rounds=1)
+
+
+@settings(max_examples=400, deadline=None)
+@given(b1=st.floats(0.01, 100.0), c_over_b1=st.floats(0.5, 1.5), b2_over_b1=st.floats(0.5, 1.5))
+def test_the_first_window_stop_gives_the_verdict_the_closing_window_would(b1, c_over_b1, b2_over_b1):
+    """The one-round stop (first_window_bound) is exact: wherever it ends a duel at B C, the full B C B, whatever its
+    closing window read, keeps the baseline too."""
+    c, b2 = b1 * c_over_b1, b1 * b2_over_b1
+    full = measure_duel(ScriptedWindows([b1, b2], c), {"a": b1, "b": c}, "a", "b", ONE_ROUND)
+    chip = ScriptedWindows([b1, b2], c)
+    stopped = measure_duel(chip, {"a": b1, "b": c}, "a", "b", ONE_ROUND, hopeless=fr._hopeless)
+    full_winner = steady_winner(full, fr.ONE_ROUND_FLOOR)[0]
+    assert steady_winner(stopped, fr.ONE_ROUND_FLOOR)[0] == full_winner
+    assert stopped.stopped_early == (chip.windows == ["a", "b"])
+    if stopped.stopped_early:
+        assert full_winner == "a"
+
+
+def test_the_first_window_bound_is_where_the_closing_window_could_just_still_hand_the_challenger_a_win():
+    """Just under the bound a closing window at B1 (1 + f/2) / (1 - f/2) gives the challenger the duel; at the bound
+    no closing window does."""
+    f = fr.ONE_ROUND_FLOOR
+    bound = fr.first_window_bound(f)
+    assert bound == pytest.approx(0.992443, abs=1e-6)
+    b2 = (1 + f / 2) / (1 - f / 2)
+    under = measure_duel(ScriptedWindows([1.0, b2], bound * 0.9999), {"a": 1.0, "b": 1.0}, "a", "b", ONE_ROUND)
+    assert steady_winner(under, f)[0] == "b"
+    assert not fr._hopeless(bound * 0.9999) and fr._hopeless(bound * 1.000001)
+    for b2 in (0.5, 0.9, 0.99, 1.0, 1.01, b2, 1.02, 1.1, 2.0):
+        at = measure_duel(ScriptedWindows([1.0, b2], bound * 1.000001), {"a": 1.0, "b": 1.0}, "a", "b", ONE_ROUND)
+        assert steady_winner(at, f)[0] == "a", b2
