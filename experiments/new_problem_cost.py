@@ -2,7 +2,9 @@
 call of each problem of a bench.sustained set, in this process, against a cache that holds the kernels but no
 selection for them (run it after `python -m kernels warmup` and a run that built the rest, with the cache's
 `selections/` removed). Prints one JSON line per problem: wall seconds of the first call, the tune's stages, whether
-anything compiled. `python -m experiments.new_problem_cost [--set issue27]` (GPU).
+anything compiled, the duel's windows. `python -m experiments.new_problem_cost [--set issue27] [--closing-window
+always]` (GPU); `always` runs every duel's closing window as before the first-window bound (the eight-percent stop
+only), to compare the two in one call.
 """
 from __future__ import annotations
 
@@ -17,12 +19,16 @@ from bench.measure import problem_for
 from bench.shapes import Shape
 from bench.sustained import problem_set
 from kernels.measure.verify import make_inputs
+from kernels.tune import final_round
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--set", default="issue27")
+    p.add_argument("--closing-window", choices=("when-needed", "always"), default="when-needed")
     args = p.parse_args(argv)
+    if args.closing_window == "always":
+        final_round._hopeless = final_round._far_behind
     for spec in problem_set(args.set):
         problem = problem_for(Shape(spec.m, spec.n, spec.k), spec.dtype, spec.layout, "cuda")
         a, b = make_inputs(problem, "cuda", seed=0)
@@ -35,7 +41,9 @@ def main(argv=None) -> int:
         seconds = time.perf_counter() - t0
         after = kernels.stats()
         sel = kernels.explain(a, b, op=spec.op)
-        print(json.dumps({"problem": spec.label(), "first_call_s": round(seconds, 3), "winner": sel.winner,
+        duel = {n: d["final_windows_ms"] for n, d in sel.details.items() if "final_windows_ms" in d}
+        print(json.dumps({"problem": spec.label(), "closing_window": args.closing_window,
+                          "first_call_s": round(seconds, 3), "winner": sel.winner, "duel_windows_ms": duel,
                           "regime": sel.regime, "source": sel.source, "stages": sel.stage_seconds,
                           "compiles": after.get("compiles", 0) - before.get("compiles", 0),
                           "tunes": after["tunes"] - before["tunes"], "pending": list(sel.pending)}), flush=True)
