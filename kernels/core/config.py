@@ -296,7 +296,8 @@ SETTINGS = (
     Setting("lut", "KERNELS_LUT", lambda: "", "none", _optional_path,
             "lookup table (JSON): per problem, choices always timed (`add`) or the only ones timed (`only`)"),
     Setting("only", "KERNELS_ONLY", lambda: (), "none", _patterns,
-            "comma list of regexes on choice names: keep only the matches (before compiling; aten always stays)"),
+            "comma list of regexes on choice names: keep only the matches (before compiling; aten always stays; a "
+            "warning when nothing else does)"),
     Setting("skip", "KERNELS_SKIP", lambda: (), "none", _patterns,
             "comma list of regexes on choice names: leave out the matches (before compiling; aten always stays)"),
     Setting("verbose", "KERNELS_VERBOSE", lambda: False, "off", _flag,

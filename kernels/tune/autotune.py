@@ -10,6 +10,7 @@ import functools
 import gc
 import sys
 import time
+import warnings
 from importlib import metadata
 from typing import TYPE_CHECKING, Callable
 
@@ -27,7 +28,7 @@ from kernels.measure.timing import user_call
 from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
 from kernels.space.families import template_tree_hash
 from kernels.tune.build_queue import request as request_build
-from kernels.tune.candidates import fingerprint_extra, narrow
+from kernels.tune.candidates import Narrowed, fingerprint_extra, narrow
 from kernels.tune.final_round import StageClock, select
 
 if TYPE_CHECKING:
@@ -59,13 +60,15 @@ def _device_of(problem: GemmProblem) -> str:
     return "cuda" if problem.device == "cuda" else "cpu"
 
 
-def candidates(backend: Backend, problem: GemmProblem) -> tuple[list[Choice], dict[str, str], list[str]]:
-    """What tune() builds for this backend: its supported choices narrowed by the lookup table, the name filters and
-    the benchmark space (kernels.candidates); also name -> why left out, and the narrowing's notes."""
+def candidates(backend: Backend, problem: GemmProblem) -> Narrowed:
+    """What tune() builds for this backend (`kept`): its supported choices narrowed by the lookup table, the name
+    filters and the benchmark space (kernels.tune.candidates); `skipped`: name -> why left out (unsupported ones
+    too), and the narrowing's notes."""
     cands, skipped = backend.choices(problem, config.search_space)
     narrowed = narrow(problem, backend.name, cands)
     skipped.update(narrowed.skipped)
-    return narrowed.kept, skipped, narrowed.notes
+    narrowed.skipped = skipped
+    return narrowed
 
 
 @contextlib.contextmanager
@@ -102,6 +105,7 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
     runners: dict[str, Runner] = {}
     unavailable: list[str] = []
     pending: list[str] = []
+    filtered_out = 0
 
     for name in _isolated_first(backends):
         try:
@@ -114,12 +118,14 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
                 unavailable.append(name)
                 continue
             with clock("candidates"):
-                cands, skipped, narrow_notes = candidates(backend, problem)
-            notes.extend(narrow_notes)
-            for cname, why in skipped.items():
+                narrowed = candidates(backend, problem)
+            notes.extend(narrowed.notes)
+            for cname, why in narrowed.skipped.items():
                 timings[cname] = f"unsupported: {why}"
+            cands = narrowed.kept
             for c in cands:
                 choices[c.name] = c
+            filtered_out += narrowed.filtered
             with clock("build"):
                 outcomes = backend.build(problem, cands)
             waiting = [o.choice for o in outcomes if o.pending]
@@ -143,6 +149,8 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
             if isinstance(e, OSError):      # the cache, not the backend: tune again at the next cold lookup
                 unavailable.append(name)
 
+    if filtered_out and not any(c.backend != "aten" for c in choices.values()):
+        _warn_filters_left_only_aten()
     details: dict[str, dict] = {}
     isolated = {n: r for n, r in runners.items() if r.isolated}
     passed_isolated: dict[str, Runner] = {}
@@ -191,6 +199,19 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
     if config.verbose:
         print(sel.table(), file=sys.stderr)
     return sel, {winner: verified[winner]}
+
+
+class NameFilterWarning(UserWarning):
+    """KERNELS_ONLY / KERNELS_SKIP left a tune nothing but aten to time."""
+
+
+def _warn_filters_left_only_aten() -> None:
+    """A filter that matches no candidate is most likely a typo in a regex. The tune still runs (aten alone); the
+    message names the filters only, so Python's default warning filter shows it once a process per filter."""
+    warnings.warn(f"kernels: KERNELS_ONLY={','.join(config.only) or '-'} / KERNELS_SKIP={','.join(config.skip) or '-'} "
+                  "left out every candidate but aten: only aten was timed. The expressions are searched (re.search) "
+                  "in candidate names, as kernels.explain() and `python -m kernels cache show` list them",
+                  NameFilterWarning, stacklevel=4)
 
 
 def _isolated_first(backends: tuple[str, ...]) -> list[str]:
@@ -249,7 +270,7 @@ def prebuild(problems: list[GemmProblem], backends: tuple[str, ...]) -> dict[str
             work = []
             for problem in problems:
                 if backend.available(problem)[0]:
-                    work.append((problem, candidates(backend, problem)[0]))
+                    work.append((problem, candidates(backend, problem).kept))
             compiled[name] = backend.prebuild(work)
         except Exception:  # noqa: BLE001 - tune() reports the same failure per problem
             compiled[name] = 0

@@ -33,6 +33,7 @@ class Narrowed:
     kept: list[Choice]
     skipped: dict[str, str] = field(default_factory=dict)     # name -> reason, for Selection.timings
     notes: list[str] = field(default_factory=list)            # for Selection.notes
+    filtered: int = 0                                         # left out by KERNELS_ONLY / KERNELS_SKIP
 
 
 def narrow(problem: GemmProblem, backend_name: str, choices: list[Choice]) -> Narrowed:
@@ -132,6 +133,7 @@ def _name_filter(backend_name: str, choices: list[Choice], out: Narrowed) -> lis
     keep = name_filter(only, skip)
     kept = [c for c in choices if keep(c.name)]
     if len(kept) < len(choices):
+        out.filtered += len(choices) - len(kept)
         out.notes.append(f"{backend_name}: {len(choices) - len(kept)} candidate(s) left out by KERNELS_ONLY/"
                          f"KERNELS_SKIP ({', '.join(only) or '-'} / {', '.join(skip) or '-'})")
     return kept

@@ -88,7 +88,7 @@ def prebuild(problems: list[GemmProblem], on_progress: Callable[[int, int], None
         return 0
     try:
         backend = get_backend(BATCHED)
-        work = [(p, candidates(backend, p)[0]) for p in problems if backend.available(p)[0]]
+        work = [(p, candidates(backend, p).kept) for p in problems if backend.available(p)[0]]
         return backend.prebuild(work, config.max_jobs, on_progress) if work else 0
     except Exception:  # noqa: BLE001 - each problem's tune reports the failure with its reason
         return 0

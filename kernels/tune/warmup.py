@@ -80,7 +80,7 @@ def default_set(arch: int, dtype: str, device_name: str = "") -> CutlassSet:
     for problem in problems:
         if not backend.available(problem)[0]:
             continue
-        chosen = candidates(backend, problem)[0]
+        chosen = candidates(backend, problem).kept
         cset.work.append((problem, chosen))
         for choice in chosen:
             try:

@@ -1,6 +1,8 @@
 """Triton templates run through the interpreter on CPU tensors, against float64 torch, on odd shapes and layouts.
 (bf16 is not covered here: the interpreter's bf16 tl.dot is broken upstream, triton issue #11584; bf16 is covered
 by the sm90 compile test and the GPU tests.)"""
+import warnings
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from kernels.core.choice import Choice
 from kernels.core.config import interpret_mode
 from kernels.space.heuristics import GemmConfig
 from kernels.core.problem import GemmProblem
+from kernels.tune.autotune import NameFilterWarning
 from tests.triton_helpers import assert_close, operand
 
 pytestmark = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
@@ -127,3 +130,20 @@ def test_autocast_casts_the_operands_whatever_wins():
     with torch.autocast("cpu", dtype=torch.float16):
         out = torch.empty(16, 8)
         assert kernels.mm(a.detach(), b, out=out) is out         # out= is not cast, as torch.mm's is not
+
+
+def test_a_name_filter_that_leaves_only_aten_warns_and_still_serves():
+    """KERNELS_ONLY with a typo matches no candidate: the tune times aten alone and says why, once a process."""
+    a, b = operand(16, 64, "row", torch.float16), operand(64, 16, "row", torch.float16)
+    kernels.config.backends = ("aten", "triton")
+    kernels.config.only = ("^trtion_mm_",)
+    with pytest.warns(NameFilterWarning, match=r"KERNELS_ONLY=\^trtion_mm_ .* left out every candidate but aten"):
+        assert_close(kernels.mm(a, b), a, b)
+    sel = kernels.explain(a, b)
+    assert sel.winner == "aten_mm" and any("left out by KERNELS_ONLY" in n for n in sel.notes)
+    # a filter that keeps a candidate says nothing
+    kernels.config.only = ("^triton_mm_fp16_16x16x",)
+    c = operand(16, 96, "row", torch.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NameFilterWarning)
+        kernels.mm(c, operand(96, 16, "row", torch.float16))
