@@ -49,7 +49,7 @@ from backends.cutlass_render import (
     symbol_suffix,
 )
 from kernels.core.cache_root import cache_root, refuse_foreign
-from kernels.core.choice import Choice, name_filter
+from kernels.core.choice import NAME_FILTERED, Choice, name_filter
 from kernels.core.config import config
 from kernels.core.counters import bump as bump_stat
 from kernels.core.detached import run_in_group
@@ -392,7 +392,7 @@ class CutlassBackend(Backend):
         for template, cfg in select(problem, ranked, 10**9):
             choice = Choice("cutlass", template, problem.dtype, None, cfg.params())
             if not keep(choice.name):
-                skipped[choice.name] = "left out by KERNELS_ONLY / KERNELS_SKIP"
+                skipped[choice.name] = NAME_FILTERED
             else:
                 result.append((template, cfg))
         kept = {t: [c for tt, c in result if tt == t] for t in ranked}

@@ -55,6 +55,10 @@ class Choice:
                    params=tuple((k, v) for k, v in data.get("params", [])))
 
 
+# why a candidate a backend filters itself (before its candidate limit: CUTLASS) was left out, as its `skipped` says
+NAME_FILTERED = "left out by KERNELS_ONLY / KERNELS_SKIP"
+
+
 def name_filter(only: tuple[str, ...], skip: tuple[str, ...]) -> Callable[[str], bool]:
     """A predicate on choice names (KERNELS_ONLY / KERNELS_SKIP): it matches one of `only` (when any) and none of
     `skip` (re.search)."""

@@ -18,6 +18,7 @@ import torch
 
 from backends import child_handle, get_backend
 from kernels.core import counters
+from kernels.core.choice import NAME_FILTERED
 from kernels.core.config import config
 from kernels.core.errors import NoCandidateError
 from kernels.core.problem import GemmProblem
@@ -33,7 +34,6 @@ from kernels.tune.final_round import StageClock, select
 
 if TYPE_CHECKING:
     from backends.base import Backend, Runner
-    from kernels.core.choice import Choice
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,6 +66,7 @@ def candidates(backend: Backend, problem: GemmProblem) -> Narrowed:
     too), and the narrowing's notes."""
     cands, skipped = backend.choices(problem, config.search_space)
     narrowed = narrow(problem, backend.name, cands)
+    narrowed.filtered += sum(why == NAME_FILTERED for why in skipped.values())    # a backend's own filtering
     skipped.update(narrowed.skipped)
     narrowed.skipped = skipped
     return narrowed
@@ -149,8 +150,8 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
             if isinstance(e, OSError):      # the cache, not the backend: tune again at the next cold lookup
                 unavailable.append(name)
 
-    if filtered_out and not any(c.backend != "aten" for c in choices.values()):
-        _warn_filters_left_only_aten()
+    if config.only and filtered_out and not any(c.backend != "aten" for c in choices.values()):
+        _warn_only_matched_nothing(unavailable)
     details: dict[str, dict] = {}
     isolated = {n: r for n, r in runners.items() if r.isolated}
     passed_isolated: dict[str, Runner] = {}
@@ -202,16 +203,22 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
 
 
 class NameFilterWarning(UserWarning):
-    """KERNELS_ONLY / KERNELS_SKIP left a tune nothing but aten to time."""
+    """KERNELS_ONLY left a tune nothing but aten to time."""
 
 
-def _warn_filters_left_only_aten() -> None:
-    """A filter that matches no candidate is most likely a typo in a regex. The tune still runs (aten alone); the
-    message names the filters only, so Python's default warning filter shows it once a process per filter."""
-    warnings.warn(f"kernels: KERNELS_ONLY={','.join(config.only) or '-'} / KERNELS_SKIP={','.join(config.skip) or '-'} "
-                  "left out every candidate but aten: only aten was timed. The expressions are searched (re.search) "
-                  "in candidate names, as kernels.explain() and `python -m kernels cache show` list them",
-                  NameFilterWarning, stacklevel=4)
+_warned_filters: set[tuple[str, ...]] = set()
+
+
+def _warn_only_matched_nothing(unavailable: list[str]) -> None:
+    """KERNELS_ONLY matching none of a problem's candidates is most likely a typo in a regex (KERNELS_SKIP leaving
+    only aten may well be meant: no warning). The tune still runs, on aten alone. Once a process per filter."""
+    if config.only in _warned_filters:
+        return
+    _warned_filters.add(config.only)
+    missing = f"; unavailable here: {', '.join(unavailable)}" if unavailable else ""
+    warnings.warn(f"kernels: KERNELS_ONLY={','.join(config.only)} matched none of a problem's candidates, so only aten "
+                  f"was timed{missing}. The expressions are searched (re.search) in candidate names, as "
+                  "kernels.explain() and `python -m kernels cache show` list them", NameFilterWarning, stacklevel=2)
 
 
 def _isolated_first(backends: tuple[str, ...]) -> list[str]:

@@ -132,18 +132,25 @@ def test_autocast_casts_the_operands_whatever_wins():
         assert kernels.mm(a.detach(), b, out=out) is out         # out= is not cast, as torch.mm's is not
 
 
-def test_a_name_filter_that_leaves_only_aten_warns_and_still_serves():
+def test_a_name_filter_that_leaves_only_aten_warns_and_still_serves(monkeypatch):
     """KERNELS_ONLY with a typo matches no candidate: the tune times aten alone and says why, once a process."""
+    from kernels.tune import autotune
+
+    monkeypatch.setattr(autotune, "_warned_filters", set())
     a, b = operand(16, 64, "row", torch.float16), operand(64, 16, "row", torch.float16)
     kernels.config.backends = ("aten", "triton")
     kernels.config.only = ("^trtion_mm_",)
-    with pytest.warns(NameFilterWarning, match=r"KERNELS_ONLY=\^trtion_mm_ .* left out every candidate but aten"):
+    with pytest.warns(NameFilterWarning, match=r"KERNELS_ONLY=\^trtion_mm_ matched none of a problem's candidates"):
         assert_close(kernels.mm(a, b), a, b)
     sel = kernels.explain(a, b)
     assert sel.winner == "aten_mm" and any("left out by KERNELS_ONLY" in n for n in sel.notes)
-    # a filter that keeps a candidate says nothing
-    kernels.config.only = ("^triton_mm_fp16_16x16x",)
-    c = operand(16, 96, "row", torch.float16)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():          # once a process per filter
         warnings.simplefilter("error", NameFilterWarning)
-        kernels.mm(c, operand(96, 16, "row", torch.float16))
+        kernels.mm(operand(16, 80, "row", torch.float16), operand(80, 16, "row", torch.float16))
+        # a filter that keeps a candidate says nothing; KERNELS_SKIP leaving only aten is taken as meant
+        kernels.config.only = ("^triton_mm_fp16_16x16x",)
+        kernels.mm(operand(16, 96, "row", torch.float16), operand(96, 16, "row", torch.float16))
+        kernels.config.only, kernels.config.skip = (), ("^triton", "^split_k")
+        x, y = operand(16, 112, "row", torch.float16), operand(112, 16, "row", torch.float16)
+        kernels.mm(x, y)
+    assert {c.backend for c in kernels.explain(x, y).choices.values()} == {"aten"}

@@ -6,7 +6,7 @@ import pytest
 
 from backends import get_backend
 from kernels import config
-from kernels.tune.autotune import fingerprint
+from kernels.tune.autotune import candidates, fingerprint
 from kernels.tune.candidates import narrow
 from kernels.core.choice import Choice
 from kernels.space.heuristics import GemmConfig
@@ -92,6 +92,19 @@ def test_name_filters_never_drop_aten():
     assert any("KERNELS_ONLY" in n for n in out.notes)
     aten = get_backend("aten").choices(p)[0]
     assert narrow(p, "aten", aten).kept == aten
+
+
+def test_candidates_count_what_the_name_filters_left_out_in_every_backend():
+    """CUTLASS filters by name inside its own choices (before its candidate limit); a tune counts those too, so that
+    KERNELS_ONLY matching nothing warns there as well (autotune._warn_only_matched_nothing)."""
+    p = problem()
+    config.only = "^cutlas_"
+    for name in ("triton", "cutlass"):
+        got = candidates(get_backend(name), p)
+        assert not got.kept and got.filtered > 0, name
+    config.only = "^cutlass"
+    got = candidates(get_backend("cutlass"), p)
+    assert got.kept and got.filtered == 0
 
 
 def test_top_k_keeps_the_models_best_in_original_order():
