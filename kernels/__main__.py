@@ -142,7 +142,8 @@ def _cache_parser(sub) -> None:
     ver = cmds.add_parser("verify", help="check every stored selection and built artifact against its own check")
     ver.add_argument("--fix", action="store_true", help="remove what fails, so it is re-tuned or rebuilt")
     pr = cmds.add_parser("prune", help="remove old or stale selections (built artifacts stay: they are shared)")
-    pr.add_argument("--older-than", type=_days, metavar="DAYS", help="tuned more than DAYS days ago")
+    pr.add_argument("--older-than", type=_days, metavar="DAYS",
+                    help="tuned more than DAYS days ago (and tune worker logs, killed writers' temporaries that old)")
     pr.add_argument("--stale", action="store_true",
                     help="recorded for another torch, Triton, kernels version or template sources than this one's")
     clr = cmds.add_parser("clear", help="remove what kernels made in the cache directory (selections, built "

@@ -369,6 +369,8 @@ def _cache_verify(args) -> int:
 def _cache_prune(args) -> int:
     report = cache_admin.prune(args.older_than, args.stale)
     logs = f"; {report.logs_removed} old tune worker logs" if report.logs_removed else ""
+    logs += (f"; {report.temporaries_removed} temporary files killed writers left" if report.temporaries_removed
+             else "")
     print(f"removed {len(report.removed)} selections, kept {report.kept} (built artifacts are left: they are shared)"
           f"{logs}")
     return 0

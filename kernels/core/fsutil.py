@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import stat
 import time
 import uuid
@@ -48,6 +49,10 @@ def _private_parent(path: Path) -> None:
 def atomic_write_text(path: Path, text: str) -> None:
     """Readers see the old file or the new one, never a partial write (atomic_write_bytes of the UTF-8 text)."""
     atomic_write_bytes(path, text.encode())
+
+
+# the temporary atomic_write_bytes makes beside its target: a writer killed before os.replace leaves it behind
+ATOMIC_TEMP = re.compile(r"\..+\.(?P<writer>\d+)\.[0-9a-f]{8}\.tmp")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

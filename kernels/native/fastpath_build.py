@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kernels.core.detached import alive, exit_on_signals, run_in_group
-from kernels.core.fsutil import (atomic_write_text, file_lock, load_or_build, marker_valid, publish_marker,
-                                 read_regular)
+from kernels.core.fsutil import (ATOMIC_TEMP, atomic_write_text, file_lock, load_or_build, marker_valid,
+                                 publish_marker, read_regular)
 
 MODULE_NAME = "_kernels_fastpath"
 OUTPUT = "{output}"             # where the compile command names its output file
@@ -39,7 +39,7 @@ FAILED_RETRY_S = 24 * 3600.0
 MAX_NOTE_BYTES = 1 << 20
 # temporaries a build leaves only when killed: the compiler's output, and fsutil's atomic-write temp of the marker
 _TEMPORARY = re.compile(r"\." + re.escape(MODULE_NAME) + r"\.(?:tmp\.)?(?P<pid>\d+)(?:\.[0-9a-f]+)?\.so"
-                        r"|\..+\.(?P<writer>\d+)\.[0-9a-f]{8}\.tmp")
+                        r"|" + ATOMIC_TEMP.pattern)
 
 
 class FastpathBuildError(RuntimeError):

@@ -17,7 +17,7 @@ from pathlib import Path
 from backends import triton_modules
 from kernels.core.cache_root import CACHE_ENTRIES, TAG_NAME, cache_root, is_private_fallback, is_tagged, problem_with
 from kernels.core.config import config
-from kernels.core.fsutil import file_lock, is_dir_no_link, marker_valid
+from kernels.core.fsutil import ATOMIC_TEMP, file_lock, is_dir_no_link, marker_valid
 from kernels.core.selection import Selection
 from kernels.native.fastpath_build import BuildPaths
 from kernels.store import environment
@@ -365,6 +365,7 @@ class PruneReport:
     removed: list[str] = field(default_factory=list)       # problem names
     kept: int = 0
     logs_removed: int = 0                                   # `kernels tune --gpus` worker logs older than the cutoff
+    temporaries_removed: int = 0                            # killed writers' temporaries in the store, as old
 
 
 # the logs `kernels tune --gpus` keeps of workers that died (kernels.tune.on_gpus), under <cache>/logs
@@ -393,7 +394,26 @@ def prune(older_than_days: float | None = None, stale: bool = False) -> PruneRep
         report.kept += 1
     if cutoff is not None:
         report.logs_removed = _prune_logs(root() / "logs", cutoff)
+        report.temporaries_removed = _prune_temporaries(selections_dir(), cutoff)
     return report
+
+
+def _prune_temporaries(folder: Path, cutoff: float) -> int:
+    """Atomic-write temporaries (fsutil.ATOMIC_TEMP) in the store last written before the cutoff: a write takes
+    milliseconds, so one that old was left by a writer killed before its rename. Plain files only; links are not
+    followed into other folders."""
+    removed = 0
+    for where, _, names in os.walk(folder, followlinks=False):
+        for name in names:
+            path = Path(where) / name
+            try:
+                info = os.lstat(path)
+                if (ATOMIC_TEMP.fullmatch(name) and stat.S_ISREG(info.st_mode) and info.st_mtime < cutoff
+                        and _unlink(path)):
+                    removed += 1
+            except OSError:
+                continue
+    return removed
 
 
 def _prune_logs(folder: Path, cutoff: float) -> int:

@@ -479,6 +479,32 @@ def test_prune_older_than_removes_old_tune_worker_logs_too(tmp_path, monkeypatch
     assert not old.exists() and new.exists()
 
 
+def test_prune_older_than_removes_what_killed_writers_left_in_the_store(tmp_path, monkeypatch, capsys):
+    """A writer killed between its temporary file and the rename leaves `.<name>.<pid>.<hex>.tmp` beside the entry;
+    `prune --older-than` removes those as old (a write takes milliseconds), never a fresh one (a write under way),
+    an entry, another file or what a link points to."""
+    root = use_cache(monkeypatch, tmp_path / "c")
+    kept = store(cpu_problem(m=24))
+    folder = root / "selections"
+    dynamic = folder / "dynamic"
+    dynamic.mkdir(mode=0o700, exist_ok=True)
+    old_one, old_bucket = folder / ".abc.json.4242.0123abcd.tmp", dynamic / ".d.json.77.89abcdef.tmp"
+    fresh, other = folder / ".abc.json.4243.0123abce.tmp", folder / "notes.tmp"
+    outside = tmp_path / "outside.tmp"
+    for path in (old_one, old_bucket, fresh, other, outside):
+        path.write_text("{")
+    link = folder / ".lnk.json.1.0123abcd.tmp"
+    link.symlink_to(outside)
+    for path in (old_one, old_bucket, other, outside):
+        os.utime(path, (time.time() - 3 * 86400,) * 2)
+    os.utime(link, (time.time() - 3 * 86400,) * 2, follow_symlinks=False)
+    assert main(["cache", "prune", "--older-than", "2"]) == 0
+    assert "2 temporary files killed writers left" in capsys.readouterr().out
+    assert not old_one.exists() and not old_bucket.exists()
+    assert fresh.exists() and other.exists() and outside.exists() and link.is_symlink()
+    assert list(stored()) == [SelectionStore().path(kept).stem]
+
+
 def test_clear_asks_for_yes_and_then_empties_the_cache(tmp_path, monkeypatch, capsys):
     root = use_cache(monkeypatch, tmp_path / "c")
     store(cpu_problem())
