@@ -165,11 +165,11 @@ def read_regular_text(path: Path, limit: int) -> str:
     return read_regular(path, limit).decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
 
 
-def read_json(path: Path) -> dict | None:
+def read_json(path: Path, follow: bool = True) -> dict | None:
     """The parsed object, or None when missing, unreadable, not a regular file of at most MAX_JSON_BYTES, or not a
-    JSON object (a corrupt entry is a miss)."""
+    JSON object (a corrupt entry is a miss); `follow=False`: a symbolic link is none either."""
     try:
-        data = json.loads(read_regular(path, MAX_JSON_BYTES))
+        data = json.loads(read_regular(path, MAX_JSON_BYTES, follow))
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):     # deep nesting: a miss too
         return None
     return data if isinstance(data, dict) else None

@@ -62,8 +62,9 @@ class KeyedJsonStore:
         return self.root / "locks" / (self.path(key).stem + ".lock")
 
     def read(self, key: str) -> dict | None:
-        """The entry's object for exactly this key, or None."""
-        data = read_json(self.path(key))
+        """The entry's object for exactly this key, or None (a symbolic link in its place too: nothing in the cache is
+        one, `cache verify` says, and the next write replaces it)."""
+        data = read_json(self.path(key), follow=False)
         return data if data is not None and data.get("key") == key else None
 
     def write(self, key: str, body: dict) -> bool:

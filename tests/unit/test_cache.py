@@ -37,6 +37,21 @@ def test_corrupt_entry_is_a_miss(tmp_path, content):
         assert store.get("k1") is None
 
 
+def test_a_symbolic_link_in_an_entrys_place_is_a_miss_and_the_next_write_replaces_it(tmp_path):
+    """Nothing in the cache is a link (`cache verify` says so); the store's reader does not follow one either, even
+    to a valid entry, and a put replaces the link itself, never what it points to."""
+    store = SelectionStore(tmp_path / "store")
+    store.put("k1", selection())
+    target = tmp_path / "elsewhere.json"
+    store.path("k1").rename(target)
+    store.path("k1").symlink_to(target)
+    with pytest.warns(UserWarning, match="ignoring unreadable selection cache entry"):
+        assert store.get("k1") is None
+    store.put("k1", selection("aten_addmm"))
+    assert not store.path("k1").is_symlink() and store.get("k1").winner == "aten_addmm"
+    assert json.loads(target.read_text())["selection"]["winner"] == "aten_mm"     # what it pointed to: untouched
+
+
 def test_no_temp_files_left_behind(tmp_path):
     store = SelectionStore(tmp_path)
     for i in range(5):
