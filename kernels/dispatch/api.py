@@ -87,7 +87,7 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dyn
             return result
     try:
         key = _fast_key("mm", a, b)
-        entry = _dispatch.get(key if dynamic is None else (key, dynamic))
+        entry = _dispatch.get(key if dynamic is None else (key, (type(dynamic), dynamic)))
     except (AttributeError, TypeError, RuntimeError):
         key = entry = None
     if entry is not None:
@@ -111,7 +111,7 @@ def int_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
             return result
     try:
         key = _fast_key("int_mm", a, b)
-        entry = _dispatch.get(key if dynamic is None else (key, dynamic))
+        entry = _dispatch.get(key if dynamic is None else (key, (type(dynamic), dynamic)))
     except (AttributeError, TypeError, RuntimeError):
         key = entry = None
     if entry is not None:
@@ -435,8 +435,8 @@ def _cold(op: str, a, b, out, dynamic=None, route: bool = True, key: tuple | Non
     if 0 in (a.shape[0], a.shape[1], b.shape[1]):
         return _trivial(op, a, b, out)
     key = key or _fast_key(op, a, b)
-    if dynamic is not None:
-        key = (key, dynamic)
+    if dynamic is not None:     # with its type: 1 == True, but only True was validated (resolve) as 'm'
+        key = (key, (type(dynamic), dynamic))
     if a.device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
         return _under_capture(op, a, b, out)
     generation = _generation[0]
@@ -653,7 +653,7 @@ def _mirror_grad_routes(module) -> None:
 
 def _fast_register(module, key: tuple, entry: tuple) -> None:
     """Mirror one warm entry into the C++ table; it declines keys it does not serve (fp32, grad, dynamic calls'
-    (key, dynamic), a linear bias it would not pass as is). Entries are (direct, launch) for mm / int_mm, whose
+    (key, (type, dynamic)), a linear bias it would not pass as is). Entries are (direct, launch) for mm / int_mm, whose
     kind follows from direct (torch's own function: computed in C++), and (direct, launch, kind) for linear."""
     kind = entry[2] if len(entry) > 2 else _FAST_ATEN_KIND.get(entry[0], _FAST_PYTHON_KIND)
     module.add(key, kind, entry[0])

@@ -196,6 +196,16 @@ def test_bad_dynamic_arguments():
         kernels.mm(a, b, dynamic=["m"])
     with pytest.raises(InputValueError, match="unknown dynamic"):
         kernels.mm(a, b, dynamic="q")
+    # 1 == True, but only True means 'm': refused on a warm call too, after True served the same shape
+    kernels.config.backends = ("aten",)
+    with pytest.raises(InputTypeError, match="dynamic"):
+        kernels.mm(a, b, dynamic=1)
+    kernels.mm(a, b, dynamic=True)
+    hits = kernels.stats().get("memory_hits", 0)
+    kernels.mm(a, b, dynamic=True)
+    assert kernels.stats().get("memory_hits", 0) == hits + 1          # True itself is served warm
+    with pytest.raises(InputTypeError, match="dynamic"):
+        kernels.mm(a, b, dynamic=1)
 
 
 def test_bucket_store_roundtrip_staleness_and_corruption(tmp_path):
