@@ -87,7 +87,7 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dyn
             return result
     try:
         key = _fast_key("mm", a, b)
-        entry = _dispatch.get(key if dynamic is None else (key, (type(dynamic), dynamic)))
+        entry = _dispatch.get(key if dynamic is None else _dynamic_key(key, dynamic))
     except (AttributeError, TypeError, RuntimeError):
         key = entry = None
     if entry is not None:
@@ -111,7 +111,7 @@ def int_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
             return result
     try:
         key = _fast_key("int_mm", a, b)
-        entry = _dispatch.get(key if dynamic is None else (key, (type(dynamic), dynamic)))
+        entry = _dispatch.get(key if dynamic is None else _dynamic_key(key, dynamic))
     except (AttributeError, TypeError, RuntimeError):
         key = entry = None
     if entry is not None:
@@ -435,8 +435,8 @@ def _cold(op: str, a, b, out, dynamic=None, route: bool = True, key: tuple | Non
     if 0 in (a.shape[0], a.shape[1], b.shape[1]):
         return _trivial(op, a, b, out)
     key = key or _fast_key(op, a, b)
-    if dynamic is not None:     # with its type: 1 == True, but only True was validated (resolve) as 'm'
-        key = (key, (type(dynamic), dynamic))
+    if dynamic is not None:
+        key = _dynamic_key(key, dynamic)
     if a.device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
         return _under_capture(op, a, b, out)
     generation = _generation[0]
@@ -456,6 +456,12 @@ def _cold(op: str, a, b, out, dynamic=None, route: bool = True, key: tuple | Non
                 if len(_dispatch) > config.max_problems:
                     _shrink(config.max_problems)
         return launch(a, b, out)
+
+
+def _dynamic_key(key: tuple, dynamic) -> tuple:
+    """A dynamic call's warm key: the argument with its type, since 1 == True but only True is a valid `dynamic`
+    (resolve refuses 1). A 2-tuple, which the C++ table declines (_fast_register)."""
+    return key, (type(dynamic), dynamic)
 
 
 _settings_checked = False
