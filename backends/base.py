@@ -62,8 +62,9 @@ class Backend(ABC):
 
     def measure_isolated(self, problem: GemmProblem, runners: list[Runner], budget_ms: float,
                          best_ms: float | None = None) -> dict:
-        """For runners with isolated=True: verify and time each one in a child process (with the same
-        kernels.verify / kernels.timing code) and return name -> kernels.timing.Timing, or name -> failure text.
+        """For runners with isolated=True: time and verify each one in a child process (with the same
+        kernels.verify / kernels.timing code) and return name -> kernels.timing.Timing (verified),
+        backends.isolated_child.Unverified (timed only: no final round could take it), or name -> failure text.
         `best_ms`: the fastest median of the caller's own first pass, which the child's cutoffs start from. A fault
         in the child is a failure for that choice, never an exception here."""
 

@@ -3,9 +3,14 @@
 A kernel that faults (illegal address) poisons its CUDA context for good, so it must not run in the caller.
 Backends whose `isolated` attribute is set (CUTLASS's) measure their runners here.
 The parent keeps one child per process (backends.child_handle) and sends it one JSON request per line on stdin; the
-child answers one tagged JSON line per event on stdout: {"start": name} before touching a candidate, then
-{"name", "timing"} or {"name", "error"}, and a tagged `done` line after the request. When the child dies or times out,
-the candidate that started without an answer is the culprit; the rest run in a fresh child.
+child answers one tagged JSON line per event on stdout: {"start": name} before touching a candidate (to time it, and
+again to verify it), {"timed": name} when its timing ended well, then {"name", "timing"} (verified),
+{"name", "timing", "unverified": true} or {"name", "error"}, and a tagged `done` line after the request. When the
+child dies or times out, the candidate that started without an answer is the culprit; the rest run in a fresh child.
+
+Every candidate is timed first; then, fastest first, verified: all of them, except where the calls are GPU-bound
+(the caller's fastest first pass and the child's STEADY_MIN_MS or more): the caller's final round then duels one
+challenger, so the child verifies until one passes and reports the rest unverified (they cannot be finalists).
 The checks and timing are kernels.verify and kernels.timing, exactly as in-process tuning uses them.
 
 `FAULT_INJECTION = <choice name>` (set in the parent, passed in the request) makes the child kill itself (SIGSEGV)
@@ -19,6 +24,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -28,9 +34,10 @@ from kernels.core.cache_root import cache_root
 from kernels.core.choice import Choice
 from kernels.core.config import config
 from kernels.core.problem import GemmProblem
+from kernels.measure.steady import STEADY_MIN_MS
 from kernels.measure.timing import (GPU_BOUND_SAMPLES, QUICK_SCREEN, TUNE_CUTOFF, Timing, gpu_bound, measure,
                                     user_call)
-from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
+from kernels.measure.verify import make_inputs, prepare_reference, reference, timing_sets, verify_launch
 from kernels.native import fastpath
 
 # Tests only: the choice name at which the child kills itself (None: no fault)
@@ -40,6 +47,12 @@ FAULT_INJECTION: str | None = None
 def _emit(obj: dict) -> None:
     sys.stdout.write(TAG + json.dumps(obj) + "\n")
     sys.stdout.flush()
+
+
+@dataclass(frozen=True)
+class Unverified:
+    """A candidate the child timed and did not verify (it could not be a finalist): it must not run in the caller."""
+    timing: Timing
 
 
 # -- parent side ----------------------------------------------------------------------------------------------------
@@ -56,6 +69,9 @@ def _parse(stdout: str) -> tuple[dict[str, dict], str | None]:
             continue
         if "start" in msg:
             in_flight = msg["start"]
+        elif "timed" in msg:
+            if in_flight == msg["timed"]:
+                in_flight = None
         elif "name" in msg:
             answers[msg["name"]] = msg
             if in_flight == msg["name"]:
@@ -65,9 +81,10 @@ def _parse(stdout: str) -> tuple[dict[str, dict], str | None]:
 
 def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: float,
                  best_ms: float | None = None) -> dict:
-    """name -> kernels.timing.Timing, or name -> failure text, for every choice of `backend`; `best_ms` (the
-    caller's fastest first-pass median, if any) seeds the child's cutoffs, so one first pass spans both processes.
-    Never raises for a kernel's fault."""
+    """name -> kernels.timing.Timing (verified), Unverified, or failure text, for every choice of `backend`;
+    `best_ms` (the caller's fastest first-pass median, if any) seeds the child's cutoffs, so one first pass spans
+    both processes, and tells the child whether the caller will duel (then it verifies until one passes). Never
+    raises for a kernel's fault."""
     results: dict = {}
     remaining = list(choices)
     seed = int(time.time_ns() % (1 << 31))
@@ -86,7 +103,11 @@ def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: fl
                        f"isolated child exited with status {status}: {stderr.strip()}")
             answers, in_flight = _parse(stdout)
             for name, msg in answers.items():
-                results[name] = Timing(**msg["timing"]) if "timing" in msg else str(msg.get("error", "no error text"))
+                if "timing" not in msg:
+                    results[name] = str(msg.get("error", "no error text"))
+                else:
+                    timing = Timing(**msg["timing"])
+                    results[name] = Unverified(timing) if msg.get("unverified") else timing
             if in_flight is not None and in_flight not in results:
                 results[in_flight] = f"crashed: {why or 'no answer from the isolated child'}"
             left = [c for c in remaining if c.name not in results]
@@ -128,7 +149,8 @@ def main() -> int:
 
 
 def serve(request: dict) -> int:
-    """One request: verify and time each choice, one tagged answer per event; non-zero when the context is gone."""
+    """One request: time each choice, then verify those the caller may use (module docstring), one tagged answer per
+    event; non-zero when the context is gone."""
     if request.get("warmup"):
         _warm_up(request)
         return 0
@@ -145,12 +167,15 @@ def serve(request: dict) -> int:
     fault = request.get("fault")
 
     operands = make_inputs(problem, device, seed=request["seed"])
-    ref = reference(problem, *operands)
+    ref = prepare_reference(problem, reference(problem, *operands))
     sets = timing_sets(problem, device, operands, seed=request["seed"] + 1)
     n_sets = len(sets)
 
     # the fastest median so far (the caller's first pass's to start with): the cutoffs, one candidate at a time
     best_ms = _positive_or_none(request.get("best_ms"))
+    callers_best = best_ms
+    timed: dict[str, Timing] = {}
+    launches = {}
     for outcome in outcomes:
         name = outcome.choice.name
         _emit({"start": name})
@@ -159,22 +184,51 @@ def serve(request: dict) -> int:
         if outcome.runner is None:
             _emit({"name": name, "error": outcome.error or "build failed"})
             continue
-        launch = outcome.runner.launch
+        launches[name] = outcome.runner.launch
         try:
-            why = verify_launch(launch, problem, operands, ref)
-            if why is not None:
-                _emit({"name": name, "error": why})
-                if not context_alive(device):
-                    return 3
-                continue
-            timing = measure(user_call(launch, sets), n_sets, device, budget_ms, **_cutoffs(best_ms, device))
-            best_ms = min(best_ms or timing.median_ms, timing.median_ms)
-            _emit({"name": name, "timing": timing.as_dict()})
+            timing = measure(user_call(launches[name], sets), n_sets, device, budget_ms, **_cutoffs(best_ms, device))
         except Exception as e:  # noqa: BLE001 - one candidate's failure is data
             _emit({"name": name, "error": f"crashed: {type(e).__name__}: {str(e)[:300]}"})
             if not context_alive(device):
                 return 3      # the context is poisoned: the parent runs the rest in a fresh child
+            continue
+        timed[name] = timing
+        best_ms = min(best_ms or timing.median_ms, timing.median_ms)
+        _emit({"timed": name})
+
+    def verify(name: str) -> str | None:
+        return verify_launch(launches[name], problem, operands, ref)
+    return _verify_fastest_first(timed, verify, _duel_only(callers_best, timed, device), lambda: context_alive(device))
+
+
+def _verify_fastest_first(timed: dict[str, Timing], verify, one_is_enough: bool, alive) -> int:
+    """Verify the timed candidates fastest first and answer for each: its timing once it passes, its failure, or
+    (`one_is_enough`, after one passed) its timing marked unverified. 3 when a failure left the context dead."""
+    found = False
+    for name in sorted(timed, key=lambda n: timed[n].median_ms):
+        if one_is_enough and found:
+            _emit({"name": name, "timing": timed[name].as_dict(), "unverified": True})
+            continue
+        _emit({"start": name})
+        try:
+            why = verify(name)
+        except Exception as e:  # noqa: BLE001 - one candidate's failure is data
+            why = f"crashed: {type(e).__name__}: {str(e)[:300]}"
+        if why is not None:
+            _emit({"name": name, "error": why})
+            if not alive():
+                return 3
+            continue
+        found = True
+        _emit({"name": name, "timing": timed[name].as_dict()})
     return 0
+
+
+def _duel_only(callers_best: float | None, timed: dict[str, Timing], device: str) -> bool:
+    """Whether the caller's final round will be the steady regime's duel (kernels.tune.final_round), which takes one
+    challenger: the caller's fastest first pass and every timing here STEADY_MIN_MS or more, on a GPU."""
+    return (device == "cuda" and callers_best is not None and callers_best >= STEADY_MIN_MS and bool(timed)
+            and min(t.median_ms for t in timed.values()) >= STEADY_MIN_MS)
 
 
 def _positive_or_none(value) -> float | None:

@@ -17,13 +17,6 @@ from kernels.measure.verify import make_inputs
 from kernels.tune.warmup import default_problems
 
 
-def first_pass_ms(sel) -> dict[str, float]:
-    """Every timed candidate's first-pass time (finalists carry it in their details; the rest in timings)."""
-    out = {}
-    for name, t in sel.timings.items():
-        if isinstance(t, float):
-            out[name] = float(sel.details.get(name, {}).get("first_pass_ms", t))
-    return out
 
 
 def main(argv=None) -> int:
@@ -37,7 +30,7 @@ def main(argv=None) -> int:
         (kernels.int_mm if problem.op == "int_mm" else kernels.mm)(a, b)
         torch.cuda.synchronize()
         sel = kernels.explain(a, b, op=problem.op)
-        times = first_pass_ms(sel)
+        times = sel.first_pass()
         best = min(times.values())
         cutlass = {n: t for n, t in times.items() if n.startswith("cutlass")}
         best_cutlass = min(cutlass.values()) if cutlass else None

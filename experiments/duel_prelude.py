@@ -27,7 +27,7 @@ import torch
 from bench.measure import problem_for
 from bench.shapes import Shape
 from bench.sustained import alternate, cuda_loop, parse_problems
-from experiments.duel_regime import direct_calls, first_pass_ms, print_rows
+from experiments.duel_regime import direct_calls, print_rows
 from kernels.core.config import config
 from kernels.measure.steady import WINDOW_MS, CudaWindows, measure_duel, plan_for
 from kernels.measure.timing import QUICK_SCREEN, TUNE_CUTOFF, measure_interleaved
@@ -73,7 +73,7 @@ def run(spec, order: int, preludes: tuple[str, ...], long: bool) -> dict:
     problem = problem_for(Shape(spec.m, spec.n, spec.k), spec.dtype, spec.layout, "cuda")
     t0 = time.perf_counter()
     sel, _ = tune(problem, config.backends)
-    first = first_pass_ms(sel)
+    first = sel.first_pass()
     aten = next(n for n in sorted(first, key=first.get) if n.startswith("aten"))
     ranked = [n for n in sorted(first, key=first.get) if n != aten]
     out = {"problem": spec.label(), "winner": sel.winner, "tune_s": round(time.perf_counter() - t0, 2),

@@ -39,12 +39,6 @@ ALL_WINDOW_MS = 200.0
 ROUNDS = 3
 
 
-def first_pass_ms(sel) -> dict[str, float]:
-    out = {}
-    for name, t in sel.timings.items():
-        if isinstance(t, float):
-            out[name] = sel.details.get(name, {}).get("first_pass_ms", t)
-    return out
 
 
 def _regime(calls, n_sets: int, est, aten, window_ms: float) -> dict:
@@ -78,7 +72,7 @@ def run(spec, idle_s: float, order: int) -> dict:
     t0 = time.perf_counter()
     sel, _ = tune(problem, config.backends)
     tune_s = time.perf_counter() - t0
-    first = first_pass_ms(sel)
+    first = sel.first_pass()
     aten = next((n for n in sorted(first, key=first.get) if n.startswith("aten")), None)
     ranked = [n for n in sorted(first, key=first.get) if n != aten]
     out = {"problem": spec.label(), "winner": sel.winner, "tune_s": round(tune_s, 2), "notes": sel.notes,

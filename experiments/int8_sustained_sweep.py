@@ -17,7 +17,7 @@ import time
 from bench.measure import problem_for
 from bench.shapes import Shape
 from bench.sustained import alternate, problem_set
-from experiments.duel_regime import first_pass_ms, direct_calls, print_rows
+from experiments.duel_regime import direct_calls, print_rows
 from kernels.core.config import config
 from kernels.tune.autotune import tune
 
@@ -26,7 +26,7 @@ def run(spec, top: int, seconds: float) -> dict:
     problem = problem_for(Shape(spec.m, spec.n, spec.k), spec.dtype, spec.layout, "cuda")
     t0 = time.perf_counter()
     sel, _ = tune(problem, config.backends)
-    first = first_pass_ms(sel)
+    first = sel.first_pass()
     aten = next(n for n in sorted(first, key=first.get) if n.startswith("aten"))
     ranked = [n for n in sorted(first, key=first.get) if n != aten][:top]
     out = {"problem": spec.label(), "winner": sel.winner, "tune_s": round(time.perf_counter() - t0, 2),

@@ -2,7 +2,7 @@
 call of each problem of a bench.sustained set, in this process, against a cache that holds the kernels but no
 selection for them (run it after `python -m kernels warmup` and a run that built the rest, with the cache's
 `selections/` removed). Prints one JSON line per problem: wall seconds of the first call, the tune's stages, whether
-anything compiled, the duel's windows. `python -m experiments.new_problem_cost [--set issue27] [--closing-window
+anything compiled, the duel's windows, the verified candidates and how many were timed but never verified. `python -m experiments.new_problem_cost [--set issue27] [--closing-window
 always]` (GPU); `always` runs every duel's closing window as before the first-window bound (the eight-percent stop
 only), to compare the two in one call.
 """
@@ -18,6 +18,7 @@ import kernels
 from bench.measure import problem_for
 from bench.shapes import Shape
 from bench.sustained import problem_set
+from kernels.core.selection import NOT_VERIFIED
 from kernels.measure.verify import make_inputs
 from kernels.tune import final_round
 
@@ -46,7 +47,10 @@ def main(argv=None) -> int:
                           "first_call_s": round(seconds, 3), "winner": sel.winner, "duel_windows_ms": duel,
                           "regime": sel.regime, "source": sel.source, "stages": sel.stage_seconds,
                           "compiles": after.get("compiles", 0) - before.get("compiles", 0),
-                          "tunes": after["tunes"] - before["tunes"], "pending": list(sel.pending)}), flush=True)
+                          "tunes": after["tunes"] - before["tunes"], "pending": list(sel.pending),
+                          "verified": sorted(n for n, t in sel.timings.items() if isinstance(t, float)),
+                          "unverified": sum(isinstance(t, str) and t.startswith(NOT_VERIFIED)
+                                            for t in sel.timings.values())}), flush=True)
     return 0
 
 

@@ -13,14 +13,15 @@ from kernels.store.cache_admin import entries
 
 
 def summary(selection, previous_end: float | None) -> dict:
-    timed = sorted((t, n) for n, t in selection.timings.items() if isinstance(t, float))
-    firsts = {n: d.get("first_pass_ms", selection.timings.get(n)) for n, d in selection.details.items()}
-    baseline = next((n for _, n in timed if n.startswith("aten")), None)
-    first = {n: firsts.get(n, t) for t, n in timed}
+    firsts = selection.first_pass()
+    verified = sorted((t, n) for n, t in selection.timings.items() if isinstance(t, float))
+    baseline = next((n for _, n in verified if n.startswith("aten")), None)
+    first = {n: firsts.get(n, t) for t, n in verified}
+    # the duel's challenger is the fastest verified other (those never verified could not be finalists)
     others = sorted((t, n) for n, t in first.items() if n != baseline and isinstance(t, float))
     row = {"problem": selection.problem.short(), "winner": selection.winner, "regime": selection.regime,
            "tune_s": round(selection.tune_seconds, 3), "stages": selection.stage_seconds,
-           "candidates": len(selection.choices), "timed": len(timed)}
+           "candidates": len(selection.choices), "timed": len(firsts), "verified": len(verified)}
     start = selection.created - selection.tune_seconds
     if previous_end is not None:
         row["gap_before_s"] = round(start - previous_end, 3)

@@ -11,6 +11,11 @@ SCHEMA_VERSION = 1
 ROUND_KEYS = ("first_pass_ms", "final_ms", "gpu_ms")
 
 
+
+# How `timings` records a candidate the first pass timed but nothing verified, as it could not be a finalist (its
+# first-pass timing stays in `details`): kernels.tune.final_round.OnDemandCheck
+NOT_VERIFIED = "not verified"
+
 @dataclass
 class Selection:
     problem: GemmProblem
@@ -44,6 +49,22 @@ class Selection:
         final round's), in no order; [] for a selection without a final round."""
         return [n for n, t in self.timings.items()
                 if isinstance(t, float) and isinstance(self.details.get(n), dict) and "final_ms" in self.details[n]]
+
+    def first_pass(self) -> dict[str, float]:
+        """Every timed candidate's first-pass ms: finalists carry it in their details, the rest in `timings`, and
+        those timed but never verified (NOT_VERIFIED: no final round could take them) in their details' median."""
+        out = {}
+        for name, t in self.timings.items():
+            detail = self.details.get(name)
+            detail = detail if isinstance(detail, dict) else {}
+            if isinstance(t, float):
+                first = detail.get("first_pass_ms", t)
+                out[name] = float(first) if isinstance(first, (int, float)) else t
+            elif isinstance(t, str) and t.startswith(NOT_VERIFIED):
+                median = detail.get("median_ms")
+                if isinstance(median, (int, float)):
+                    out[name] = float(median)
+        return out
 
     def ranked(self) -> list[tuple[str, float]]:
         """Timed candidates: the final round's fastest first, then the others by their first pass. The two rounds'

@@ -47,7 +47,7 @@ from kernels.dispatch.dynamic_records import (  # noqa: F401 - resolve: this mod
     substitute,
 )
 from kernels.measure.timing import user_call
-from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
+from kernels.measure.verify import make_inputs, prepare_reference, reference, timing_sets, verify_launch
 from kernels.space.dynamic_rules import (
     bucket_id,
     nearest,
@@ -449,8 +449,9 @@ def pick(timed: dict[str, float], choices: dict[str, Choice], winners: frozenset
 
 
 def benchmark_choices(problem: GemmProblem, choices: list[Choice]) -> dict[str, float | str]:
-    """Build each choice for this exact problem (loads, no compile), check it against the float64 reference on
-    fresh inputs, then time the ones that pass together with kernels.timing. name -> median ms, or failure text."""
+    """Build each choice for this exact problem (loads, no compile) and select among them as tuning does
+    (kernels.tune.final_round.select), each finalist checked against the float64 reference on fresh inputs first.
+    name -> median ms, or failure text."""
     device = "cuda" if problem.device == "cuda" else "cpu"
     results: dict[str, float | str] = {}
     launches = {}
@@ -461,23 +462,19 @@ def benchmark_choices(problem: GemmProblem, choices: list[Choice]) -> dict[str, 
             results[c.name] = err
         else:
             launches[c.name] = launch
-    operands = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
-    ref = reference(problem, *operands)
-    for name, launch in list(launches.items()):
-        why = verify_launch(launch, problem, operands, ref)     # a hint winner that fails here is one failed candidate
-        if why is not None:
-            results[name] = why
-            del launches[name]
-    del ref
     if launches:
+        operands = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
+        ref = prepare_reference(problem, reference(problem, *operands))
         sets = timing_sets(problem, device, operands, seed=1)
         # the selection routine tuning uses (kernels.tune.final_round): an interleaved first pass, then the
         # finalists and the baseline in the final round of the call's regime. Interleaved with choices several times
         # slower (a small hint's tile at a large M), a compute-bound tile was timed faster than it runs beside its
         # real rivals: H100, K=11008, N=4096, M=5334, the 128x256 TMA tile took 725 us in the bucket's benchmark
         # beside 4.4 ms split-K tiles and 815 us in the sweep beside aten, and won a bucket it then served at 1.12x.
+        # a hint winner that fails verification here is one failed candidate; only those that may be finalists
+        # are verified (kernels.tune.final_round.OnDemandCheck)
         outcome = select({n: user_call(fn, sets) for n, fn in launches.items()}, by_name, len(sets), device,
-                         DYNAMIC_BENCH_MS)
+                         DYNAMIC_BENCH_MS, verify=lambda name: verify_launch(launches[name], problem, operands, ref))
         finalists = set(outcome.finalists)
         for name, t in outcome.timings.items():
             # only the final round's times compare with each other: a first pass is a burst, and in the steady

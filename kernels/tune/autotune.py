@@ -1,5 +1,5 @@
 """choose(): support filter -> narrow (lookup table, name filters, benchmark space: kernels.candidates) -> build (in
-parallel, per backend) -> verify -> benchmark -> re-time the best -> Selection.
+parallel, per backend) -> benchmark -> verify the candidates that may still win -> re-time the best -> Selection.
 
 Knows nothing about toolchains: backends hand back Runners; a failure anywhere is recorded, never raised.
 """
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from backends import child_handle, get_backend
+from backends.isolated_child import Unverified
 from kernels.core import counters
 from kernels.core.choice import NAME_FILTERED
 from kernels.core.config import config
@@ -26,11 +27,11 @@ from kernels.core.progress import status
 from kernels.core.selection import Selection
 from kernels.core.version import __version__
 from kernels.measure.timing import user_call
-from kernels.measure.verify import make_inputs, reference, timing_sets, verify_launch
+from kernels.measure.verify import make_inputs, prepare_reference, reference, timing_sets, verify_launch
 from kernels.space.families import template_tree_hash
 from kernels.tune.build_queue import request as request_build
 from kernels.tune.candidates import Narrowed, fingerprint_extra, narrow
-from kernels.tune.final_round import StageClock, select
+from kernels.tune.final_round import StageClock, not_verified, select
 
 if TYPE_CHECKING:
     from backends.base import Backend, Runner
@@ -155,24 +156,22 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
     details: dict[str, dict] = {}
     isolated = {n: r for n, r in runners.items() if r.isolated}
     passed_isolated: dict[str, Runner] = {}
-
-    with clock("verify"):
-        operands = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
-        ref = reference(problem, *operands)
-        verified: dict[str, Runner] = {}
-        for cname, runner in runners.items():
-            if runner.isolated:
-                continue
-            why = verify_launch(runner.launch, problem, operands, ref)
-            if why is None:
-                verified[cname] = runner
-            else:
-                timings[cname] = why
-        del ref
+    verified: dict[str, Runner] = {}
 
     winner, regime = None, "burst"
-    if verified or isolated:
+    candidates_here = {n: r for n, r in runners.items() if not r.isolated}
+    if candidates_here or isolated:
+        with clock("verify"):
+            operands = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
+            ref = prepare_reference(problem, reference(problem, *operands))
         sets = timing_sets(problem, device, operands, seed=1)
+
+        def verify(name: str) -> str | None:
+            """Asked by the selection once `name` may become a finalist (kernels.tune.final_round.OnDemandCheck)."""
+            why = verify_launch(candidates_here[name].launch, problem, operands, ref)
+            if why is None:
+                verified[name] = candidates_here[name]
+            return why
 
         def measured_in_child() -> dict:
             """Isolated runners, verified and timed in the child (asked after this process's first pass: the child,
@@ -180,13 +179,13 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
             with clock("isolated"):
                 passed_isolated.update(_measure_isolated(problem, isolated, timings, details))
             return {n: (timings[n], user_call(r.launch, sets)) for n, r in passed_isolated.items()}
-        outcome = select({n: user_call(r.launch, sets) for n, r in verified.items()}, choices, len(sets), device,
-                         config.bench_budget_ms, isolated=measured_in_child if isolated else None,
-                         timings=timings, details=details, clock=clock)
+        outcome = select({n: user_call(r.launch, sets) for n, r in candidates_here.items()}, choices, len(sets),
+                         device, config.bench_budget_ms, isolated=measured_in_child if isolated else None,
+                         timings=timings, details=details, clock=clock, verify=verify)
         verified.update(passed_isolated)
         winner, regime = outcome.winner, outcome.regime
         notes.extend(outcome.notes)
-        del sets
+        del sets, ref
     if winner is None:
         failures = {n: str(t) for n, t in timings.items()}
         failures.update({f"note {i}": n for i, n in enumerate(notes)})
@@ -240,8 +239,9 @@ def _prestart_child(device: str) -> None:
 
 
 def _measure_isolated(problem, runners, timings, details) -> dict[str, Runner]:
-    """Runners whose backend asks for isolation are verified and timed in a child process by that backend, whose
-    cutoffs start from this process's fastest first pass (`timings` holds it by now)."""
+    """Runners whose backend asks for isolation are timed and verified in a child process by that backend, whose
+    cutoffs start from this process's fastest first pass (`timings` holds it by now). Only the verified may run
+    here; the child leaves unverified those no final round could take (backends.isolated_child)."""
     by_backend: dict[str, list[Runner]] = {}
     for runner in runners.values():
         by_backend.setdefault(runner.choice.backend, []).append(runner)
@@ -257,6 +257,10 @@ def _measure_isolated(problem, runners, timings, details) -> dict[str, Runner]:
             res = results.get(runner.choice.name, "no result from isolated measurement")
             if isinstance(res, str):
                 timings[runner.choice.name] = res
+            elif isinstance(res, Unverified):   # the child verified a faster one: the final round cannot take it
+                counters.bump("benchmarks")
+                timings[runner.choice.name] = not_verified(res.timing.median_ms)
+                details[runner.choice.name] = {**res.timing.as_dict(), "measured_in": "child"}
             else:
                 counters.bump("benchmarks")
                 timings[runner.choice.name] = res.median_ms

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable
 
 from kernels.core import counters
 from kernels.core.config import config
+from kernels.core.selection import NOT_VERIFIED
 from kernels.measure.steady import (
     MARGIN_FLOOR,
     STEADY_MIN_MS,
@@ -57,21 +58,31 @@ REGIMES = ("steady", "burst")
 
 class StageClock:
     """Seconds per tuning stage, summed over entries (candidates and build run once per backend); each stage is
-    announced to `on_stage` (the progress line)."""
+    announced to `on_stage` (the progress line). A stage entered inside another (verification inside the final
+    round) is counted to itself alone: the stages' seconds add up to the tune's."""
 
     def __init__(self, on_stage: Callable[[str], None] | None = None):
         self.seconds: dict[str, float] = {}
         self.on_stage = on_stage
+        self._open: list[str] = []
 
     @contextlib.contextmanager
     def __call__(self, stage: str):
         if self.on_stage is not None:
             self.on_stage(stage)
         start = time.perf_counter()
+        self._open.append(stage)
         try:
             yield
         finally:
-            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+            self._open.pop()
+            took = time.perf_counter() - start
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + took
+            if self._open:
+                outer = self._open[-1]
+                self.seconds[outer] = self.seconds.get(outer, 0.0) - took
+                if self.on_stage is not None:
+                    self.on_stage(outer)
 
 
 @dataclass
@@ -90,15 +101,18 @@ def select(calls: dict[str, Call], choices: dict[str, Choice], n_sets: int, devi
            isolated: Callable[[], dict[str, tuple[float, Call]]] | None = None,
            timings: dict[str, float | str] | None = None, details: dict[str, dict] | None = None,
            clock: StageClock | None = None, windows: Callable[[dict[str, Call]], WindowClock] | None = None,
-           ) -> Outcome:
+           verify: Callable[[str], str | None] | None = None) -> Outcome:
     """First pass over `calls` (interleaved, `budget_ms` each, the slow ones dropped at TUNE_CUTOFF), then the
     final round over the fastest, the baseline always among them. `isolated`: asked after the first pass, the
     candidates it verified and timed elsewhere (a child process: name -> (first-pass ms, the call here)), which join
     the final round; asked then so that the child's start-up overlaps this process's first pass. `windows` builds the
-    steady round's clock (default: CUDA events on a GPU; tests give a fake chip)."""
+    steady round's clock (default: CUDA events on a GPU; tests give a fake chip). `verify`: name -> None when the
+    candidate computes the right result, else why not; `calls` are then unverified, and each is verified before it
+    can be a finalist (OnDemandCheck); without it they must have been verified already."""
     clock = clock or StageClock()
     timings = {} if timings is None else timings
     details = {} if details is None else details
+    checked = OnDemandCheck(verify, timings, clock)
     with clock("first_pass"):
         # the screen on the GPU only: an interpreted call's one-call time is not its kernel's
         timed, crashed = measure_interleaved(calls, n_sets, device, budget_ms, cutoff=TUNE_CUTOFF,
@@ -113,31 +127,77 @@ def select(calls: dict[str, Call], choices: dict[str, Choice], n_sets: int, devi
     for name, (ms, call) in (isolated() if isolated is not None else {}).items():
         timings[name] = ms
         runnable[name] = call
+        checked.passed.add(name)        # verified where it was timed
     notes: list[str] = []
     if not any(isinstance(timings.get(n), float) for n in runnable):
         return Outcome(None, "burst", timings, details, [], notes)
     sub = {n: timings[n] for n in runnable}
     winner, regime, finalists = pick_winner(sub, choices, runnable, n_sets, device, details, notes, clock,
-                                            windows=windows)
+                                            windows=windows, check=lambda name: checked(name, sub))
+    unchecked = [n for n in sub if not checked.done(n)]
+    for name in unchecked:
+        timings[name] = not_verified(sub.pop(name))
+    if unchecked:
+        notes.append(f"{len(unchecked)} candidate(s) timed but not verified: the final round could not take them")
     timings.update(sub)
     return Outcome(winner, regime, timings, details, finalists, notes)
 
 
+def not_verified(first_pass_ms: float) -> str:
+    return f"{NOT_VERIFIED} (first pass {first_pass_ms * 1e3:.1f} us): not a finalist"
+
+
+class OnDemandCheck:
+    """Verification when a candidate may become a finalist, once per candidate: the steady regime's baseline and
+    its challenger, every candidate of the burst regime. Checking a large output costs about as much as the call it
+    checks, and tuning verified 28 Triton tiles, two launch paths each, of which a steady-regime problem duels one:
+    0.36 s of bf16 8192x14336x4096's 3.5 s tune on the H200 (thirtieth session). A candidate that fails leaves the
+    pool (`timings[name]` says why); one that was never asked stays unverified and cannot win."""
+
+    def __init__(self, verify: Callable[[str], str | None] | None, timings: dict[str, float | str],
+                 clock: StageClock):
+        self.verify, self.timings, self.clock = verify, timings, clock
+        self.passed: set[str] = set()
+
+    def done(self, name: str) -> bool:
+        """Whether `name` may be used as verified."""
+        return self.verify is None or name in self.passed
+
+    def __call__(self, name: str, pool: dict[str, float]) -> bool:
+        """Whether `name` computes the right result; verified now if it was not yet (a failure leaves `pool`)."""
+        if self.done(name):
+            return True
+        with self.clock("verify"):
+            why = self.verify(name)
+        if why is None:
+            self.passed.add(name)
+            return True
+        self.timings[name] = why
+        pool.pop(name, None)
+        return False
+
+
 def pick_winner(timings: dict[str, float], choices, calls: dict[str, Call], n_sets: int, device: str,
                 details: dict[str, dict], notes: list[str], clock: StageClock | None = None, *,
-                windows: Callable[[dict[str, Call]], WindowClock] | None = None, **rules
-                ) -> tuple[str | None, str, list[str]]:
+                windows: Callable[[dict[str, Call]], WindowClock] | None = None,
+                check: Callable[[str], bool] | None = None, **rules) -> tuple[str | None, str, list[str]]:
     """(winner, regime, finalists) from first-pass `timings` (name -> ms, updated in place with the final round's).
     The steady regime where the fastest first pass is STEADY_MIN_MS or more on a GPU (or wherever `windows` is
-    given), the burst rules below it."""
+    given), the burst rules below it. `check(name)`: whether a candidate is verified, verifying it if need be (one
+    that fails leaves `timings`); every finalist passes it first."""
     clock = clock or StageClock()
     ranked = sorted((t, n) for n, t in timings.items() if isinstance(t, float))
     if not ranked:
         return None, "burst", []
     if windows is not None or (device == "cuda" and ranked[0][0] >= STEADY_MIN_MS):
         make = windows or (lambda fns: window_clock(fns, n_sets, device))
-        winner, finalists = _steady_pick(timings, choices, calls, make, device, details, notes, clock)
+        winner, finalists = _steady_pick(timings, choices, calls, make, device, details, notes, clock, check)
         return winner, "steady", finalists
+    if check is not None:       # burst calls are small: each check is cheap, and the rules below rank many
+        for _, name in ranked:
+            check(name)
+        if not any(isinstance(t, float) for t in timings.values()):
+            return None, "burst", []
     finalists: list[str] = []
     winner = _burst_pick(timings, choices, calls, n_sets, device, details, notes, clock, finalists=finalists,
                          **rules)
@@ -150,13 +210,16 @@ def _baseline(timings: dict[str, float | str], choices) -> str:
     return min(timed, key=lambda n: (complexity(choices[n]), timings[n]))
 
 
-def _steady_pick(timings, choices, calls, make_clock, device, details, notes, clock: StageClock
-                 ) -> tuple[str | None, list[str]]:
+def _steady_pick(timings, choices, calls, make_clock, device, details, notes, clock: StageClock,
+                 check: Callable[[str], bool] | None = None) -> tuple[str | None, list[str]]:
     """The baseline against the first pass's fastest other candidate, in the power-steady regime's long windows
     (kernels.measure.steady.measure_duel); the baseline is kept unless the challenger beats it there by more than
     the baseline's own spread (kernels.measure.steady.steady_winner). No duel when that challenger's first pass is
-    more than CHALLENGER_WITHIN behind the baseline's."""
-    baseline = _baseline(timings, choices)
+    more than CHALLENGER_WITHIN behind the baseline's. Each of the two passes `check` before it runs here."""
+    baseline = _checked_baseline(timings, choices, check)
+    if baseline is None:
+        notes.append("steady round: none ran: every candidate failed verification")
+        return None, []
     others = sorted((t, n) for n, t in timings.items() if isinstance(t, float) and n != baseline)
     contenders = [n for t, n in others if t <= timings[baseline] * (1 + CHALLENGER_WITHIN)]
     if not contenders:
@@ -166,7 +229,12 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
                                 if others else ""))
         return baseline, [baseline]
     with clock("final_round"):
-        result, crashed = _duels(baseline, contenders, timings, calls, make_clock, plan_for(device))
+        result, crashed = _duels(baseline, contenders, timings, calls, make_clock, plan_for(device), check)
+    if result is None:
+        details.setdefault(baseline, {})["final_ms"] = timings[baseline]
+        notes.append(f"steady round: none ran: the {len(contenders)} candidate(s) within {CHALLENGER_WITHIN:.0%} of "
+                     f"{baseline}'s first pass failed verification")
+        return baseline, [baseline]
     if not result.timings:
         notes.append(f"steady round: every finalist crashed ({', '.join(crashed)})")
         return None, []
@@ -191,14 +259,28 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
     return winner, list(result.timings)
 
 
-def _duels(baseline: str, contenders: list[str], timings, calls, make_clock, plan) -> tuple[SteadyResult, list[str]]:
-    """The baseline's duel with the first contender; with the next one where the challenger crashed (after the
-    baseline crashed, the next contender need only show that it runs). Returns the last result (it holds the
-    outcome: both, one, or none left) and the names that crashed; their timings become the failure."""
+def _checked_baseline(timings: dict[str, float], choices, check: Callable[[str], bool] | None) -> str | None:
+    """The baseline (`_baseline`) among the candidates that pass `check` (a failure leaves `timings`)."""
+    while timings:
+        name = _baseline(timings, choices)
+        if check is None or check(name):
+            return name
+    return None
+
+
+def _duels(baseline: str, contenders: list[str], timings, calls, make_clock, plan,
+           check: Callable[[str], bool] | None = None) -> tuple[SteadyResult | None, list[str]]:
+    """The baseline's duel with the first contender that passes `check`; with the next one where the challenger
+    crashed (after the baseline crashed, the next contender need only show that it runs). Returns the last result
+    (it holds the outcome: both, one, or none left; None when no contender passed `check`) and the names that
+    crashed; their timings become the failure."""
     crashed: list[str] = []
     baseline_ran = True
     seconds = 0.0
+    result = None
     for challenger in contenders:
+        if check is not None and not check(challenger):
+            continue
         if baseline_ran:
             result = measure_duel(make_clock({n: calls[n] for n in (baseline, challenger)}),
                                   {n: timings[n] for n in (baseline, challenger)}, baseline, challenger, plan,
@@ -213,7 +295,8 @@ def _duels(baseline: str, contenders: list[str], timings, calls, make_clock, pla
         baseline_ran = baseline_ran and baseline not in result.failures
         if challenger in result.timings:
             break
-    result.seconds = seconds
+    if result is not None:
+        result.seconds = seconds
     return result, crashed
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from experiments import exhaustive_reference as er
+from kernels.core.choice import Choice
 
 
 def test_problem_list_parses_and_rejects_bad_items():
@@ -92,15 +93,20 @@ def test_host_bound_diag_needs_a_gpu():
     assert e.value.code == 2
 
 
-def test_cutlass_ranks_reads_each_candidates_first_pass_time():
-    """Finalists carry their first-pass time in their details (their timing is the final round's); failures drop."""
-    from types import SimpleNamespace
+def test_a_selection_reads_each_candidates_first_pass_time():
+    """Finalists carry their first-pass time in their details (their timing is the final round's), candidates timed
+    but never verified in their details' median; failures drop."""
+    from kernels.core.selection import Selection
+    from kernels.tune.final_round import not_verified
+    from tests.helpers import problem
 
-    from experiments.cutlass_ranks import first_pass_ms
-
-    sel = SimpleNamespace(timings={"aten_mm": 1.0, "cutlass_x_sw1": 0.9, "cutlass_y_sw1": "crashed: boom"},
-                          details={"aten_mm": {"first_pass_ms": 1.1}, "cutlass_x_sw1": {}})
-    assert first_pass_ms(sel) == {"aten_mm": 1.1, "cutlass_x_sw1": 0.9}
+    names = ("aten_mm", "cutlass_x_sw1", "cutlass_y_sw1", "cutlass_z_sw1")
+    sel = Selection(problem(), "aten_mm", {n: Choice("aten", n, "bf16") for n in names},
+                    timings={"aten_mm": 1.0, "cutlass_x_sw1": 0.9, "cutlass_y_sw1": "crashed: boom",
+                             "cutlass_z_sw1": not_verified(1.3)},
+                    details={"aten_mm": {"first_pass_ms": 1.1}, "cutlass_x_sw1": {},
+                             "cutlass_z_sw1": {"median_ms": 1.3}})
+    assert sel.first_pass() == {"aten_mm": 1.1, "cutlass_x_sw1": 0.9, "cutlass_z_sw1": 1.3}
 
 
 def test_selection_stages_sets_the_first_pass_beside_the_duel():

@@ -430,13 +430,17 @@ def test_dataset_rows_label_every_candidate_with_its_first_pass():
     from tools.perf_model.data import selection_rows
     from tests.helpers import problem
 
-    names = ("aten_mm", "tile_duelled", "tile_first_pass_only", "broken")
+    from kernels.tune.final_round import not_verified
+
+    names = ("aten_mm", "tile_duelled", "tile_first_pass_only", "broken", "tile_unverified")
     sel = Selection(problem(), "aten_mm", {n: Choice("aten", n, "bf16") for n in names},
                     timings={"aten_mm": 0.2025, "tile_duelled": 0.2104, "tile_first_pass_only": 0.1810,
-                             "broken": "failed verification"},
+                             "broken": "failed verification", "tile_unverified": not_verified(0.2301)},
                     details={"aten_mm": {"first_pass_ms": 0.2050, "final_ms": 0.2025},
-                             "tile_duelled": {"first_pass_ms": 0.1830, "final_ms": 0.2104}}, regime="steady")
+                             "tile_duelled": {"first_pass_ms": 0.1830, "final_ms": 0.2104},
+                             "tile_unverified": {"median_ms": 0.2301}}, regime="steady")
     rows = {r["name"]: r for r in selection_rows(sel, {})}
     assert {n: rows[n]["ms"] for n in names} == {"aten_mm": "0.205", "tile_duelled": "0.183",
-                                                 "tile_first_pass_only": "0.181", "broken": ""}
-    assert rows["broken"]["status"] == "failed verification"
+                                                 "tile_first_pass_only": "0.181", "broken": "",
+                                                 "tile_unverified": "0.2301"}
+    assert rows["broken"]["status"] == "failed verification" and rows["tile_unverified"]["status"] == "ok"

@@ -79,19 +79,21 @@ class Row:
 
 
 def selection_rows(sel, env: dict) -> list[dict]:
-    """Dataset rows (dicts of COLUMNS) for every candidate a Selection timed or saw fail. Each timed candidate is
+    """Dataset rows (dicts of COLUMNS) for every candidate a Selection timed or saw fail (one timed and never verified,
+    as no final round could take it, is labelled with its time). Each timed candidate is
     labelled with its first-pass time: the final round's candidates hold their final-round time in `timings` (for
     calls of 0.1 ms or more, 1 s windows with the chip at its power cap, up to ~12% slower than a first pass), and a
     dataset mixing the two regimes would rank those few below the others; the model ranks for the first pass."""
     p = sel.problem
     rows = []
+    first_pass = sel.first_pass()
     for name, t in sel.timings.items():
         choice = sel.choices.get(name)
         if choice is None:
             continue
+        first = first_pass.get(name)
+        t = first if first is not None and first > 0 else t
         ok = isinstance(t, float)
-        first = (sel.details.get(name) or {}).get("first_pass_ms") if ok else None
-        t = float(first) if isinstance(first, (int, float)) and first > 0 else t
         rows.append(dict(env, gpu=p.device_name, arch=p.arch, device=p.device, op=p.op, dtype=p.dtype,
                          out_dtype=p.out_dtype, precision=p.precision, m=p.m, n=p.n, k=p.k,
                          stride_a=f"{p.stride_a[0]}:{p.stride_a[1]}", stride_b=f"{p.stride_b[0]}:{p.stride_b[1]}",
