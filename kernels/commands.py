@@ -49,6 +49,9 @@ def _fastpath_line(mode: str) -> str:
                 f"loaded; removed and built again on the first tune, or by `python -m kernels fastpath build`")
     if found == "failed":
         return f"build failed (log: {where.log}); `python -m kernels fastpath build --force` retries"
+    if found == "retry":
+        return (f"not built: a build failed over a day ago (log: {where.log}); the next build tries again "
+                f"(KERNELS_FASTPATH={mode})")
     return f"not built; KERNELS_FASTPATH={mode} ('auto' builds it in the background on the first tune)"
 
 

@@ -135,12 +135,15 @@ def verified_library(where: BuildPaths) -> Path | None:
 
 
 def state(where: BuildPaths) -> str:
-    """'built', 'failed', 'unverified' (a library its marker does not vouch for) or 'absent'. Reads only."""
+    """'built', 'failed' (lately: not tried again until forced), 'retry' (failed more than FAILED_RETRY_S ago: the
+    next build tries again), 'unverified' (a library its marker does not vouch for) or 'absent'. Reads only."""
     if published(where) is not None:
         return "built"
     if os.path.lexists(where.library):
         return "unverified"
-    return "failed" if where.failed.exists() else "absent"
+    if where.failed.exists():
+        return "failed" if failed_lately(where) else "retry"
+    return "absent"
 
 
 def load_library(library: Path):

@@ -272,3 +272,21 @@ def test_a_logs_tail_is_read_without_reading_it_whole_and_never_from_a_fifo(fifo
     assert fsutil.read_tail(log, 1 << 22).endswith(b"the end")
     with pytest.raises(OSError, match="not a regular file"):
         _within(lambda: fsutil.read_tail(fifo("log"), 10), tmp_path / "log")
+
+
+def test_fastpath_state_says_an_old_failure_will_be_retried(tmp_path, monkeypatch):
+    """A failure older than FAILED_RETRY_S is not 'failed' (the next build tries again, as fastpath_build does)."""
+    import time
+
+    from kernels.commands import _fastpath_line
+
+    where = fastpath_build.BuildPaths.under(tmp_path, "tag")
+    assert fastpath.state(where) == "absent"
+    where.failed.write_text("compile failed (exit 1)\n")
+    assert fastpath.state(where) == "failed"
+    old = time.time() - fastpath_build.FAILED_RETRY_S - 60
+    os.utime(where.failed, (old, old))
+    assert fastpath.state(where) == "retry"
+    assert fastpath_build.failed_lately(where) is False
+    monkeypatch.setattr(fastpath, "paths", lambda: where)
+    assert "the next build tries again" in _fastpath_line("auto")
