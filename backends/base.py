@@ -61,7 +61,7 @@ class Backend(ABC):
         """Build (or load) every choice in one batch. Never raises for a single failing choice."""
 
     def measure_isolated(self, problem: GemmProblem, runners: list[Runner], budget_ms: float,
-                         best_ms: float | None = None) -> dict:
+                         best_ms: float | None = None, verify_all: bool = False) -> dict:
         """For runners with isolated=True: time and verify each one in a child process (with the same
         kernels.verify / kernels.timing code) and return name -> kernels.timing.Timing (verified),
         backends.isolated_child.Unverified (timed only: no final round could take it), or name -> failure text.
@@ -69,7 +69,7 @@ class Backend(ABC):
         in the child is a failure for that choice, never an exception here."""
 
         return run_isolated(self.name, problem, [r.choice for r in runners], budget_ms, CHILD_TIMEOUT_S,
-                            best_ms=best_ms)
+                            best_ms=best_ms, verify_all=verify_all)
 
     def built(self, problem: GemmProblem, choices: list[Choice]) -> set[str]:
         """Names of the choices whose binaries this backend has stored, so building them compiles nothing. Backends

@@ -1,4 +1,4 @@
-"""This process's handle on its isolated verify-and-time child (`python -m backends.isolated_child`): start it, ask
+"""This process's handle on its isolated time-and-verify child (`python -m backends.isolated_child`): start it, ask
 it one request at a time, end it. Free of torch, so a tuning worker can start its child before it imports torch
 itself (the two start-ups, seconds each, then overlap); backends.isolated_child holds the requests and the child's
 side. One child per process, behind `lock`.
@@ -21,7 +21,7 @@ from kernels.core.toolchain import REPO_ROOT
 TAG = "@@kernels-child "
 DONE = "done"                       # after TAG: the child has answered the whole request
 STDERR_TAIL = 1500
-# Seconds an isolated verify-and-time child may run before it is killed. The child compiles nothing (it loads what the
+# Seconds an isolated time-and-verify child may run before it is killed. The child compiles nothing (it loads what the
 # parent built), so this only bounds a hung kernel: far above a dozen candidates at KERNELS_BENCH_MS each, with the
 # child's imports and CUDA start
 CHILD_TIMEOUT_S = 300.0

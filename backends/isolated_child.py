@@ -9,8 +9,9 @@ again to verify it), {"timed": name} when its timing ended well, then {"name", "
 child dies or times out, the candidate that started without an answer is the culprit; the rest run in a fresh child.
 
 Every candidate is timed first; then, fastest first, verified: all of them, except where the calls are GPU-bound
-(the caller's fastest first pass and the child's STEADY_MIN_MS or more): the caller's final round then duels one
-challenger, so the child verifies until one passes and reports the rest unverified (they cannot be finalists).
+(the caller's fastest first pass and the child's STEADY_MIN_MS or more) and the request does not ask for all
+(`verify_all`): the caller's final round then duels one challenger, so the child verifies until VERIFIED_TOP pass and
+reports the rest unverified (they cannot be finalists).
 The checks and timing are kernels.verify and kernels.timing, exactly as in-process tuning uses them.
 
 `FAULT_INJECTION = <choice name>` (set in the parent, passed in the request) makes the child kill itself (SIGSEGV)
@@ -37,7 +38,7 @@ from kernels.core.problem import GemmProblem
 from kernels.measure.steady import STEADY_MIN_MS
 from kernels.measure.timing import (GPU_BOUND_SAMPLES, QUICK_SCREEN, TUNE_CUTOFF, Timing, gpu_bound, measure,
                                     user_call)
-from kernels.measure.verify import make_inputs, prepare_reference, reference, timing_sets, verify_launch
+from kernels.measure.verify import VERIFIED_TOP, make_inputs, prepare_reference, reference, timing_sets, verify_launch
 from kernels.native import fastpath
 
 # Tests only: the choice name at which the child kills itself (None: no fault)
@@ -80,11 +81,11 @@ def _parse(stdout: str) -> tuple[dict[str, dict], str | None]:
 
 
 def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: float,
-                 best_ms: float | None = None) -> dict:
+                 best_ms: float | None = None, verify_all: bool = False) -> dict:
     """name -> kernels.timing.Timing (verified), Unverified, or failure text, for every choice of `backend`;
     `best_ms` (the caller's fastest first-pass median, if any) seeds the child's cutoffs, so one first pass spans
-    both processes, and tells the child whether the caller will duel (then it verifies until one passes). Never
-    raises for a kernel's fault."""
+    both processes, and tells the child whether the caller will duel (then it verifies its fastest VERIFIED_TOP
+    only, unless `verify_all`). Never raises for a kernel's fault."""
     results: dict = {}
     remaining = list(choices)
     seed = int(time.time_ns() % (1 << 31))
@@ -94,7 +95,8 @@ def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: fl
             request = {"backend": backend, "problem": json.loads(problem.key()),
                        "choices": [c.as_dict() for c in remaining], "budget_ms": budget_ms, "seed": seed,
                        "device": torch.cuda.current_device() if torch.cuda.is_available() else 0,
-                       "cache_dir": str(cache_root()), "fault": FAULT_INJECTION, "best_ms": best_ms}
+                       "cache_dir": str(cache_root()), "fault": FAULT_INJECTION, "best_ms": best_ms,
+                       "verify_all": verify_all}
             stdout, ended = child_handle.started().ask(request, timeout_s)
             why = ""
             if ended != "done":
@@ -168,7 +170,9 @@ def serve(request: dict) -> int:
 
     operands = make_inputs(problem, device, seed=request["seed"])
     ref = prepare_reference(problem, reference(problem, *operands))
-    sets = timing_sets(problem, device, operands, seed=request["seed"] + 1)
+    # timing inputs of their own: a candidate timed before it is verified must not write onto the checks' inputs
+    sets = timing_sets(problem, device, make_inputs(problem, device, seed=request["seed"] + 1),
+                       seed=request["seed"] + 2)
     n_sets = len(sets)
 
     # the fastest median so far (the caller's first pass's to start with): the cutoffs, one candidate at a time
@@ -198,15 +202,16 @@ def serve(request: dict) -> int:
 
     def verify(name: str) -> str | None:
         return verify_launch(launches[name], problem, operands, ref)
-    return _verify_fastest_first(timed, verify, _duel_only(callers_best, timed, device), lambda: context_alive(device))
+    keep = None if request.get("verify_all") or not _duel_only(callers_best, timed, device) else VERIFIED_TOP
+    return _verify_fastest_first(timed, verify, keep, lambda: context_alive(device))
 
 
-def _verify_fastest_first(timed: dict[str, Timing], verify, one_is_enough: bool, alive) -> int:
+def _verify_fastest_first(timed: dict[str, Timing], verify, keep: int | None, alive) -> int:
     """Verify the timed candidates fastest first and answer for each: its timing once it passes, its failure, or
-    (`one_is_enough`, after one passed) its timing marked unverified. 3 when a failure left the context dead."""
-    found = False
+    (once `keep` have passed; None: never) its timing marked unverified. 3 when a failure left the context dead."""
+    found = 0
     for name in sorted(timed, key=lambda n: timed[n].median_ms):
-        if one_is_enough and found:
+        if keep is not None and found >= keep:
             _emit({"name": name, "timing": timed[name].as_dict(), "unverified": True})
             continue
         _emit({"start": name})
@@ -219,7 +224,7 @@ def _verify_fastest_first(timed: dict[str, Timing], verify, one_is_enough: bool,
             if not alive():
                 return 3
             continue
-        found = True
+        found += 1
         _emit({"name": name, "timing": timed[name].as_dict()})
     return 0
 

@@ -125,7 +125,7 @@ class TuneOutcome:
 def tune_backends(problem: GemmProblem, backends: tuple[str, ...]) -> TuneOutcome:
     start = time.perf_counter()
     try:
-        sel, _ = tune(problem, backends)
+        sel, _ = tune(problem, backends, verify_all=True)
     except NoCandidateError as e:
         notes = [why for name, why in e.failures.items() if name == "-"]
         timings = {n: w for n, w in e.failures.items() if n != "-"}

@@ -53,7 +53,7 @@ class Cell:
 
     @property
     def verified(self) -> int:
-        """Candidates that matched the reference (every timed candidate was verified first)."""
+        """Candidates that matched the reference (bench tunes with verify_all: every timed candidate was verified)."""
         return self.candidates - self.failed
 
     @property

@@ -13,10 +13,9 @@ from collections import defaultdict
 import torch
 
 import kernels
+from kernels.core.selection import NOT_VERIFIED
 from kernels.measure.verify import make_inputs
 from kernels.tune.warmup import default_problems
-
-
 
 
 def main(argv=None) -> int:
@@ -35,7 +34,7 @@ def main(argv=None) -> int:
         cutlass = {n: t for n, t in times.items() if n.startswith("cutlass")}
         best_cutlass = min(cutlass.values()) if cutlass else None
         failed = {n: t[:160] for n, t in sel.timings.items() if n.startswith("cutlass") and isinstance(t, str)
-                  and not t.startswith(("unsupported", "left out"))}
+                  and not t.startswith(("unsupported", "left out", NOT_VERIFIED))}
         row = {"problem": problem.short(), "winner": sel.winner, "best": min(times, key=times.get),
                "best_ms": best, "best_cutlass_ms": best_cutlass, "cutlass_failed": failed,
                "cutlass": {n: round(t / best, 4) for n, t in sorted(cutlass.items(), key=lambda x: x[1])}}

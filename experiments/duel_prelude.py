@@ -72,7 +72,7 @@ def duel_row(calls: dict, n_sets: int, est: dict, aten: str, top: str, window_ms
 def run(spec, order: int, preludes: tuple[str, ...], long: bool) -> dict:
     problem = problem_for(Shape(spec.m, spec.n, spec.k), spec.dtype, spec.layout, "cuda")
     t0 = time.perf_counter()
-    sel, _ = tune(problem, config.backends)
+    sel, _ = tune(problem, config.backends, verify_all=True)   # its candidates run here again
     first = sel.first_pass()
     aten = next(n for n in sorted(first, key=first.get) if n.startswith("aten"))
     ranked = [n for n in sorted(first, key=first.get) if n != aten]

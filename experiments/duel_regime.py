@@ -39,8 +39,6 @@ ALL_WINDOW_MS = 200.0
 ROUNDS = 3
 
 
-
-
 def _regime(calls, n_sets: int, est, aten, window_ms: float) -> dict:
     res = measure_steady(CudaWindows(calls, n_sets), {n: est[n] for n in calls}, aten,
                          SteadyPlan(heat_ms=0.0, window_ms=window_ms, rounds=ROUNDS, settle_fraction=0.5))
@@ -70,7 +68,7 @@ def direct_calls(problem, sel, names: list[str], out: dict) -> tuple[dict, list]
 def run(spec, idle_s: float, order: int) -> dict:
     problem = problem_for(Shape(spec.m, spec.n, spec.k), spec.dtype, spec.layout, "cuda")
     t0 = time.perf_counter()
-    sel, _ = tune(problem, config.backends)
+    sel, _ = tune(problem, config.backends, verify_all=True)   # its candidates run here again
     tune_s = time.perf_counter() - t0
     first = sel.first_pass()
     aten = next((n for n in sorted(first, key=first.get) if n.startswith("aten")), None)

@@ -2,9 +2,9 @@
 call of each problem of a bench.sustained set, in this process, against a cache that holds the kernels but no
 selection for them (run it after `python -m kernels warmup` and a run that built the rest, with the cache's
 `selections/` removed). Prints one JSON line per problem: wall seconds of the first call, the tune's stages, whether
-anything compiled, the duel's windows, the verified candidates and how many were timed but never verified. `python -m experiments.new_problem_cost [--set issue27] [--closing-window
-always]` (GPU); `always` runs every duel's closing window as before the first-window bound (the eight-percent stop
-only), to compare the two in one call.
+anything compiled, the duel's windows, the verified candidates and how many were timed but never verified.
+`python -m experiments.new_problem_cost [--set issue27] [--closing-window always]` (GPU); `always` runs every duel's
+closing window as before the first-window bound (the eight-percent stop only), to compare the two in one call.
 """
 from __future__ import annotations
 

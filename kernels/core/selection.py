@@ -11,10 +11,10 @@ SCHEMA_VERSION = 1
 ROUND_KEYS = ("first_pass_ms", "final_ms", "gpu_ms")
 
 
-
 # How `timings` records a candidate the first pass timed but nothing verified, as it could not be a finalist (its
 # first-pass timing stays in `details`): kernels.tune.final_round.OnDemandCheck
 NOT_VERIFIED = "not verified"
+
 
 @dataclass
 class Selection:
@@ -85,7 +85,12 @@ class Selection:
         return final[self.winner] / min(final.values()) - 1.0
 
     def failures(self) -> dict[str, str]:
-        return {n: t for n, t in self.timings.items() if isinstance(t, str)}
+        """Candidates that could not be timed, or failed: name -> why (those timed and not verified are not here)."""
+        return {n: t for n, t in self.timings.items() if isinstance(t, str) and not t.startswith(NOT_VERIFIED)}
+
+    def unverified(self) -> dict[str, float]:
+        """Candidates the first pass timed that nothing verified (no final round could take them): name -> ms."""
+        return {n: t for n, t in self.first_pass().items() if not isinstance(self.timings.get(n), float)}
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA_VERSION, "problem": asdict(self.problem), "winner": self.winner,
@@ -111,15 +116,18 @@ class Selection:
                    pending=_pending(data, choices))
 
     def table(self, rounds: bool = False) -> str:
-        """The AUTOTUNE table: timed choices sorted by time with % of best, then the failures. `rounds`: each timed
-        choice's first-pass, re-timed (final round) and GPU times in us, where tuning took them."""
+        """The AUTOTUNE table: timed choices sorted by time with % of best (those never verified marked so), then the
+        failures. `rounds`: each timed choice's first-pass, re-timed (final round) and GPU times in us, where tuning
+        took them."""
         ranked = self.ranked()
         final = set(self.finalists())
         stages = ", ".join(f"{k} {v:.2f}" for k, v in self.stage_seconds.items())
         lines = [f"AUTOTUNE {self.problem.short()} -> {self.winner} ({self.source}, {self.regime} final round, "
                  f"{self.tune_seconds:.2f} s{': ' + stages if stages else ''})"]
         # % of the best within its own round: the final round's candidates, then the first pass's others
-        groups = [[(n, t) for n, t in ranked if n in final], [(n, t) for n, t in ranked if n not in final]]
+        unverified = self.unverified()
+        groups = [[(n, t) for n, t in ranked if n in final],
+                  sorted([(n, t) for n, t in ranked if n not in final] + list(unverified.items()), key=lambda x: x[1])]
         for i, group in enumerate(g for g in groups if g):
             if final and i == 1:
                 lines.append("   (first pass only: not timed in the final round, not comparable with it)")
@@ -129,7 +137,8 @@ class Selection:
                 d = self.details.get(name, {}) if rounds else {}
                 extra = "".join(f"  {key} {d[key] * 1e3:.2f}" for key in ROUND_KEYS if key in d)
                 share = f"{100 * best / t:6.1f}%" if t > 0 else "     -"     # a selection made in code may hold a 0
-                lines.append(f" {mark} {name:<52} {t * 1e3:10.2f} us  {share}{extra}")
+                lines.append(f" {mark} {name:<52} {t * 1e3:10.2f} us  {share}{extra}"
+                             + ("  not verified" if name in unverified else ""))
         for name, why in self.failures().items():
             lines.append(f"   {name:<52} {why[:160]}")
         lines.extend(f"   note: {n}" for n in self.notes)

@@ -463,9 +463,11 @@ def benchmark_choices(problem: GemmProblem, choices: list[Choice]) -> dict[str, 
         else:
             launches[c.name] = launch
     if launches:
-        operands = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
+        seed = int(time.time_ns() % (1 << 30))
+        operands = make_inputs(problem, device, seed=seed)
         ref = prepare_reference(problem, reference(problem, *operands))
-        sets = timing_sets(problem, device, operands, seed=1)
+        # timing inputs of their own: a candidate timed before it is verified must not write onto the checks' inputs
+        sets = timing_sets(problem, device, make_inputs(problem, device, seed=seed + 1), seed=seed + 2)
         # the selection routine tuning uses (kernels.tune.final_round): an interleaved first pass, then the
         # finalists and the baseline in the final round of the call's regime. Interleaved with choices several times
         # slower (a small hint's tile at a large M), a compute-bound tile was timed faster than it runs beside its

@@ -10,7 +10,7 @@ kernel's sticky error would fail every later problem here; exit status 3 makes t
 fresh worker). The answers go to a private copy of the original stdout, and stdout itself to stderr, so nothing the
 libraries print can split a message.
 
-This module imports no torch: it starts the isolated child (CUTLASS's verify-and-time process, which warms up on the
+This module imports no torch: it starts the isolated child (CUTLASS's time-and-verify process, which warms up on the
 GPU) first, and only then loads the job loop and torch, so the two start-ups (seconds each) overlap.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from backends import child_handle
 from kernels.core.config import config
 
 PR_SET_PDEATHSIG = 1
-# the backend whose runners are verified and timed in the isolated child; the job loop checks it serves this GPU and
+# the backend whose runners are timed and verified in the isolated child; the job loop checks it serves this GPU and
 # ends the child otherwise
 ISOLATED_BACKEND = "cutlass"
 ONLY_DEVICE = 0          # CUDA_VISIBLE_DEVICES names one GPU: torch numbers it 0

@@ -181,6 +181,7 @@ def measure(call: Call, n_sets: int, device: str, budget_ms: float, min_samples:
 def measure_interleaved(calls: dict[str, Call], n_sets: int, device: str, budget_ms: float,
                         cutoff: float | None = None, min_samples: int = 5,
                         max_samples: int | None = None, screen: float | None = None,
+                        trusted: Callable[[str], bool] | None = None,
                         ) -> tuple[dict[str, Timing], dict[str, str]]:
     """Tuning's first pass: each candidate gets the samples `measure` would give it, but round by round, one sample
     of every candidate still running per round (rotating who goes first), so drift -- clocks ramping up after a
@@ -189,8 +190,10 @@ def measure_interleaved(calls: dict[str, Call], n_sets: int, device: str, budget
     the running. With `cutoff`, a candidate whose median after `min_samples` is above `cutoff` times the best
     median stops there. With `screen` (the first pass passes QUICK_SCREEN), every candidate first gets a quick
     estimate, and those `screened_out` stop there, timed by that one call; where the fastest estimate says the calls
-    are GPU-bound, the rest get GPU_BOUND_SAMPLES samples. Returns (timings, failures: name -> what its call
-    raised)."""
+    are GPU-bound, the rest get GPU_BOUND_SAMPLES samples. `trusted(name)`: whether a candidate may set the screen
+    (the tuner verifies it then): fastest estimate first, those that fail it are dropped (neither timed nor failed:
+    the caller recorded why), so a wrong but fast kernel cannot screen the others out. Returns (timings, failures:
+    name -> what its call raised)."""
     samplers: dict[str, Sampler] = {}
     wanted: dict[str, int] = {}
     failed: dict[str, str] = {}
@@ -203,6 +206,11 @@ def measure_interleaved(calls: dict[str, Call], n_sets: int, device: str, budget
             except Exception as e:  # noqa: BLE001 - a failing candidate is a result, not the end of the pass
                 failed[name] = f"{type(e).__name__}: {str(e)[:300]}"
     alive_quick = {n: q for n, q in quick.items() if n not in failed}
+    if trusted is not None:
+        for name in sorted(alive_quick, key=alive_quick.get):
+            if trusted(name):
+                break
+            del alive_quick[name], quick[name], samplers[name]
     stopped = screened_out(alive_quick, screen) if screen else set()
     bound_by_gpu = bool(screen and alive_quick and gpu_bound(min(alive_quick.values())))
     if bound_by_gpu:

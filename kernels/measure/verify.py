@@ -10,6 +10,12 @@ import torch
 from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
 from kernels.measure.timing import rotation_sets
 
+# However a tune's final round goes, the first pass's fastest this many are verified (the fastest before the regime is
+# chosen from it; kernels.tune.final_round.OnDemandCheck, and the isolated child likewise for its own): the dynamic
+# shapes' pool (DYNAMIC_POOL names a hint), `lut export --top-k` and a duel whose challenger crashed read further
+# down a Selection's ranking than its finalists. Each costs about one call and one pass over the output.
+VERIFIED_TOP = 3
+
 # relative Frobenius error allowed, by (dtype, precision)
 TOLERANCE = {("fp32", "ieee"): 1e-5, ("fp32", "tf32"): 2e-3, ("fp16", ""): 1e-2, ("bf16", ""): 1e-2,
              ("int8", ""): 0.0, ("e4m3", ""): 1e-2, ("e5m2", ""): 1e-2}
@@ -143,6 +149,8 @@ def check(problem: GemmProblem, out: torch.Tensor, ref: torch.Tensor | Reference
     # a NaN or inf anywhere (an unwritten element of the poisoned output, an overflow) makes the norm NaN or inf
     err = float(torch.linalg.vector_norm(torch.sub(ref.values, out))) / max(ref.norm, 1e-30)
     if not math.isfinite(err):
+        if bool(torch.isfinite(out).all()):     # finite values so far off that the float32 norm overflowed
+            return CheckResult(False, float("inf"), "relative error beyond float32's range (wrong values)")
         return CheckResult(False, float("inf"), "output has NaN/inf (unwritten or overflowed elements)")
     tol = TOLERANCE[(problem.dtype, problem.precision)]
     ok = err <= tol

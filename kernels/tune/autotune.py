@@ -88,16 +88,20 @@ def _cyclic_gc_paused():
             gc.enable()
 
 
-def tune(problem: GemmProblem, backends: tuple[str, ...]) -> tuple[Selection, dict[str, Runner]]:
+def tune(problem: GemmProblem, backends: tuple[str, ...], *, verify_all: bool = False
+         ) -> tuple[Selection, dict[str, Runner]]:
     """Tune one problem; returns the Selection and the runners that passed verification (for dispatch). A bad
-    setting raises kernels.core.errors.SettingError before anything is built."""
+    setting raises kernels.core.errors.SettingError before anything is built. Only the candidates a Selection's
+    readers may run are verified (kernels.tune.final_round.OnDemandCheck); `verify_all` verifies every timed one
+    (bench.compare's columns, the perf model's dataset, experiments that re-run candidates)."""
     config.validate()
     with _cyclic_gc_paused(), status(f"kernels: tuning {problem.short()}") as update:
-        return _tune(problem, backends, lambda stage: update(f"kernels: tuning {problem.short()}: {stage}"))
+        return _tune(problem, backends, lambda stage: update(f"kernels: tuning {problem.short()}: {stage}"),
+                     verify_all=verify_all)
 
 
-def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[str], None] | None = None
-          ) -> tuple[Selection, dict[str, Runner]]:
+def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[str], None] | None = None, *,
+          verify_all: bool = False) -> tuple[Selection, dict[str, Runner]]:
     start = time.perf_counter()
     clock = StageClock(on_stage)
     device = _device_of(problem)
@@ -162,9 +166,12 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
     candidates_here = {n: r for n, r in runners.items() if not r.isolated}
     if candidates_here or isolated:
         with clock("verify"):
-            operands = make_inputs(problem, device, seed=int(time.time_ns() % (1 << 31)))
+            # inputs of their own: timing runs candidates not yet verified, and one that wrote out of bounds onto
+            # the timing sets must not fail the correct ones' checks
+            seed = int(time.time_ns() % (1 << 30))
+            operands = make_inputs(problem, device, seed=seed)
             ref = prepare_reference(problem, reference(problem, *operands))
-        sets = timing_sets(problem, device, operands, seed=1)
+        sets = timing_sets(problem, device, make_inputs(problem, device, seed=seed + 1), seed=seed + 2)
 
         def verify(name: str) -> str | None:
             """Asked by the selection once `name` may become a finalist (kernels.tune.final_round.OnDemandCheck)."""
@@ -177,15 +184,15 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
             """Isolated runners, verified and timed in the child (asked after this process's first pass: the child,
             started during the build, comes up meanwhile); those that pass are safe to re-time here."""
             with clock("isolated"):
-                passed_isolated.update(_measure_isolated(problem, isolated, timings, details))
+                passed_isolated.update(_measure_isolated(problem, isolated, timings, details, verify_all))
             return {n: (timings[n], user_call(r.launch, sets)) for n, r in passed_isolated.items()}
         outcome = select({n: user_call(r.launch, sets) for n, r in candidates_here.items()}, choices, len(sets),
                          device, config.bench_budget_ms, isolated=measured_in_child if isolated else None,
-                         timings=timings, details=details, clock=clock, verify=verify)
+                         timings=timings, details=details, clock=clock, verify=verify, verify_all=verify_all)
         verified.update(passed_isolated)
         winner, regime = outcome.winner, outcome.regime
         notes.extend(outcome.notes)
-        del sets, ref
+        del sets, ref, operands
     if winner is None:
         failures = {n: str(t) for n, t in timings.items()}
         failures.update({f"note {i}": n for i, n in enumerate(notes)})
@@ -238,7 +245,7 @@ def _prestart_child(device: str) -> None:
     child_handle.prestart(torch.cuda.current_device() if device == "cuda" else None)
 
 
-def _measure_isolated(problem, runners, timings, details) -> dict[str, Runner]:
+def _measure_isolated(problem, runners, timings, details, verify_all: bool = False) -> dict[str, Runner]:
     """Runners whose backend asks for isolation are timed and verified in a child process by that backend, whose
     cutoffs start from this process's fastest first pass (`timings` holds it by now). Only the verified may run
     here; the child leaves unverified those no final round could take (backends.isolated_child)."""
@@ -250,7 +257,8 @@ def _measure_isolated(problem, runners, timings, details) -> dict[str, Runner]:
     best_ms = min(first_pass) if first_pass else None
     for name, group in by_backend.items():
         try:
-            results = get_backend(name).measure_isolated(problem, group, config.bench_budget_ms, best_ms=best_ms)
+            results = get_backend(name).measure_isolated(problem, group, config.bench_budget_ms, best_ms=best_ms,
+                                                         verify_all=verify_all)
         except Exception as e:  # noqa: BLE001
             results = {r.choice.name: f"isolated measurement failed: {type(e).__name__}: {e}" for r in group}
         for runner in group:
@@ -267,7 +275,6 @@ def _measure_isolated(problem, runners, timings, details) -> dict[str, Runner]:
                 details[runner.choice.name] = {**res.as_dict(), "measured_in": "child"}
                 passed[runner.choice.name] = runner
     return passed
-
 
 
 def prebuild(problems: list[GemmProblem], backends: tuple[str, ...]) -> dict[str, int]:

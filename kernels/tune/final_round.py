@@ -38,6 +38,7 @@ from kernels.measure.steady import (
     steady_winner,
     window_clock,
 )
+from kernels.measure.verify import VERIFIED_TOP
 from kernels.measure.timing import (
     HOST_SET_MAX_MS,
     LAUNCH_GAP_MS,
@@ -101,14 +102,16 @@ def select(calls: dict[str, Call], choices: dict[str, Choice], n_sets: int, devi
            isolated: Callable[[], dict[str, tuple[float, Call]]] | None = None,
            timings: dict[str, float | str] | None = None, details: dict[str, dict] | None = None,
            clock: StageClock | None = None, windows: Callable[[dict[str, Call]], WindowClock] | None = None,
-           verify: Callable[[str], str | None] | None = None) -> Outcome:
+           verify: Callable[[str], str | None] | None = None, verify_all: bool = False) -> Outcome:
     """First pass over `calls` (interleaved, `budget_ms` each, the slow ones dropped at TUNE_CUTOFF), then the
     final round over the fastest, the baseline always among them. `isolated`: asked after the first pass, the
     candidates it verified and timed elsewhere (a child process: name -> (first-pass ms, the call here)), which join
     the final round; asked then so that the child's start-up overlaps this process's first pass. `windows` builds the
     steady round's clock (default: CUDA events on a GPU; tests give a fake chip). `verify`: name -> None when the
-    candidate computes the right result, else why not; `calls` are then unverified, and each is verified before it
-    can be a finalist (OnDemandCheck); without it they must have been verified already."""
+    candidate computes the right result, else why not; `calls` are then unverified: the first pass's screen is set
+    by a verified candidate, the fastest VERIFIED_TOP are verified before the regime is chosen (all of them with
+    `verify_all`), and every finalist before its final round (OnDemandCheck); without `verify` they must have been
+    verified already."""
     clock = clock or StageClock()
     timings = {} if timings is None else timings
     details = {} if details is None else details
@@ -116,7 +119,8 @@ def select(calls: dict[str, Call], choices: dict[str, Choice], n_sets: int, devi
     with clock("first_pass"):
         # the screen on the GPU only: an interpreted call's one-call time is not its kernel's
         timed, crashed = measure_interleaved(calls, n_sets, device, budget_ms, cutoff=TUNE_CUTOFF,
-                                             screen=QUICK_SCREEN if device == "cuda" else None)
+                                             screen=QUICK_SCREEN if device == "cuda" else None,
+                                             trusted=(lambda name: checked(name, {})) if verify else None)
     for name, why in crashed.items():
         timings[name] = f"crashed while timing: {why}"
     for name, t in timed.items():
@@ -131,7 +135,8 @@ def select(calls: dict[str, Call], choices: dict[str, Choice], n_sets: int, devi
     notes: list[str] = []
     if not any(isinstance(timings.get(n), float) for n in runnable):
         return Outcome(None, "burst", timings, details, [], notes)
-    sub = {n: timings[n] for n in runnable}
+    sub = {n: timings[n] for n in runnable if isinstance(timings.get(n), float)}
+    checked.fastest(sub, None if verify_all else VERIFIED_TOP)
     winner, regime, finalists = pick_winner(sub, choices, runnable, n_sets, device, details, notes, clock,
                                             windows=windows, check=lambda name: checked(name, sub))
     unchecked = [n for n in sub if not checked.done(n)]
@@ -148,16 +153,25 @@ def not_verified(first_pass_ms: float) -> str:
 
 
 class OnDemandCheck:
-    """Verification when a candidate may become a finalist, once per candidate: the steady regime's baseline and
-    its challenger, every candidate of the burst regime. Checking a large output costs about as much as the call it
-    checks, and tuning verified 28 Triton tiles, two launch paths each, of which a steady-regime problem duels one:
-    0.36 s of bf16 8192x14336x4096's 3.5 s tune on the H200 (thirtieth session). A candidate that fails leaves the
-    pool (`timings[name]` says why); one that was never asked stays unverified and cannot win."""
+    """Verification when a candidate may be run by a Selection's readers, once per candidate: the first pass's screen
+    reference, its fastest VERIFIED_TOP, the steady regime's baseline and challenger, every candidate of the burst
+    regime (all with `select(verify_all=True)`). Checking a large output costs about as much as the call it checks,
+    and tuning verified 28 Triton tiles, two launch paths each, of which a steady-regime problem duels one: 0.36 s of
+    bf16 8192x14336x4096's 3.5 s tune on the H200, 0.02 s on demand (thirty-first session). A candidate that fails
+    leaves the pool (`timings[name]` says why); one that was never asked stays unverified and cannot win."""
 
     def __init__(self, verify: Callable[[str], str | None] | None, timings: dict[str, float | str],
                  clock: StageClock):
         self.verify, self.timings, self.clock = verify, timings, clock
         self.passed: set[str] = set()
+
+    def fastest(self, pool: dict[str, float], count: int | None) -> None:
+        """Verify `pool`'s candidates fastest first until `count` have passed (all of them for None)."""
+        passed = 0
+        for name in sorted(pool, key=pool.get):
+            if count is not None and passed >= count:
+                return
+            passed += self(name, pool)
 
     def done(self, name: str) -> bool:
         """Whether `name` may be used as verified."""
@@ -195,7 +209,8 @@ def pick_winner(timings: dict[str, float], choices, calls: dict[str, Call], n_se
         return winner, "steady", finalists
     if check is not None:       # burst calls are small: each check is cheap, and the rules below rank many
         for _, name in ranked:
-            check(name)
+            if not check(name):
+                timings.pop(name, None)
         if not any(isinstance(t, float) for t in timings.values()):
             return None, "burst", []
     finalists: list[str] = []
@@ -261,10 +276,11 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
 
 def _checked_baseline(timings: dict[str, float], choices, check: Callable[[str], bool] | None) -> str | None:
     """The baseline (`_baseline`) among the candidates that pass `check` (a failure leaves `timings`)."""
-    while timings:
+    while any(isinstance(t, float) for t in timings.values()):
         name = _baseline(timings, choices)
         if check is None or check(name):
             return name
+        timings.pop(name, None)
     return None
 
 

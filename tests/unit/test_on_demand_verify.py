@@ -1,6 +1,7 @@
 """Verification on demand (kernels.tune.final_round.OnDemandCheck): the first pass times every candidate unverified,
-and only a candidate that may still be a finalist is verified -- the steady regime's baseline and challenger, every
-candidate of the burst regime. A candidate that fails never runs in the final round; one never verified cannot win.
+and only a candidate a Selection's readers may run is verified -- the first pass's fastest VERIFIED_TOP (the fastest
+before the regime is chosen), the steady regime's baseline and challenger, every candidate of the burst regime, all
+with verify_all. A candidate that fails never runs in the final round; one never verified cannot win.
 Also the child's side of it (backends.isolated_child) and the compact reference the checks compare with."""
 import json
 
@@ -23,7 +24,8 @@ SLOW = Choice("triton", "triton_mm", "bf16", GemmConfig(32, 32, 32, 2, 4))
 PLAN = SteadyPlan(heat_ms=0, window_ms=300, rounds=1, settle_fraction=0.5)
 
 
-def _select(monkeypatch, first_pass: dict[str, float], wrong=(), device="cuda", chip=None, final=None):
+def _select(monkeypatch, first_pass: dict[str, float], wrong=(), device="cuda", chip=None, final=None,
+            verify_all=False):
     """select() over fake calls: `first_pass` ms per name, `wrong` names fail verification; the steady round on
     `chip`, the burst round's re-timing from `final` (default: the first pass). Returns (outcome, names verified in
     order, timings)."""
@@ -41,27 +43,34 @@ def _select(monkeypatch, first_pass: dict[str, float], wrong=(), device="cuda", 
         return "wrong result: relative error 1 > 0.01" if name in wrong else None
     timings: dict = {}
     outcome = fr.select({n: n for n in first_pass}, choices, 1, device, 40.0, timings=timings,
-                        windows=(lambda fns: chip) if chip is not None else None, verify=verify)
+                        windows=(lambda fns: chip) if chip is not None else None, verify=verify,
+                        verify_all=verify_all)
     return outcome, asked, timings
 
 
-def test_a_steady_problem_verifies_only_the_baseline_and_its_challenger(monkeypatch):
+def test_a_steady_problem_verifies_the_fastest_three_and_the_baseline_only(monkeypatch):
     first = {ATEN.name: 0.60, TILES[0].name: 0.57, TILES[1].name: 0.58, TILES[2].name: 0.59, SLOW.name: 0.9}
     chip = FakeChip(burst=first, sustained=first)
     outcome, asked, timings = _select(monkeypatch, first, chip=chip)
-    assert asked == [ATEN.name, TILES[0].name]
+    assert fr.VERIFIED_TOP == 3 and asked == [TILES[0].name, TILES[1].name, TILES[2].name, ATEN.name]
     assert chip.windows[:2] == [ATEN.name, TILES[0].name]
-    for name in (TILES[1].name, TILES[2].name, SLOW.name):
-        assert timings[name] == fr.not_verified(first[name]) and outcome.details[name]["median_ms"] == first[name]
+    assert timings[SLOW.name] == fr.not_verified(first[SLOW.name])
+    assert outcome.details[SLOW.name]["median_ms"] == first[SLOW.name]
     assert outcome.winner == TILES[0].name              # 5% ahead sustained too: verified, so it may win
-    assert any("3 candidate(s) timed but not verified" in n for n in outcome.notes)
+    assert any("1 candidate(s) timed but not verified" in n for n in outcome.notes)
+
+
+def test_verify_all_verifies_every_timed_candidate(monkeypatch):
+    first = {ATEN.name: 0.60, TILES[0].name: 0.57, TILES[1].name: 0.58, TILES[2].name: 0.59, SLOW.name: 0.9}
+    outcome, asked, timings = _select(monkeypatch, first, chip=FakeChip(first, first), verify_all=True)
+    assert sorted(asked) == sorted(first) and all(isinstance(timings[n], float) for n in first)
 
 
 def test_the_fastest_candidate_that_fails_verification_never_runs_in_the_duel(monkeypatch):
     first = {ATEN.name: 0.60, TILES[0].name: 0.30, TILES[1].name: 0.58, SLOW.name: 0.9}
     chip = FakeChip(burst=first, sustained=first)
     outcome, asked, timings = _select(monkeypatch, first, wrong={TILES[0].name}, chip=chip)
-    assert asked == [ATEN.name, TILES[0].name, TILES[1].name]
+    assert asked[:3] == [TILES[0].name, TILES[1].name, ATEN.name]       # the fastest first: the regime is its
     assert TILES[0].name not in chip.windows and set(chip.windows) == {ATEN.name, TILES[1].name}
     assert timings[TILES[0].name].startswith("wrong result") and outcome.winner == TILES[1].name
 
@@ -70,7 +79,7 @@ def test_a_baseline_that_fails_verification_hands_the_part_to_the_next_simplest(
     first = {ATEN.name: 0.60, TILES[0].name: 0.58, TILES[1].name: 0.59}
     chip = FakeChip(burst=first, sustained=first)
     outcome, asked, timings = _select(monkeypatch, first, wrong={ATEN.name}, chip=chip)
-    assert asked[0] == ATEN.name and timings[ATEN.name].startswith("wrong result")
+    assert ATEN.name in asked and timings[ATEN.name].startswith("wrong result")
     assert outcome.winner in (TILES[0].name, TILES[1].name) and ATEN.name not in chip.windows
 
 
@@ -85,8 +94,30 @@ def test_contenders_that_all_fail_verification_keep_the_baseline_without_a_duel(
     first = {ATEN.name: 0.60, TILES[0].name: 0.58, TILES[1].name: 0.59, SLOW.name: 0.9}
     chip = FakeChip(burst=first, sustained=first)
     outcome, asked, timings = _select(monkeypatch, first, wrong={TILES[0].name, TILES[1].name}, chip=chip)
-    assert outcome.winner == ATEN.name and chip.windows == [] and SLOW.name not in asked
-    assert any("failed verification" in n for n in outcome.notes)
+    assert outcome.winner == ATEN.name and chip.windows == []
+    assert all(timings[n].startswith("wrong result") for n in (TILES[0].name, TILES[1].name))
+    assert any("none ran" in n for n in outcome.notes)
+
+
+def test_a_contender_failing_verification_inside_the_duel_hands_over_to_the_next(monkeypatch):
+    """Below the fastest three: verified when its turn comes (the crash-fallback path of _duels)."""
+    first = {ATEN.name: 0.60, TILES[0].name: 0.57, TILES[1].name: 0.58, TILES[2].name: 0.59}
+    chip = FakeChip(burst=first, sustained=first)
+    names = {c.name: c for c in [ATEN, *TILES]}
+    checked, asked = [], []
+
+    def check(name):
+        asked.append(name)
+        return name != TILES[0].name
+    fr.plan_for, saved = (lambda device: PLAN), fr.plan_for
+    try:
+        winner, regime, finalists = fr.pick_winner(dict(first), names, {n: n for n in first}, 1, "cuda",
+                                                   {n: {} for n in first}, checked, windows=lambda fns: chip,
+                                                   check=check)
+    finally:
+        fr.plan_for = saved
+    assert regime == "steady" and asked == [ATEN.name, TILES[0].name, TILES[1].name]
+    assert TILES[0].name not in chip.windows and winner == TILES[1].name
 
 
 def test_a_burst_problem_verifies_every_candidate_before_its_final_round(monkeypatch):
@@ -116,27 +147,29 @@ def test_verification_inside_the_final_round_is_counted_to_itself():
 
 
 # -- the isolated child's side ---------------------------------------------------------------------------------------
-def _child_answers(capsys, timed_ms: dict[str, float], wrong=(), one_is_enough=True):
+def _child_answers(capsys, timed_ms: dict[str, float], wrong=(), keep=1):
     asked = []
 
     def verify(name):
         asked.append(name)
         return "wrong result: x" if name in wrong else None
     timed = {n: Timing(ms, ms, ms, 5, 1) for n, ms in timed_ms.items()}
-    status = isolated_child._verify_fastest_first(timed, verify, one_is_enough, lambda: True)
+    status = isolated_child._verify_fastest_first(timed, verify, keep, lambda: True)
     answers, in_flight = isolated_child._parse(capsys.readouterr().out)
     return status, asked, answers, in_flight
 
 
-def test_the_child_verifies_fastest_first_until_one_passes_when_the_caller_duels(capsys):
-    status, asked, answers, in_flight = _child_answers(capsys, {"a": 0.5, "b": 0.3, "c": 0.4}, wrong={"b"})
-    assert status == 0 and asked == ["b", "c"] and in_flight is None
-    assert answers["b"]["error"] == "wrong result: x" and "unverified" not in answers["c"]
+def test_the_child_verifies_fastest_first_until_enough_pass_when_the_caller_duels(capsys):
+    timed = {"a": 0.5, "b": 0.3, "c": 0.4, "d": 0.45, "e": 0.6}
+    status, asked, answers, in_flight = _child_answers(capsys, timed, wrong={"b"}, keep=2)
+    assert status == 0 and asked == ["b", "c", "d"] and in_flight is None
+    assert answers["b"]["error"] == "wrong result: x" and not any("unverified" in answers[n] for n in ("c", "d"))
     assert answers["a"]["unverified"] is True and answers["a"]["timing"]["median_ms"] == 0.5
+    assert answers["e"]["unverified"] is True
 
 
 def test_the_child_verifies_every_candidate_otherwise(capsys):
-    status, asked, answers, _ = _child_answers(capsys, {"a": 0.05, "b": 0.03}, one_is_enough=False)
+    status, asked, answers, _ = _child_answers(capsys, {"a": 0.05, "b": 0.03}, keep=None)
     assert asked == ["b", "a"] and not any(a.get("unverified") for a in answers.values())
 
 
@@ -225,3 +258,30 @@ def test_prepare_reference_takes_the_float64_result_only():
     p = _problem("mm", torch.bfloat16)
     with pytest.raises(TypeError, match="float64"):
         prepare_reference(p, torch.zeros(48, 40, dtype=torch.float32))
+
+
+def test_a_wrong_but_fast_candidate_cannot_set_the_first_pass_screen():
+    """The screen stops candidates slower than QUICK_SCREEN times the fastest one-call estimate; that estimate must be
+    a verified candidate's, or a kernel fast for skipping work would leave the right ones one call each."""
+    import time
+
+    from kernels.measure.timing import measure_interleaved
+
+    def call(ms):
+        return lambda i: time.sleep(ms / 1e3)
+    calls = {"wrong": call(0.2), "good": call(3.0), "close": call(3.3)}
+    timed, failed = measure_interleaved(calls, 1, "cpu", 20.0, screen=1.5, trusted=lambda n: n != "wrong")
+    assert "wrong" not in timed and "wrong" not in failed
+    assert timed["good"].samples > 1 and timed["close"].samples > 1        # measured, not screened out
+    timed, _ = measure_interleaved(calls, 1, "cpu", 20.0, screen=1.5)
+    assert timed["good"].samples == 1 and timed["close"].samples == 1      # what the wrong one did unchecked
+
+
+def test_finite_values_too_far_off_for_a_float32_norm_are_named_as_such():
+    p = _problem("mm", torch.float32)
+    a, b = make_inputs(p, "cpu", seed=6)
+    ref = prepare_reference(p, reference(p, a, b))
+    out = torch.mm(a, b)
+    out[0, 0] = out[1, 1] = 3e38
+    got = check(p, out, ref)
+    assert not got.ok and "beyond float32's range" in got.message

@@ -442,5 +442,6 @@ def test_dataset_rows_label_every_candidate_with_its_first_pass():
     rows = {r["name"]: r for r in selection_rows(sel, {})}
     assert {n: rows[n]["ms"] for n in names} == {"aten_mm": "0.205", "tile_duelled": "0.183",
                                                  "tile_first_pass_only": "0.181", "broken": "",
-                                                 "tile_unverified": "0.2301"}
-    assert rows["broken"]["status"] == "failed verification" and rows["tile_unverified"]["status"] == "ok"
+                                                 "tile_unverified": ""}
+    assert rows["broken"]["status"] == "failed verification"
+    assert rows["tile_unverified"]["status"].startswith("not verified")     # no label: it may be fast for being wrong

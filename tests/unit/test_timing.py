@@ -231,7 +231,7 @@ def test_the_tuner_hands_the_child_its_fastest_first_pass(monkeypatch):
     seen = {}
 
     class Isolated:
-        def measure_isolated(self, problem, group, budget_ms, best_ms=None):
+        def measure_isolated(self, problem, group, budget_ms, best_ms=None, verify_all=False):
             seen["best_ms"] = best_ms
             return {r.choice.name: "failed: x" for r in group}
     monkeypatch.setattr(autotune, "get_backend", lambda name: Isolated())

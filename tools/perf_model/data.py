@@ -79,8 +79,9 @@ class Row:
 
 
 def selection_rows(sel, env: dict) -> list[dict]:
-    """Dataset rows (dicts of COLUMNS) for every candidate a Selection timed or saw fail (one timed and never verified,
-    as no final round could take it, is labelled with its time). Each timed candidate is
+    """Dataset rows (dicts of COLUMNS) for every candidate a Selection timed or saw fail (one timed and never verified
+    keeps its NOT_VERIFIED text as its status, no label: a wrong kernel can be fast; `collect` verifies all). Each
+    timed candidate is
     labelled with its first-pass time: the final round's candidates hold their final-round time in `timings` (for
     calls of 0.1 ms or more, 1 s windows with the chip at its power cap, up to ~12% slower than a first pass), and a
     dataset mixing the two regimes would rank those few below the others; the model ranks for the first pass."""
@@ -91,7 +92,7 @@ def selection_rows(sel, env: dict) -> list[dict]:
         choice = sel.choices.get(name)
         if choice is None:
             continue
-        first = first_pass.get(name)
+        first = first_pass.get(name) if isinstance(t, float) else None
         t = first if first is not None and first > 0 else t
         ok = isinstance(t, float)
         rows.append(dict(env, gpu=p.device_name, arch=p.arch, device=p.device, op=p.op, dtype=p.dtype,
@@ -245,7 +246,7 @@ def collect(shapes: list[tuple[int, int, int]], dtypes: list[str], out: str | os
             del a, b
             t0 = time.perf_counter()
             try:
-                sel, _ = tune(problem, backends)
+                sel, _ = tune(problem, backends, verify_all=True)
             except NoCandidateError as e:
                 progress(f"[{i}/{len(todo)}] {dtype} {m}x{n}x{k}: no candidate passed ({len(e.failures)} failures)")
                 continue
