@@ -156,13 +156,14 @@ def cuda_problem(op: str, dtype: str, m: int, n: int, k: int):
     return GemmProblem.from_tensors(op, a, b)
 
 
-def tuned(problem, backends) -> dict:
+def tuned(problem, backends, verify_all: bool = False) -> dict:
     """Tune `problem` under the current config: winner, its time, seconds, compiles and benchmarks it cost, notes;
-    plus "runner" and "selection" (objects, for the caller to use and pop before writing JSON)."""
+    plus "runner" and "selection" (objects, for the caller to use and pop before writing JSON). `verify_all`: every
+    timed candidate verified (a dataset's labels are then all checked)."""
 
     before = counters.snapshot()
     t0 = time.perf_counter()
-    sel, runners = tune(problem, backends)
+    sel, runners = tune(problem, backends, verify_all=verify_all)
     seconds = time.perf_counter() - t0
     after = counters.snapshot()
     return {"winner": sel.winner, "ms": sel.timings[sel.winner], "seconds": seconds,

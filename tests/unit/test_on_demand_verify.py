@@ -285,3 +285,22 @@ def test_finite_values_too_far_off_for_a_float32_norm_are_named_as_such():
     out[0, 0] = out[1, 1] = 3e38
     got = check(p, out, ref)
     assert not got.ok and "beyond float32's range" in got.message
+
+
+def test_the_isolated_child_is_asked_after_this_process_fastest_is_verified(monkeypatch):
+    """The child's cutoffs and screen start from this process's fastest first pass (autotune._measure_isolated
+    reads it from `timings`): a wrong one must be a failure there by then."""
+    first = {ATEN.name: 0.60, TILES[0].name: 0.30, TILES[1].name: 0.58}
+    monkeypatch.setattr(fr, "measure_interleaved", lambda calls, *a, **k: (
+        {n: Timing(first[n], first[n], first[n], 5, 1) for n in calls}, {}))
+    monkeypatch.setattr(fr, "plan_for", lambda device: PLAN)
+    timings: dict = {}
+    seen = []
+
+    def isolated():
+        seen.append(min(t for t in timings.values() if isinstance(t, float)))
+        return {}
+    outcome = fr.select({n: n for n in first}, {c.name: c for c in [ATEN, *TILES]}, 1, "cuda", 40.0,
+                        isolated=isolated, timings=timings, windows=lambda fns: FakeChip(first, first),
+                        verify=lambda n: "wrong result: x" if n == TILES[0].name else None)
+    assert seen == [0.58] and timings[TILES[0].name] == "wrong result: x" and outcome.winner != TILES[0].name
