@@ -449,8 +449,11 @@ def clear() -> int:
     base = root()
     with os.scandir(base) as it:
         names = sorted(e.name for e in it)
-    others = [n for n in names if n not in CACHE_ENTRIES and n != TAG_NAME]
-    if others and not is_tagged(base):
+    tagged = is_tagged(base)
+    # a tag that is not a regular file (a link, a folder) is not kernels' and counts as something else there, as
+    # kernels_own (what the store may clear) counts it
+    others = [n for n in names if n not in CACHE_ENTRIES and not (n == TAG_NAME and tagged)]
+    if others and not tagged:
         raise NotACacheError(f"{base} was not created by kernels (no {TAG_NAME}) and holds {len(others)} other "
                              f"entries ({', '.join(others[:5])}{' ...' if len(others) > 5 else ''}): nothing removed; "
                              "is KERNELS_CACHE_DIR right? (remove its selections, triton, cutlass, fastpath and logs "

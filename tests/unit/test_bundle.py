@@ -615,3 +615,19 @@ def test_a_changed_triton_file_or_an_index_naming_other_files_is_refused(triton_
     with pytest.raises(BundleError, match="its cache index names files the record does not list"):
         bundle.import_bundle(path, machine=machine)
     assert stored() == {} and not (fresh / "triton").exists()
+
+
+def test_clear_and_kernels_own_agree_on_a_tag_that_is_not_a_regular_file(tmp_path, monkeypatch, capsys):
+    """A CACHEDIR.TAG that is a link or a folder is not kernels' tag: the folder is not kernels' own to clear."""
+    from kernels.core.cache_root import kernels_own
+
+    src = tmp_path / "src"
+    (src / "triton").mkdir(parents=True)
+    (src / "triton" / "README").write_text("years of work")
+    (src / "CACHEDIR.TAG").symlink_to(tmp_path / "elsewhere")
+    src.chmod(0o700)
+    use_cache(monkeypatch, src)
+    assert not kernels_own(src)
+    assert main(["cache", "clear", "--yes"]) == 1
+    assert "holds 1 other entries (CACHEDIR.TAG): nothing removed" in capsys.readouterr().err
+    assert (src / "triton" / "README").read_text() == "years of work"
