@@ -38,7 +38,7 @@ from kernels.core.problem import GemmProblem
 from kernels.measure.steady import STEADY_MIN_MS
 from kernels.measure.timing import (GPU_BOUND_SAMPLES, QUICK_SCREEN, TUNE_CUTOFF, Timing, gpu_bound, measure,
                                     user_call)
-from kernels.measure.verify import VERIFIED_TOP, make_inputs, prepare_reference, reference, timing_sets, verify_launch
+from kernels.measure.verify import VERIFIED_TOP, checked_inputs, fresh_timing_sets, verify_launch
 from kernels.native import fastpath
 
 # Tests only: the choice name at which the child kills itself (None: no fault)
@@ -168,11 +168,8 @@ def serve(request: dict) -> int:
     outcomes = get_backend(request["backend"]).build(problem, choices)    # artifacts exist: this only loads
     fault = request.get("fault")
 
-    operands = make_inputs(problem, device, seed=request["seed"])
-    ref = prepare_reference(problem, reference(problem, *operands))
-    # timing inputs of their own: a candidate timed before it is verified must not write onto the checks' inputs
-    sets = timing_sets(problem, device, make_inputs(problem, device, seed=request["seed"] + 1),
-                       seed=request["seed"] + 2)
+    operands, ref = checked_inputs(problem, device, request["seed"])
+    sets = fresh_timing_sets(problem, device, request["seed"] + 1)
     n_sets = len(sets)
 
     # the fastest median so far (the caller's first pass's to start with): the cutoffs, one candidate at a time
@@ -225,17 +222,15 @@ def serve(request: dict) -> int:
 
 def _verify_fastest_first(timed: dict[str, Timing], verify, keep: int | None, alive) -> int:
     """Verify the timed candidates fastest first and answer for each: its timing once it passes, its failure, or
-    (once `keep` have passed; None: never) its timing marked unverified. 3 when a failure left the context dead."""
+    (once `keep` have passed; None: never) its timing marked unverified. 3 when a failure left the context dead.
+    `verify(name)`: None or why not, never raising (serve's remembers what it checked while timing)."""
     found = 0
     for name in sorted(timed, key=lambda n: timed[n].median_ms):
         if keep is not None and found >= keep:
             _emit({"name": name, "timing": timed[name].as_dict(), "unverified": True})
             continue
         _emit({"start": name})
-        try:
-            why = verify(name)      # the child's verify remembers what it checked while timing
-        except Exception as e:  # noqa: BLE001 - one candidate's failure is data
-            why = f"crashed: {type(e).__name__}: {str(e)[:300]}"
+        why = verify(name)
         if why is not None:
             _emit({"name": name, "error": why})
             if not alive():

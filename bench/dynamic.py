@@ -244,9 +244,9 @@ class Bench:
     def measure(self, calls: dict, problem) -> dict[str, float | str]:
         """Time the callables fn(a, b) together over rotated input sets of this problem (kernels.timing)."""
         from kernels.measure.timing import measure_together
-        from kernels.measure.verify import make_inputs, timing_sets
+        from kernels.measure.verify import fresh_timing_sets
 
-        sets = timing_sets(problem, self.device, make_inputs(problem, self.device, seed=100), seed=101)
+        sets = fresh_timing_sets(problem, self.device, 100)
         n_sets = len(sets)
         wrapped = {name: (lambda fn: (lambda i: fn(*sets[i])))(fn) for name, fn in calls.items()}
         res = measure_together(wrapped, n_sets, self.device, self.args.measure_ms * len(calls))

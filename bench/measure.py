@@ -26,7 +26,7 @@ from kernels.core.problem import DTYPES_BY_NAME, SCALINGS, GemmProblem, op_of
 from kernels.core.selection import Selection
 from kernels.dispatch.scaled import MULTIPLE as FP8_MULTIPLE
 from kernels.measure.timing import Call, user_call
-from kernels.measure.verify import check, make_inputs, reference, timing_sets
+from kernels.measure.verify import check, fresh_timing_sets, reference
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
 # the benches' name for e4m3 x e4m3 products with scales (kernels.scaled_mm against torch._scaled_mm)
@@ -206,7 +206,7 @@ def fill_rates(cell: Cell, problem: GemmProblem, facts: DeviceFacts) -> None:
 
 def rotated_sets(problem: GemmProblem, device: str) -> list[tuple[torch.Tensor, ...]]:
     """The same rotation tuning uses: enough input sets that consecutive calls do not find their inputs in L2."""
-    return timing_sets(problem, device, make_inputs(problem, device, seed=0), seed=1)
+    return fresh_timing_sets(problem, device, 0)
 
 
 def _calls(fn, sets) -> Call:

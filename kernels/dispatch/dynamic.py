@@ -47,7 +47,7 @@ from kernels.dispatch.dynamic_records import (  # noqa: F401 - resolve: this mod
     substitute,
 )
 from kernels.measure.timing import user_call
-from kernels.measure.verify import make_inputs, prepare_reference, reference, timing_sets, verify_launch
+from kernels.measure.verify import checked_inputs, fresh_timing_sets, verify_launch
 from kernels.space.dynamic_rules import (
     bucket_id,
     nearest,
@@ -464,10 +464,8 @@ def benchmark_choices(problem: GemmProblem, choices: list[Choice]) -> dict[str, 
             launches[c.name] = launch
     if launches:
         seed = int(time.time_ns() % (1 << 30))
-        operands = make_inputs(problem, device, seed=seed)
-        ref = prepare_reference(problem, reference(problem, *operands))
-        # timing inputs of their own: a candidate timed before it is verified must not write onto the checks' inputs
-        sets = timing_sets(problem, device, make_inputs(problem, device, seed=seed + 1), seed=seed + 2)
+        operands, ref = checked_inputs(problem, device, seed)
+        sets = fresh_timing_sets(problem, device, seed + 1)
         # the selection routine tuning uses (kernels.tune.final_round): an interleaved first pass, then the
         # finalists and the baseline in the final round of the call's regime. Interleaved with choices several times
         # slower (a small hint's tile at a large M), a compute-bound tile was timed faster than it runs beside its

@@ -75,6 +75,13 @@ def timing_sets(problem: GemmProblem, device: str, first: tuple[torch.Tensor, ..
     return [first] + [make_inputs(problem, device, seed=seed + s) for s in range(n_sets - 1)]
 
 
+def fresh_timing_sets(problem: GemmProblem, device: str, seed: int) -> list[tuple[torch.Tensor, ...]]:
+    """timing_sets whose first set is fresh too (from `seed`, the rest from seed + 1, ...): inputs shared with
+    nothing else. Tuning times candidates before it verifies them, and one that wrote out of bounds onto its inputs
+    must not fail the correct ones' checks (checked_inputs)."""
+    return timing_sets(problem, device, make_inputs(problem, device, seed=seed), seed=seed + 1)
+
+
 def _activation64(name: str, x: torch.Tensor) -> torch.Tensor:
     if name == "relu":
         return torch.relu(x)
@@ -128,6 +135,12 @@ def prepare_reference(problem: GemmProblem, ref: torch.Tensor) -> Reference:
     limits = torch.iinfo(torch.int32)
     fits = ref.numel() == 0 or (float(ref.min()) >= limits.min and float(ref.max()) <= limits.max)
     return Reference(ref.to(torch.int32) if fits else ref, norm)
+
+
+def checked_inputs(problem: GemmProblem, device: str, seed: int) -> tuple[tuple[torch.Tensor, ...], Reference]:
+    """The operands a tune's checks run candidates on (make_inputs from `seed`) and their Reference."""
+    operands = make_inputs(problem, device, seed=seed)
+    return operands, prepare_reference(problem, reference(problem, *operands))
 
 
 def check(problem: GemmProblem, out: torch.Tensor, ref: torch.Tensor | Reference) -> CheckResult:

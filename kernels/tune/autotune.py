@@ -27,7 +27,7 @@ from kernels.core.progress import status
 from kernels.core.selection import Selection
 from kernels.core.version import __version__
 from kernels.measure.timing import user_call
-from kernels.measure.verify import make_inputs, prepare_reference, reference, timing_sets, verify_launch
+from kernels.measure.verify import checked_inputs, fresh_timing_sets, verify_launch
 from kernels.space.families import template_tree_hash
 from kernels.tune.build_queue import request as request_build
 from kernels.tune.candidates import Narrowed, fingerprint_extra, narrow
@@ -165,13 +165,10 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
     winner, regime = None, "burst"
     candidates_here = {n: r for n, r in runners.items() if not r.isolated}
     if candidates_here or isolated:
+        seed = int(time.time_ns() % (1 << 30))
         with clock("verify"):
-            # inputs of their own: timing runs candidates not yet verified, and one that wrote out of bounds onto
-            # the timing sets must not fail the correct ones' checks
-            seed = int(time.time_ns() % (1 << 30))
-            operands = make_inputs(problem, device, seed=seed)
-            ref = prepare_reference(problem, reference(problem, *operands))
-        sets = timing_sets(problem, device, make_inputs(problem, device, seed=seed + 1), seed=seed + 2)
+            operands, ref = checked_inputs(problem, device, seed)
+        sets = fresh_timing_sets(problem, device, seed + 1)
 
         def verify(name: str) -> str | None:
             """Asked by the selection once `name` may become a finalist (kernels.tune.final_round.OnDemandCheck)."""
@@ -265,14 +262,14 @@ def _measure_isolated(problem, runners, timings, details, verify_all: bool = Fal
             res = results.get(runner.choice.name, "no result from isolated measurement")
             if isinstance(res, str):
                 timings[runner.choice.name] = res
-            elif isinstance(res, Unverified):   # the child verified a faster one: the final round cannot take it
-                counters.bump("benchmarks")
-                timings[runner.choice.name] = not_verified(res.timing.median_ms)
-                details[runner.choice.name] = {**res.timing.as_dict(), "measured_in": "child"}
+                continue
+            timing = res.timing if isinstance(res, Unverified) else res
+            counters.bump("benchmarks")
+            details[runner.choice.name] = {**timing.as_dict(), "measured_in": "child"}
+            if isinstance(res, Unverified):     # the child verified faster ones: no final round can take it
+                timings[runner.choice.name] = not_verified(timing.median_ms)
             else:
-                counters.bump("benchmarks")
-                timings[runner.choice.name] = res.median_ms
-                details[runner.choice.name] = {**res.as_dict(), "measured_in": "child"}
+                timings[runner.choice.name] = timing.median_ms
                 passed[runner.choice.name] = runner
     return passed
 

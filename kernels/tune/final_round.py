@@ -38,7 +38,6 @@ from kernels.measure.steady import (
     steady_winner,
     window_clock,
 )
-from kernels.measure.verify import VERIFIED_TOP
 from kernels.measure.timing import (
     HOST_SET_MAX_MS,
     LAUNCH_GAP_MS,
@@ -49,6 +48,7 @@ from kernels.measure.timing import (
     measure_interleaved,
     measure_together,
 )
+from kernels.measure.verify import VERIFIED_TOP
 from kernels.space.families import complexity, one_launch
 
 if TYPE_CHECKING:
@@ -213,8 +213,6 @@ def pick_winner(timings: dict[str, float], choices, calls: dict[str, Call], n_se
         for _, name in ranked:
             if not check(name):
                 timings.pop(name, None)
-        if not any(isinstance(t, float) for t in timings.values()):
-            return None, "burst", []
     finalists: list[str] = []
     winner = _burst_pick(timings, choices, calls, n_sets, device, details, notes, clock, finalists=finalists,
                          **rules)

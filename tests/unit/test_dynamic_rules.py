@@ -536,11 +536,9 @@ def test_bucket_benchmark_retimes_only_the_contenders(monkeypatch):
                Choice("triton", "split_k", "bf16", GemmConfig(16, 64, 64, 4, 4), (("split", 4),))]
     key = {choices[0].name: "aten_mm", choices[1].name: "tma", choices[2].name: "tiny"}
     monkeypatch.setattr(dyn_mod, "build_launch", lambda p, c: (key[c.name], None))
-    monkeypatch.setattr(dyn_mod, "make_inputs", lambda *a, **k: (None, None))
-    monkeypatch.setattr(dyn_mod, "reference", lambda *a: None)
-    monkeypatch.setattr(dyn_mod, "prepare_reference", lambda problem, ref: ref)
+    monkeypatch.setattr(dyn_mod, "checked_inputs", lambda *a: ((None, None), None))
     monkeypatch.setattr(dyn_mod, "verify_launch", lambda *a: None)
-    monkeypatch.setattr(dyn_mod, "timing_sets", lambda *a, **k: [(None, None)])
+    monkeypatch.setattr(dyn_mod, "fresh_timing_sets", lambda *a: [(None, None)])
     monkeypatch.setattr(dyn_mod, "user_call", lambda launch, sets: launch)
     timing = lambda ms: Timing(ms, ms, ms, 5, 1)
     monkeypatch.setattr(fr, "measure_interleaved", lambda calls, *a, **k: (
