@@ -63,13 +63,12 @@ class Sampler:
             self.counter += 1
 
     def quick(self) -> float:
-        """A first estimate for the screen, ms per call: after one synchronized warm-up call (lazy loading, the first
-        launch's setup), one call timed while another, enqueued just before it, keeps the GPU busy -- so a GPU-bound
-        call is timed without the host's launch gap."""
+        """A first estimate for the screen, ms per call: one call timed while the candidate's first, enqueued just
+        before it, keeps the GPU busy -- so a GPU-bound call is timed without the host's launch gap, and the first
+        call's setup (lazy module loading, the launcher's first run) is host work done before its kernel is queued.
+        (A synchronized warm-up call before these cost each of a large problem's ~50 candidates one more call.)"""
         if self.device != "cuda":
             return self._timed(1)
-        self._run(1)
-        torch.cuda.current_stream().synchronize()
         self._run(1)
         return self._timed(1)
 
@@ -121,7 +120,7 @@ class Sampler:
 TUNE_CUTOFF = 1.25
 # Before that, the screen: where the fastest candidate's quick estimate (`Sampler.quick`, one call) is
 # QUICK_SCREEN_MIN_MS or more -- GPU-bound, so that one call is its kernel's time, not the host's -- a candidate whose
-# estimate is more than QUICK_SCREEN times it stops after those three calls. The plan and minimum samples it would
+# estimate is more than QUICK_SCREEN times it stops after those two calls. The plan and minimum samples it would
 # otherwise run cost 13 calls, and the hopeless are the slowest: Inductor's 28 bf16 tiles include 32x32x16 for 8192^3,
 # and a new large problem spent 0.9-1.6 s in its first pass on the H100 (sixteenth session). Wide, because one call
 # is taken before the clocks settle and the screen runs candidates one after another while the chip heats (aten
@@ -164,13 +163,19 @@ def measure(call: Call, n_sets: int, device: str, budget_ms: float, min_samples:
     is already above it stops there: it is out of the running, and the full budget is spent on contenders. With
     `screen_above_ms`, one whose quick estimate (`Sampler.quick`) is above it stops before that, timed by that one
     call (a sequential first pass's screen: the caller passes QUICK_SCREEN times its best so far, where that is
-    QUICK_SCREEN_MIN_MS or more)."""
+    QUICK_SCREEN_MIN_MS or more); one that stays and is GPU-bound itself is planned from that call, as
+    `measure_interleaved` plans such candidates (the probe, a warm-up and five calls, would repeat it)."""
     sampler = Sampler(call, n_sets, device)
-    if screen_above_ms is not None:
+    if screen_above_ms is None:
+        sampler.plan(warmup=3)
+    else:
         quick = sampler.quick()
         if quick > screen_above_ms:
             return summarize([quick], 1)
-    sampler.plan(warmup=1 if screen_above_ms is not None else 3)
+        if gpu_bound(quick):
+            sampler.plan_from(quick)
+        else:
+            sampler.plan(warmup=1)
     n = sampler.samples_for(budget_ms, min_samples, max_samples)
     samples = [sampler.sample() for _ in range(min(n, min_samples))]
     if stop_above_ms is None or statistics.median(samples) <= stop_above_ms:

@@ -62,6 +62,27 @@ def test_large_problem_takes_no_gpu_time(isolated_cache):
     assert all(first[n] >= max(first[t] for t in top) for n in unverified), sel.table(rounds=True)
 
 
+def test_the_child_verifies_its_fastest_three_where_the_caller_duels(isolated_cache, monkeypatch):
+    """A problem the caller will duel (its fastest first pass and every timing in the child STEADY_MIN_MS or more):
+    the isolated child times all of its candidates, then verifies them fastest first until VERIFIED_TOP pass; the
+    others come back unverified, on record with their first pass, none faster than those three. Triton tiles stand in
+    for CUTLASS's here (made isolated), so nvcc builds nothing; the child's code path is the same."""
+    from backends.triton import TritonBackend
+
+    monkeypatch.setattr(TritonBackend, "isolated", True)
+    kernels.config.preset = "fast"
+    sel = _tuned("mm", "bf16", 4096, 4096, 4096)
+    in_child = {n for n, d in sel.details.items() if d.get("measured_in") == "child"}
+    assert len(in_child) > VERIFIED_TOP, sel.table(rounds=True)
+    verified = {n for n in in_child if isinstance(sel.timings[n], float)}
+    unverified = in_child - verified
+    assert len(verified) == VERIFIED_TOP, sel.table(rounds=True)
+    assert all(sel.timings[n].startswith(NOT_VERIFIED) for n in unverified), sel.table(rounds=True)
+    first = sel.first_pass()
+    assert min(first[n] for n in unverified) >= max(first[n] for n in verified), sel.table(rounds=True)
+    assert sel.regime == "steady" and sel.winner not in unverified
+
+
 def test_relabel_writes_gpu_times_below_the_call_times(tmp_path, isolated_cache):
     from tools.perf_model.data import collect, read_dataset
     from tools.perf_model.relabel import relabel

@@ -174,6 +174,30 @@ def test_a_sequential_first_pass_screens_against_the_best_so_far(clock):
     assert ok.samples == 9
 
 
+def test_a_sequential_gpu_bound_candidate_is_planned_from_its_quick_estimate(clock):
+    """In the isolated child a candidate that passes the screen and is GPU-bound itself runs no plan probe (a
+    warm-up and five calls, 6 of the 14 a large candidate made in the child): its quick call sizes the samples, as in
+    `measure_interleaved`. A host-bound one keeps the probe; without a screen every candidate plans as before."""
+    made = {"n": 0}
+
+    def counted(ms):
+        run = clock.call(ms)
+
+        def call(i):
+            made["n"] += 1
+            run(i)
+        return call
+    gpu_bound = measure(counted(1.2), 1, "cpu", budget_ms=100, max_samples=5, screen_above_ms=1.5)
+    assert gpu_bound.samples == 5 and gpu_bound.median_ms == pytest.approx(1.2)
+    assert made["n"] == 1 + 5                   # the quick estimate (one call off the GPU), the samples
+    made["n"] = 0
+    measure(counted(0.05), 1, "cpu", budget_ms=100, max_samples=5, screen_above_ms=1.5)
+    assert made["n"] == 1 + 1 + 5               # quick, the probe (one call off the GPU), the samples
+    made["n"] = 0
+    measure(counted(1.2), 1, "cpu", budget_ms=100, max_samples=5)
+    assert made["n"] == 1 + 5                   # the probe, the samples
+
+
 def test_a_candidate_that_crashes_on_its_quick_estimate_is_reported(clock):
     from kernels.measure.timing import QUICK_SCREEN, measure_interleaved
 
