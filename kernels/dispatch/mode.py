@@ -10,7 +10,8 @@ tensor), "dtypes-differ",
 "devices-differ", "dims=1-D@2-D" (matmul shapes other than 2-D/N-D @ 2-D), "shape" (sizes that do not
 multiply: torch raises its own error), "bias" (a bias that is not (N,) of the inputs' dtype and device), "out"
 (out= arguments), "addmm-scale" (beta or alpha not 1), "addmm-input" (an addmm input other than a 1-D bias row),
-"refused" (kernels' own validation refused what these checks let through).
+"refused" (kernels' own validation refused what these checks let through), "batched=bmm" / "batched=baddbmm"
+(batched products, which kernels does not serve: counted so that a user sees where such a block's time goes).
 Calls torch.compile is tracing are not counted (the compiled graph has no place to count them).
 
 The predicates `mm_unserved` / `linear_unserved` are what kernels.patch asks too.
@@ -150,11 +151,19 @@ def _addmm(args, kwargs):
     return api.linear(a, b.t(), bias) if why is None else why
 
 
+def _batched(name: str) -> Callable:
+    def route(args, kwargs):
+        return f"batched={name}"
+    return route
+
+
 _ROUTES = {
     torch.mm: _mm, torch.Tensor.mm: _mm,
     torch.matmul: _matmul, torch.Tensor.matmul: _matmul, torch.Tensor.__matmul__: _matmul,
     F.linear: _linear,
     torch.addmm: _addmm, torch.Tensor.addmm: _addmm,
+    torch.bmm: _batched("bmm"), torch.Tensor.bmm: _batched("bmm"),
+    torch.baddbmm: _batched("baddbmm"), torch.Tensor.baddbmm: _batched("baddbmm"),
 }
 
 _active = threading.local()      # how many KernelsMode blocks this thread is inside (an inner one adds nothing)
@@ -201,7 +210,8 @@ class KernelsMode(TorchFunctionMode):
 
 
 def enabled() -> KernelsMode:
-    """`with kernels.enabled():` (or `@kernels.enabled()` on a function) routes torch.mm, torch.matmul (2-D, and N-D @ 2-D), F.linear and torch.addmm
-    (beta = alpha = 1, a bias row) through kernels for the code inside; what kernels does not serve runs in torch
-    unchanged, counted in kernels.stats() as "passthroughs" and "passthrough:<reason>". Nested blocks are one."""
+    """`with kernels.enabled():` (or `@kernels.enabled()` on a function) routes torch.mm, torch.matmul (2-D, and
+    N-D @ 2-D), F.linear and torch.addmm (beta = alpha = 1, a bias row) through kernels for the code inside; what
+    kernels does not serve (batched products among it: bmm, baddbmm) runs in torch unchanged, counted in
+    kernels.stats() as "passthroughs" and "passthrough:<reason>". Nested blocks are one."""
     return KernelsMode()

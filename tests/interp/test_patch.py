@@ -186,6 +186,8 @@ def _passed_cases():
         "addmm-input": lambda: torch.addmm(full_input, a, b),
         "out": lambda: torch.mm(a, b, out=torch.empty(6, 5)),
         "bias": lambda: F.linear(a, b.t(), bias_row),
+        "batched=bmm": lambda: torch.bmm(a3, b3),
+        "batched=baddbmm": lambda: b3.new_zeros(2, 6, 5).baddbmm(a3, b3),
     }
 
 
