@@ -17,6 +17,7 @@ from kernels.core.problem import ACTIVATIONS, GemmProblem
 from kernels.core.selection import Selection
 from kernels.dispatch import dynamic as _dynamic
 from kernels.dispatch import ops as _ops
+from kernels.dispatch.out_arg import check_out
 from kernels.dispatch import record as _record
 from kernels.dispatch import scaled as _scaled
 from kernels.dispatch import selected
@@ -326,19 +327,7 @@ def validate(op: str, a, b, out=None) -> None:
                                      f"(floating-point inputs belong to kernels.mm)")
         out_dtype = torch.int32
     if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise InputTypeError(f"kernels.{op}: out must be a torch.Tensor, got {type(out).__name__}")
-        want = (a.shape[0], b.shape[1])
-        if tuple(out.shape) != want:
-            raise InputValueError(f"kernels.{op}: out has shape {tuple(out.shape)}, expected {want}")
-        if out.dtype != out_dtype:
-            raise InputTypeError(f"kernels.{op}: out has dtype {out.dtype}, expected {out_dtype}")
-        if out.device != a.device:
-            raise InputValueError(f"kernels.{op}: out is on {out.device}, inputs on {a.device}")
-        if any(st == 0 and size > 1 for st, size in zip(out.stride(), out.shape)):
-            # torch refuses it too: which of the elements sharing memory is written last is undefined
-            raise InputValueError(f"kernels.{op}: out has elements that share memory (strides {tuple(out.stride())}, "
-                                  f"an expanded tensor); pass a tensor whose elements are distinct")
+        check_out(op, out, (a.shape[0], b.shape[1]), out_dtype, a.device)
 
 
 def validate_linear(x, weight, bias, activation) -> None:

@@ -25,6 +25,7 @@ from kernels.core.problem import DTYPE_NAMES, GemmProblem
 from kernels.core.selection import Selection
 from kernels.dispatch import record as _record
 from kernels.dispatch import selected
+from kernels.dispatch.out_arg import check_out
 from backends.aten import scaled_mm_launch
 
 FP8_A = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -164,11 +165,7 @@ def validate(a, b, scale_a, scale_b, bias, out_dtype, out) -> str:
         if bias.dtype != out_dtype:
             raise InputTypeError(f"kernels.scaled_mm: bias has dtype {bias.dtype}, expected out_dtype {out_dtype}")
     if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise InputTypeError(f"kernels.scaled_mm: out must be a torch.Tensor, got {type(out).__name__}")
-        if tuple(out.shape) != (m, n) or out.dtype != out_dtype or out.device != a.device:
-            raise InputValueError(f"kernels.scaled_mm: out must be ({m}, {n}) {out_dtype} on {a.device}, got "
-                                  f"{tuple(out.shape)} {out.dtype} on {out.device}")
+        check_out("scaled_mm", out, (m, n), out_dtype, a.device)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, scale_a, scale_b, bias)):
         raise InputValueError("kernels.scaled_mm is not differentiable (an inference op, as torch._scaled_mm): call "
                               "it under torch.no_grad() or with inputs that do not require grad")

@@ -51,7 +51,12 @@ def test_shapes_layouts_and_scales_are_named():
     raises(InputValueError, "scale_a must be contiguous", a, b, torch.ones(1, M).t(), torch.ones(1, N))
     raises(InputValueError, r"bias must have shape \(48,\)", a, b, sa, sb, bias=torch.zeros(N + 1,
                                                                                              dtype=torch.bfloat16))
-    raises(InputValueError, r"out must be \(32, 48\)", a, b, sa, sb, out=torch.empty(M, N))
+    raises(InputValueError, r"out has shape \(32, 49\), expected \(32, 48\)", a, b, sa, sb,
+           out=torch.empty(M, N + 1, dtype=torch.bfloat16))
+    # the same error types as kernels.mm's for the same fault (kernels.dispatch.out_arg)
+    raises(InputTypeError, "out has dtype torch.float32, expected torch.bfloat16", a, b, sa, sb, out=torch.empty(M, N))
+    raises(InputValueError, "out has elements that share memory", a, b, sa, sb,
+           out=torch.empty(1, N, dtype=torch.bfloat16).expand(M, N))
 
 
 def test_non_finite_scales_are_refused_on_the_cold_path():

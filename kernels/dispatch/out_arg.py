@@ -1,0 +1,24 @@
+"""The one check of an `out=` argument, shared by kernels.mm / int_mm and kernels.scaled_mm, so that each fault
+raises the same error type whichever op it is passed to (the dtype a TypeError, the rest ValueError)."""
+from __future__ import annotations
+
+import torch
+
+from kernels.core.errors import InputTypeError, InputValueError
+
+
+def check_out(op: str, out, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> None:
+    """Raise InputTypeError / InputValueError naming what is wrong with `out` for a (shape) `dtype` result on
+    `device`."""
+    if not isinstance(out, torch.Tensor):
+        raise InputTypeError(f"kernels.{op}: out must be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape):
+        raise InputValueError(f"kernels.{op}: out has shape {tuple(out.shape)}, expected {tuple(shape)}")
+    if out.dtype != dtype:
+        raise InputTypeError(f"kernels.{op}: out has dtype {out.dtype}, expected {dtype}")
+    if out.device != device:
+        raise InputValueError(f"kernels.{op}: out is on {out.device}, inputs on {device}")
+    if any(st == 0 and size > 1 for st, size in zip(out.stride(), out.shape)):
+        # torch refuses it too: which of the elements sharing memory is written last is undefined
+        raise InputValueError(f"kernels.{op}: out has elements that share memory (strides {tuple(out.stride())}, "
+                              f"an expanded tensor); pass a tensor whose elements are distinct")
