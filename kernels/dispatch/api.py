@@ -17,7 +17,7 @@ from kernels.core.problem import ACTIVATIONS, GemmProblem
 from kernels.core.selection import Selection
 from kernels.dispatch import dynamic as _dynamic
 from kernels.dispatch import ops as _ops
-from kernels.dispatch.out_arg import check_out
+from kernels.dispatch.out_arg import check_out, out_fits
 from kernels.dispatch import record as _record
 from kernels.dispatch import scaled as _scaled
 from kernels.dispatch import selected
@@ -95,7 +95,7 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dyn
         if out is None:
             _memory_hits[0] += 1
             return entry[0](a, b)       # for aten winners this is torch.mm itself: no Python frame in between
-        if _out_matches(out, a, b, a.dtype):
+        if out_fits(out, a, b, a.dtype):
             _memory_hits[0] += 1
             return entry[1](a, b, out)
     return _cold("mm", a, b, out, dynamic, key=key)
@@ -119,7 +119,7 @@ def int_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         if out is None:
             _memory_hits[0] += 1
             return entry[0](a, b)
-        if _out_matches(out, a, b, torch.int32):
+        if out_fits(out, a, b, torch.int32):
             _memory_hits[0] += 1
             return entry[1](a, b, out)
     return _cold("int_mm", a, b, out, dynamic, key=key)
@@ -281,11 +281,6 @@ def _two_arg(launch):
         return launch
     except (TypeError, ValueError):
         return lambda a, b: launch(a, b, None)
-
-
-def _out_matches(out, a, b, dtype) -> bool:
-    return (isinstance(out, torch.Tensor) and out.dtype is dtype and out.device == a.device
-            and out.shape == (a.shape[0], b.shape[1]) and 0 not in out.stride())
 
 
 # -- validation ------------------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@
     kernels.mm(a, b, dynamic=kernels.Dynamic("m", hints=(64, 256, 4096), mode="similarity"))
 
 For a dynamic problem the dynamic dims are replaced by each hint (the cartesian product when several dims are
-dynamic) and each hint problem goes through the normal tune + selection store (`kernels.dispatch.selected.launcher_for`). The hint
-problems and the runtime problems carry `GemmProblem.dynamic`, so the backends build binaries that do not
+dynamic) and each hint problem goes through the normal tune + selection store
+(`kernels.dispatch.selected.launcher_for`). The hint problems and the runtime problems carry `GemmProblem.dynamic`, so the backends build binaries that do not
 specialise on those dims: a winner tuned at M=64 is the same binary at M=300, loaded, never compiled.
 
 A runtime shape is served by a candidate the hint tunes timed, chosen by

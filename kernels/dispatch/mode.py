@@ -152,8 +152,10 @@ def _addmm(args, kwargs):
 
 
 def _batched(name: str) -> Callable:
+    reason = f"batched={name}"
+
     def route(args, kwargs):
-        return f"batched={name}"
+        return reason
     return route
 
 

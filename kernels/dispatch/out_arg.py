@@ -1,10 +1,18 @@
-"""The one check of an `out=` argument, shared by kernels.mm / int_mm and kernels.scaled_mm, so that each fault
-raises the same error type whichever op it is passed to (the dtype a TypeError, the rest ValueError)."""
+"""The checks of an `out=` argument, shared by kernels.mm / int_mm and kernels.scaled_mm: `out_fits`, the warm
+paths' test (a miss goes to the cold path), and `check_out`, the cold path's, so that each fault raises the same error
+type whichever op it is passed to (the dtype a TypeError, the rest ValueError)."""
 from __future__ import annotations
 
 import torch
 
 from kernels.core.errors import InputTypeError, InputValueError
+
+
+def out_fits(out, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether `out` can take a @ b's `dtype` result as it is: anything else goes to `check_out` (an `out` with a zero
+    stride anywhere too, so an expanded one is refused there and never reaches a kernel)."""
+    return (isinstance(out, torch.Tensor) and out.dtype is dtype and out.device == a.device
+            and out.shape == (a.shape[0], b.shape[1]) and 0 not in out.stride())
 
 
 def check_out(op: str, out, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> None:

@@ -25,7 +25,7 @@ from kernels.core.problem import DTYPE_NAMES, GemmProblem
 from kernels.core.selection import Selection
 from kernels.dispatch import record as _record
 from kernels.dispatch import selected
-from kernels.dispatch.out_arg import check_out
+from kernels.dispatch.out_arg import check_out, out_fits
 from backends.aten import scaled_mm_launch
 
 FP8_A = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -78,7 +78,7 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
         launch = _dispatch.get(_key(a, b, scale_a, scale_b, bias, out_dtype))
     except (AttributeError, TypeError):
         launch = None
-    if launch is not None and (out is None or _out_ok(out, a, b, out_dtype)):
+    if launch is not None and (out is None or out_fits(out, a, b, out_dtype)):
         memory_hits[0] += 1
         return (launch(a, b, scale_a, scale_b, out) if bias is None else
                 launch(a, b, scale_a, scale_b, bias, out))
@@ -91,11 +91,6 @@ def _fast_key(a, b, scaling: str, bias, out_dtype) -> tuple:
     bias's own facts are checked on each call there, not keyed."""
     return (("scaled_mm", a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.device, b.device,
              a.data_ptr() & 15, b.data_ptr() & 15, None, False), scaling, bias is not None, out_dtype)
-
-
-def _out_ok(out, a, b, out_dtype) -> bool:
-    return (isinstance(out, torch.Tensor) and out.dtype is out_dtype and out.device == a.device
-            and out.shape == (a.shape[0], b.shape[1]))
 
 
 # -- validation ------------------------------------------------------------------------------------------------

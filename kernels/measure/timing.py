@@ -65,11 +65,17 @@ class Sampler:
     def quick(self) -> float:
         """A first estimate for the screen, ms per call: one call timed while the candidate's first, enqueued just
         before it, keeps the GPU busy -- so a GPU-bound call is timed without the host's launch gap, and the first
-        call's setup (lazy module loading, the launcher's first run) is host work done before its kernel is queued.
+        call's setup (the launcher's first run, loading a kernel) is host work done before its kernel is queued.
+        Where the GPU is idle already once the first call returns (its work was short, or loading a later launch
+        of it synchronized: lazy loading may), one more call is queued first, so the timed one waits behind work.
         (A synchronized warm-up call before these cost each of a large problem's ~50 candidates one more call.)"""
         if self.device != "cuda":
             return self._timed(1)
         self._run(1)
+        queued = torch.cuda.Event()
+        queued.record()
+        if queued.query():
+            self._run(1)
         return self._timed(1)
 
     def plan(self, target_sample_ms: float = 1.0, warmup: int = 3) -> float:
@@ -120,12 +126,12 @@ class Sampler:
 TUNE_CUTOFF = 1.25
 # Before that, the screen: where the fastest candidate's quick estimate (`Sampler.quick`, one call) is
 # QUICK_SCREEN_MIN_MS or more -- GPU-bound, so that one call is its kernel's time, not the host's -- a candidate whose
-# estimate is more than QUICK_SCREEN times it stops after those two calls. The plan and minimum samples it would
-# otherwise run cost 13 calls, and the hopeless are the slowest: Inductor's 28 bf16 tiles include 32x32x16 for 8192^3,
-# and a new large problem spent 0.9-1.6 s in its first pass on the H100 (sixteenth session). Wide, because one call
-# is taken before the clocks settle and the screen runs candidates one after another while the chip heats (aten
-# 4096x11008x4096 went from 0.48 to 0.56 ms per call over a 3 s loop, fifteenth session); the final round's
-# finalists are within a few percent of each other.
+# estimate is more than QUICK_SCREEN times it stops after those calls (two, or three: `Sampler.quick`), before the
+# GPU_BOUND_SAMPLES samples of >= 1 ms it would otherwise run; the hopeless are the slowest: Inductor's 28 bf16 tiles
+# include 32x32x16 for 8192^3, and a new large problem spent 0.9-1.6 s in its first pass on the H100 (sixteenth
+# session). Wide, because one call is taken before the clocks settle and the screen runs candidates one after another
+# while the chip heats (aten 4096x11008x4096 went from 0.48 to 0.56 ms per call over a 3 s loop, fifteenth session);
+# the final round's finalists are within a few percent of each other.
 QUICK_SCREEN = 1.5
 QUICK_SCREEN_MIN_MS = 0.1
 

@@ -71,6 +71,7 @@ def test_the_child_verifies_its_fastest_three_where_the_caller_duels(isolated_ca
 
     monkeypatch.setattr(TritonBackend, "isolated", True)
     kernels.config.preset = "fast"
+    kernels.config.benchmark_space = 2 * VERIFIED_TOP + 2      # the model's top 8: slack above the three verified
     sel = _tuned("mm", "bf16", 4096, 4096, 4096)
     in_child = {n for n, d in sel.details.items() if d.get("measured_in") == "child"}
     assert len(in_child) > VERIFIED_TOP, sel.table(rounds=True)

@@ -10,6 +10,7 @@ import kernels
 from backends.triton import TritonBackend
 from kernels.core.choice import Choice
 from kernels.core.config import config, interpret_mode
+from kernels.core.errors import InputValueError
 from kernels.core.problem import DTYPES_BY_NAME, GemmProblem
 from kernels.measure.verify import check, make_inputs, reference
 from kernels.space.heuristics import GemmConfig
@@ -99,3 +100,10 @@ def test_scaled_mm_end_to_end_through_a_triton_winner():
     hits = kernels.stats()["memory_hits"]
     again = kernels.scaled_mm(a, w.t(), sa, sb, bias=bias)
     assert torch.equal(again, out) and kernels.stats()["memory_hits"] == hits + 1
+    # the warm path takes an out= only where the cold path's checks would (kernels.dispatch.out_arg): an expanded one
+    # is refused as on a first call, never handed to the winner
+    expanded = torch.empty(1, 32, dtype=torch.bfloat16).expand(24, 32)
+    with pytest.raises(InputValueError, match="out has elements that share memory"):
+        kernels.scaled_mm(a, w.t(), sa, sb, bias=bias, out=expanded)
+    into = torch.empty(24, 32, dtype=torch.bfloat16)
+    assert kernels.scaled_mm(a, w.t(), sa, sb, bias=bias, out=into) is into and torch.equal(into, out)

@@ -285,3 +285,30 @@ def test_candidates_screened_against_one_that_then_fails_are_measured_after_all(
     # within the screen of the fastest left: measured, as GPU-bound calls are (GPU_BOUND_SAMPLES)
     assert timed["b"].samples == timed["c"].samples == 5
     assert timed["d"].samples == 1                            # still 4.5x the fastest left: stays screened
+
+
+def test_quick_times_a_call_queued_behind_the_first_and_one_more_where_the_gpu_went_idle(monkeypatch):
+    """On the GPU the quick estimate times a call queued behind the candidate's first (2 calls); where the GPU idles
+    already when the first call returns (short work, or a launch that synchronized to load a kernel), one more is
+    queued first (3), so the timed call never includes the host's launch gap. The CUDA event is faked here."""
+    from kernels.measure import timing
+
+    idle = {"now": False}
+
+    class FakeEvent:
+        def __init__(self, **kwargs):
+            pass
+
+        def record(self):
+            pass
+
+        def query(self):
+            return idle["now"]
+
+    monkeypatch.setattr(timing.torch.cuda, "Event", FakeEvent)
+    made = []
+    sampler = timing.Sampler(made.append, 3, "cuda")
+    monkeypatch.setattr(sampler, "_timed", lambda count: (sampler._run(count), 0.5)[1])
+    assert sampler.quick() == 0.5 and made == [0, 1]
+    idle["now"] = True
+    assert sampler.quick() == 0.5 and made == [0, 1, 2, 0, 1]
