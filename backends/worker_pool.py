@@ -16,6 +16,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from kernels.core.toolchain import REPO_ROOT
+
 
 class WorkerDied(RuntimeError):
     pass
@@ -23,8 +25,10 @@ class WorkerDied(RuntimeError):
 
 class _Worker:
     def __init__(self, module: str, env: dict[str, str]):
+        # `-m` puts the working directory first on the worker's path: run it from the package's root, so a module
+        # planted in the caller's working directory (a json.py) is never imported by the worker
         self.proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
+                                     stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1, cwd=str(REPO_ROOT))
 
     def request(self, job: dict, timeout_s: float) -> dict:
         self.proc.stdin.write(json.dumps(job) + "\n")

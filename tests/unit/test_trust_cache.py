@@ -341,3 +341,16 @@ def test_code_in_a_folder_others_can_write_or_reach_through_a_link_is_not_loaded
     assert cache_root_mod.foreign_writer(elsewhere / "k.so") is None
     os.chmod(elsewhere, 0o777)
     assert "writable by group or others" in cache_root_mod.foreign_writer(elsewhere / "k.so")
+
+
+def test_a_compile_worker_never_imports_a_module_planted_in_the_callers_working_directory(tmp_path, monkeypatch):
+    """`python -m` puts the working directory first on the path: the Triton compile workers run from the package's
+    root, so a json.py where the user happens to run from is never executed by them (an attacker's probe)."""
+    from backends.worker_pool import _Worker, worker_env
+
+    marker = tmp_path / "ran"
+    (tmp_path / "json.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise SystemExit(7)\n")
+    monkeypatch.chdir(tmp_path)
+    worker = _Worker("backends.triton_worker", worker_env({}))
+    worker.proc.stdin.close()           # the worker reads to the end of its input and exits
+    assert worker.proc.wait(timeout=120) == 0 and not marker.exists()
