@@ -53,6 +53,7 @@ KEY = re.compile(r"[0-9a-f]{32}")
 # Triton's cache folder names and the file names in them (never "." or "..": a name starts with a word character)
 CACHE_GROUP = re.compile(r"[A-Za-z0-9_-]{1,128}")
 GROUP_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
+KERNEL_STAGE = re.compile(r"[a-z0-9]{1,16}")       # cubin, ptx, llir, ttgir, ttir, source, json
 GROUP_INDEX = "__grp__"          # Triton's index of a folder: {"child_paths": {name: absolute path}}
 MAX_ARTIFACT_BYTES = 1 << 30     # a built kernel is MiBs; a bundle takes none over 256 MiB (kernels.store.bundle)
 
@@ -133,17 +134,30 @@ def member_name(path: Path) -> str:
 
 
 def triton_record_problem(record) -> str | None:
-    """Why `record` is not a build record whose files can be found and checked, or None."""
+    """Why `record` is not a build record whose files can be found and checked, or None. Its files must be its own
+    kernel's, as Triton names them (`<kernel>.<stage>`, `__grp__<kernel>.json`), none a shared library: Triton keeps
+    its launcher (`__triton_launcher.so`) in folders of the same cache and loads it from there unchecked, so a bundle's
+    record naming one could plant code that every later kernel runs (an attacker's probe)."""
     if not isinstance(record, dict):
         return "not an object"
-    group, files = record.get("cache_group"), record.get("files")
+    group, files, kernel = record.get("cache_group"), record.get("files"), record.get("kernel")
     if not (isinstance(group, str) and CACHE_GROUP.fullmatch(group)):
         return "its cache folder is not a plain name"
     if not (isinstance(files, dict) and files and all(isinstance(n, str) and GROUP_FILE.fullmatch(n) and
                                                       isinstance(h, str) and HEX64.fullmatch(h)
                                                       for n, h in files.items())):
         return "its file list is malformed"
+    if not (isinstance(kernel, str) and all(_kernel_file(n, kernel) for n in files)):
+        return "its file list names files that are not its kernel's"
     return None
+
+
+def _kernel_file(name: str, kernel: str) -> bool:
+    """Whether `name` is one of the files Triton writes for `kernel` (an IR stage, its metadata, its folder index)."""
+    if name == f"{GROUP_INDEX}{kernel}.json":
+        return True
+    stage = name.removeprefix(f"{kernel}.") if name.startswith(f"{kernel}.") else None
+    return stage is not None and KERNEL_STAGE.fullmatch(stage) is not None and stage != "so"
 
 
 def triton_record_intact(record_path: Path) -> str | None:

@@ -617,6 +617,28 @@ def test_a_changed_triton_file_or_an_index_naming_other_files_is_refused(triton_
     assert stored() == {} and not (fresh / "triton").exists()
 
 
+@pytest.mark.parametrize("planted", ["__triton_launcher.so", "{kernel}.so", "other_kernel.cubin"])
+def test_a_triton_record_naming_files_not_its_kernels_is_refused(triton_bundle, planted):
+    """A bundle's build record may list only its own kernel's files, as Triton names them: not Triton's launcher
+    library (which Triton loads, unchecked, from folders of the same cache: one planted there would run under every
+    later kernel), nor another kernel's (an attacker's probe)."""
+    path, need, _, fresh = triton_bundle
+    machine = dataclasses.replace(here_without_gpu(), gpus=(("test", 90),))
+    manifest, members = read_tar(path)
+    record_name = next(n for n in members if n.startswith("triton/artifacts/"))
+    record = json.loads(members[record_name])
+    cubin = next(n for n in members if n.endswith(".cubin"))
+    name = planted.format(kernel=need.kernel)
+    planted_member = cubin.rsplit("/", 1)[0] + "/" + name
+    changed = dict(members, **{planted_member: b"\x7fELF planted"})
+    record["files"][name] = bundle.sha256(changed[planted_member])
+    changed[record_name] = json.dumps(record).encode()
+    write_tar(path, rehash(manifest, changed), changed)
+    with pytest.raises(BundleError, match="names files that are not its kernel's"):
+        bundle.import_bundle(path, machine=machine)
+    assert stored() == {} and not (fresh / "triton").exists()
+
+
 def test_clear_and_kernels_own_agree_on_a_tag_that_is_not_a_regular_file(tmp_path, monkeypatch, capsys):
     """A CACHEDIR.TAG that is a link or a folder is not kernels' tag: the folder is not kernels' own to clear."""
     from kernels.core.cache_root import kernels_own
