@@ -71,9 +71,54 @@ MEMBER = re.compile(r"selections/[0-9a-f]{32}\.json"
 SELECTION_MEMBER = re.compile(r"selections/[0-9a-f]{32}\.json")
 
 
+# What reading a bundle may decompress at most: the members' limit, the manifest's, and room for tar's own headers
+MAX_READ_BYTES = MAX_TOTAL_BYTES + MAX_MANIFEST_BYTES + (64 << 20)
+# A tar extended header (pax, GNU long name) is read whole before any member's limit applies: 765 KB of gzip that
+# declared a 768 MiB pax header took 2.6 GB of memory (an attacker's probe). Ours hold a member's name: bytes
+MAX_HEADER_BYTES = 64 << 10
+
+
 class BundleError(Exception):
     """A bundle cannot be written or imported; the message says which file, member or environment part, and that
     nothing was imported."""
+
+
+class _Inflated(Exception):
+    """Reading a bundle would take more memory than one needs (the caps above); read_bundle names the file."""
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tar's extended headers refused past MAX_HEADER_BYTES before they are read (tarfile reads them whole)."""
+
+    def _bounded(self) -> None:
+        if self.size > MAX_HEADER_BYTES:
+            raise _Inflated(f"a tar extended header of {self.size} bytes (over {MAX_HEADER_BYTES})")
+
+    def _proc_pax(self, tarfile):
+        self._bounded()
+        return super()._proc_pax(tarfile)
+
+    def _proc_gnulong(self, tarfile):
+        self._bounded()
+        return super()._proc_gnulong(tarfile)
+
+
+class _CappedReader(io.RawIOBase):
+    """A bundle's gzip stream, decompressed no further than MAX_READ_BYTES (a small file may inflate without end)."""
+
+    def __init__(self, stream):
+        super().__init__()
+        self.stream, self.seen = stream, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.seen += len(data)
+        if self.seen > MAX_READ_BYTES:
+            raise _Inflated(f"it inflates past {MAX_READ_BYTES} bytes, more than a bundle holds")
+        return data
 
 
 # -- export ---------------------------------------------------------------------------------------------------------
@@ -224,10 +269,15 @@ def read_bundle(path: Path) -> Bundle:
     except OSError as e:
         raise BundleError(f"{path}: cannot be read: {e.strerror or e}; nothing imported") from e
     try:
-        with os.fdopen(fd, "rb") as raw, tarfile.open(fileobj=raw, mode="r:*") as tar:
+        # gzip, as export writes it, read as a stream through the caps above (tarfile's own "r:*" would inflate
+        # whatever a header declares)
+        with os.fdopen(fd, "rb") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as gz, \
+                tarfile.open(fileobj=_CappedReader(gz), mode="r|", tarinfo=_BoundedTarInfo) as tar:
             manifest, members = _read_members(tar, path)
     except BundleError:
         raise
+    except _Inflated as e:
+        raise BundleError(f"{path} is not a kernels bundle: {e}; nothing imported") from e
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, OSError, ValueError) as e:
         raise BundleError(f"{path} is truncated or not a kernels bundle ({type(e).__name__}: {e}); nothing "
                           "imported") from e

@@ -284,6 +284,37 @@ def test_truncated_bundles_and_wrong_manifests_are_clear_errors(exported, tmp_pa
     assert stored() == {}
 
 
+def test_a_bundle_that_would_inflate_past_what_one_holds_is_refused_before_it_is_read(exported, tmp_path,
+                                                                                      monkeypatch):
+    """tarfile reads a pax or GNU long-name header whole before any member limit applies, and gzip inflates what a
+    header declares: a 765 KB file took 2.6 GB (an attacker's probe). Both are capped while reading; a bundle that is
+    not gzip (as export writes it) is not a bundle."""
+    path, _ = exported
+    manifest, members = read_tar(path)
+    bomb = tmp_path / "bomb.tar.gz"
+    with gzip.open(bomb, "wb") as gz, tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("manifest.json")
+        info.pax_headers = {"comment": "x" * (bundle.MAX_HEADER_BYTES + 1)}
+        tar.addfile(info, io.BytesIO(b""))
+    assert bomb.stat().st_size < 4096
+    with pytest.raises(BundleError, match="not a kernels bundle: a tar extended header of .* bytes"):
+        bundle.import_bundle(bomb)
+    cap = bundle.MAX_READ_BYTES
+    monkeypatch.setattr(bundle, "MAX_READ_BYTES", 2048)      # a whole bundle is more than this
+    with pytest.raises(BundleError, match="not a kernels bundle: it inflates past 2048 bytes"):
+        bundle.import_bundle(path)
+    monkeypatch.setattr(bundle, "MAX_READ_BYTES", cap)
+    plain = tmp_path / "plain.tar"
+    with tarfile.open(plain, "w") as tar:
+        for name, data in [("manifest.json", json.dumps(manifest).encode()), *members.items()]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(BundleError, match="is truncated or not a kernels bundle"):
+        bundle.import_bundle(plain)
+    assert stored() == {}
+
+
 def test_a_deeply_nested_manifest_and_oversized_members_are_clear_errors(exported, tmp_path, monkeypatch):
     """Read into memory before anything is checked: a manifest nested past the parser's recursion and members over
     the size limits are refused as BundleErrors, not tracebacks or gigabytes read."""
