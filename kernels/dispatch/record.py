@@ -63,8 +63,22 @@ def note(problem: GemmProblem, dyn=None) -> None:
         _append(path, line)
 
 
+def _ends_cut(path: str) -> bool:
+    """Whether the file at `path` ends in a line cut short (no newline): an append that stopped part way, as on a
+    full disk. The next line then starts on a line of its own, so the cut one is all that is lost."""
+    try:
+        fd = open_regular(path)
+        try:
+            size = os.fstat(fd).st_size
+            return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+
+
 def _append(path: str, line: str) -> None:
-    data = line.encode()
+    data = (b"\n" if _ends_cut(path) else b"") + line.encode()
     try:
         fd = open_regular(path, append=True)      # a FIFO or a device never blocks the user's call
         try:

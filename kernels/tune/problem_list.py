@@ -21,6 +21,7 @@ import csv
 import dataclasses
 import io
 import json
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,10 +96,14 @@ class _Where:
 
 
 # -- values ----------------------------------------------------------------------------------------------------
+_DIGITS = re.compile(r"[0-9]{1,12}")     # ASCII digits only ("²".isdigit() is True), short of int()'s own limits
+
+
 def _positive(value, where: _Where, column: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)) or \
-            (isinstance(value, str) and not value.strip().isdigit()):
-        raise where.error(column, f"{value!r} is not a positive integer")
+            (isinstance(value, str) and not _DIGITS.fullmatch(value.strip())):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise where.error(column, f"{shown} is not a positive integer below {MAX_DIM}")
     n = int(value)
     if n < 1:
         raise where.error(column, f"{n} is not a positive integer")
@@ -301,7 +306,10 @@ def _object(obj, where: _Where) -> Listed:
 
 # -- files -------------------------------------------------------------------------------------------------------
 def parse_csv(text: str, name: str) -> list[Listed]:
-    rows = [(i, [c.strip() for c in row]) for i, row in enumerate(csv.reader(io.StringIO(text)), start=1)]
+    try:
+        rows = [(i, [c.strip() for c in row]) for i, row in enumerate(csv.reader(io.StringIO(text)), start=1)]
+    except csv.Error as e:          # a field past the csv module's limit (128 KiB), a NUL
+        raise ProblemListError(f"{name}: not a problem table: {e}") from e
     rows = [(i, cells) for i, cells in rows if any(cells) and not cells[0].startswith("#")]
     if not rows:
         return []
@@ -332,6 +340,8 @@ def parse_json(text: str, name: str) -> list[Listed]:
         json.loads(text)
     except json.JSONDecodeError as e:
         raise ProblemListError(f"{name}:{e.lineno}: column {e.colno}: not valid JSON: {e.msg}") from e
+    except (ValueError, RecursionError) as e:       # an integer past int()'s digits, nesting past the parser's depth
+        raise ProblemListError(f"{name}: not a problem list: {type(e).__name__}: {str(e)[:200]}") from e
     return [_object(obj, _Where(name, line)) for line, obj in _array_items(text, name)]
 
 
@@ -365,13 +375,19 @@ def parse_jsonl(text: str, name: str) -> list[Listed]:
             continue
         try:
             obj = json.loads(raw)
-        except json.JSONDecodeError as e:
-            # a recorder killed mid-line leaves its last line cut short of the object's closing brace (a whole line
-            # that fails is a mistake, an error as anywhere else): the lines before it stand
-            if line == len(lines) and not text.endswith("\n") and not raw.rstrip().endswith("}"):
-                warnings.warn(f"{name}:{line}: the trace ends in a partial line (its recorder stopped mid-write); "
-                              "that line is left out", ProblemListWarning, stacklevel=2)
-                break
+        except (RecursionError, ValueError) as e:
+            if not isinstance(e, json.JSONDecodeError):     # an integer past int()'s digits, nesting too deep
+                raise ProblemListError(f"{name}:{line}: not a problem: {type(e).__name__}: {str(e)[:200]}") from e
+            # a line cut short of the object's closing brace is left out, the others stand: the last, unended, of
+            # a recorder killed mid-line, or one with lines after it, of a write that stopped part way (a full
+            # disk), which the next recorder starts a new line after (kernels.dispatch.record). A whole line that
+            # fails is a mistake, an error as anywhere else; so is a cut last line that ends (a hand edit)
+            last = line == len(lines)
+            if not raw.rstrip().endswith("}") and (not last or not text.endswith("\n")):
+                where = ("the trace ends in a partial line (its recorder stopped mid-write)" if last else
+                         "a line cut short (a write to the trace stopped part way)")
+                warnings.warn(f"{name}:{line}: {where}; that line is left out", ProblemListWarning, stacklevel=2)
+                continue
             raise ProblemListError(f"{name}:{line}: column {e.colno}: not valid JSON: {e.msg}") from e
         listed.append(_object(obj, _Where(name, line)))
     return listed

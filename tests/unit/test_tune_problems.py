@@ -155,6 +155,41 @@ def test_a_trace_whose_recorder_stopped_mid_line_reads_up_to_that_line(tmp_path)
         read(path)
 
 
+def test_a_trace_append_cut_short_loses_only_its_own_line(tmp_path):
+    """An append that stopped part way (a full disk: a short write) leaves a cut line in the middle once more lines
+    follow: the next recorder starts on a line of its own (kernels.dispatch.record), and reading leaves the cut
+    line out with a warning, every other line standing (an attacker's probe: one cut line refused the whole file)."""
+    from kernels.dispatch import record as recorder
+
+    first, second, third = (trace_line(problem(m=m, n=8, k=8, dtype="fp16")) for m in (8, 16, 24))
+    path = tmp_path / "t.jsonl"
+    path.write_text(first + second[: len(second) // 2])           # the second append stopped part way
+    recorder._append(str(path), third)
+    assert path.read_text().splitlines()[2] == third.rstrip("\n")
+    with pytest.warns(ProblemListWarning, match="t.jsonl:2: a line cut short"):
+        items = read(path)
+    assert [i.problem.m for i in items] == [8, 24]
+    recorder._append(str(path), first)                             # a whole last line: no extra newline
+    assert path.read_text().endswith(third + first)
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("t.csv", "m,n,k,dtype,layout\n\u00b2,8,8,fp16,nn\n", r"t.csv:2: column 1 \(m\): '\u00b2' is not a positive"),
+    ("t.csv", "m,n,k,dtype,layout\n" + "9" * 5000 + ",8,8,fp16,nn\n", r"t.csv:2: column 1 \(m\): '9+\.\.\. is not a"),
+    ("t.json", '[{"m": ' + "9" * 5000 + ', "n": 8, "k": 8, "dtype": "fp16", "layout": "nn"}]',
+     r"t.json: not a problem list: ValueError"),
+    ("t.json", "[" * 100000 + "]" * 100000, r"t.json: not a problem list: RecursionError"),
+    ("t.jsonl", "[" * 100000 + "]" * 100000 + "\n", r"t.jsonl:1: not a problem: RecursionError"),
+    ("t.csv", "m,n,k,dtype,layout\n" + "x" * 200000 + ",8,8,fp16,nn\n", r"t.csv: not a problem table: field larger"),
+])
+def test_hostile_problem_lists_are_errors_naming_the_file(tmp_path, name, text, message):
+    """Values and shapes a parser chokes on (a superscript digit that str.isdigit() takes, integers past int()'s
+    4300 digits, nesting past the JSON parser's depth, a CSV field past the csv module's limit) are ProblemListErrors
+    naming the file, not tracebacks (an attacker's probe)."""
+    with pytest.raises(ProblemListError, match=message):
+        read(write(tmp_path, name, text))
+
+
 def _trace_with(tmp_path, **change) -> str:
     data = json.loads(trace_line(problem(m=8, n=8, k=8, dtype="fp16")))
     data.update(change)
