@@ -67,17 +67,21 @@ def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_
     return parse
 
 
+# Counts (MAX_JOBS, problems, candidates) stay far below this; a number past it is a typo, not a request
+POSITIVE_INT_BOUND = 1 << 31
+
+
 def _positive_int(value) -> int:
-    allowed = "allowed: a positive integer"
+    allowed = f"allowed: a positive integer below {POSITIVE_INT_BOUND}"
     if isinstance(value, bool):
         raise ValueError(allowed)
     if isinstance(value, int):
         n = value
-    elif isinstance(value, str) and re.fullmatch(r"\s*\+?\d+\s*", value):
+    elif isinstance(value, str) and re.fullmatch(r"\s*\+?[0-9]{1,10}\s*", value):    # ASCII: "\d" takes "٣"
         n = int(value)
     else:
         raise ValueError(allowed)
-    if n < 1:
+    if not 1 <= n < POSITIVE_INT_BOUND:
         raise ValueError(allowed)
     return n
 
@@ -139,8 +143,10 @@ def _patterns(value) -> tuple[str, ...]:
     for pattern in patterns:
         try:
             re.compile(pattern)
-        except re.error as e:
-            raise ValueError(f"{pattern!r} is not a regular expression ({e}); {allowed}") from e
+        except (re.error, OverflowError, RecursionError) as e:     # a{99999999999}; thousands of nested groups
+            shown = repr(pattern) if len(pattern) <= 60 else repr(pattern[:57]) + "..."
+            raise ValueError(f"{shown} is not a regular expression ({type(e).__name__}: {str(e)[:120]}); "
+                             f"{allowed}") from e
     return tuple(patterns)
 
 

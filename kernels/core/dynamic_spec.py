@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
+from kernels.core.problem import MAX_DIM
+
 DIMS = ("m", "n", "k")
 MODES = ("benchmark", "similarity")
 # The seed's 64/256/4096, plus 16 (M = 1..31 otherwise came from a 64-row tile or aten, whose cuBLAS kernel ran
@@ -41,8 +43,8 @@ def _hint_list(values: Iterable) -> tuple[int, ...]:
             iv = int(as_float) if math.isfinite(as_float) else 0
         except (TypeError, ValueError):
             iv, as_float = 0, math.nan
-        if iv < 1 or iv != as_float:
-            raise ValueError(f"size hints must be positive integers, got {v!r}")
+        if iv < 1 or iv != as_float or iv >= MAX_DIM:
+            raise ValueError(f"size hints must be positive integers below {MAX_DIM} (2**31), got {v!r}")
         out.append(iv)
     if not out:
         raise ValueError("at least one size hint is needed")

@@ -242,7 +242,7 @@ def _parse_entry(raw, index: int, bad: _Problems) -> Entry | None:
     problems = []
     if not isinstance(gpu, str) or not gpu.strip():
         problems.append(f"gpu must be a GPU name or '*', got {gpu!r}")
-    if op not in OPS:
+    if not isinstance(op, str) or op not in OPS:       # a list or an object for op: unhashable, the entry alone bad
         problems.append(f"op must be one of {list(OPS)}, got {op!r}")
     elif dtype not in OPS[op]:
         problems.append(f"dtype for {op} must be one of {list(OPS[op])}, got {dtype!r}")

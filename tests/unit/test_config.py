@@ -26,6 +26,9 @@ BAD_ENVIRONMENT = [
     ("KERNELS_ONLY", ","), ("KERNELS_SKIP", "("), ("KERNELS_DYNAMIC", ","), ("KERNELS_DYNAMIC", "m=0"),
     ("KERNELS_DYNAMIC", "x"), ("KERNELS_CUTLASS_BUILD", "later"),
     ("KERNELS_CACHE_DIR", "~no-such-user-of-kernels/cache"), ("KERNELS_RECORD", "~no-such-user-of-kernels/t.jsonl"),
+    # an attacker's probe: tracebacks from re and int(), values past any tensor or worker count
+    ("KERNELS_SKIP", "a{99999999999}"), ("KERNELS_ONLY", "(" * 3000), ("MAX_JOBS", "9" * 23), ("MAX_JOBS", "\u0663"),
+    ("KERNELS_DYNAMIC", "m=" + "9" * 23), ("KERNELS_DYNAMIC", "m=1e300"),
 ]
 BY_ENV = {s.env: s.name for s in SETTINGS}
 

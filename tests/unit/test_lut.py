@@ -131,6 +131,9 @@ def test_missing_file_is_a_warning_not_an_error(tmp_path):
 
 @pytest.mark.parametrize("bad, expect", [
     ({"op": "conv"}, "op must be one of"),
+    ({"op": {"x": 1}}, "op must be one of"),            # unhashable: it dropped the whole table (an attacker's probe)
+    ({"op": ["mm"]}, "op must be one of"),
+    ({"mode": ["add"]}, "mode must be one of"),
     ({"dtype": "int8"}, "dtype for mm must be one of"),
     ({"shape": [64, 32]}, "shape must be [M, N, K]"),
     ({"shape": [64, 32, -1]}, "shape must be [M, N, K]"),
