@@ -153,6 +153,8 @@ def _patterns(value) -> tuple[str, ...]:
 def _expanded(text: str, allowed: str) -> str:
     """`text` with ~ or ~user expanded, made absolute (children run elsewhere). An unknown ~user is an error: left
     as it is, it would name a folder called '~user' under whatever the working directory is."""
+    if "\0" in text:       # no file has one: every use would fail with a bare "embedded null byte"
+        raise ValueError(f"{text!r} holds a NUL character; {allowed}")
     path = os.path.expanduser(text)
     if path.startswith("~"):
         raise ValueError(f"{text!r}: {path.split(os.sep, 1)[0]} cannot be expanded (no such user, or no home "

@@ -30,6 +30,7 @@ BAD_ENVIRONMENT = [
     ("KERNELS_SKIP", "a{99999999999}"), ("KERNELS_ONLY", "(" * 3000), ("MAX_JOBS", "9" * 23), ("MAX_JOBS", "\u0663"),
     ("KERNELS_DYNAMIC", "m=" + "9" * 23), ("KERNELS_DYNAMIC", "m=1e300"),
 ]
+
 BY_ENV = {s.env: s.name for s in SETTINGS}
 
 
@@ -65,7 +66,9 @@ def test_a_call_that_tunes_fails_on_a_bad_setting_before_building(monkeypatch, e
     ("cutlass_build", "eventually"),
     ("only", "("), ("dynamic", "q"), ("dynamic", "m=16;m=32"), ("dynamic", (("m", (16,)), ("m", (32,)))),
     ("dynamic", {"m": (16,), "M": (32,)}),
-    ("cache_dir", ""), ("search_space", "huge"), ("benchmark_space", 0), ("perf_model", "magic")])
+    ("cache_dir", ""), ("search_space", "huge"), ("benchmark_space", 0), ("perf_model", "magic"),
+    # an environment variable cannot hold a NUL; set in code, a path with one failed at each use, unnamed
+    ("cache_dir", "/tmp/x\0y"), ("lut", "/tmp/x\0y.json"), ("record", "/tmp/x\0y.jsonl")])
 def test_a_bad_value_set_in_code_names_the_attribute_and_keeps_the_old_value(name, value):
     before = getattr(config, name)
     with pytest.raises(SettingError, match=rf"^kernels\.config\.{name} = .*allowed"):
