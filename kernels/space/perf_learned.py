@@ -83,11 +83,15 @@ class LearnedModel:
         self.params = params
         self.path = path
         self.meta = params.get("meta", {})
+        if not (isinstance(self.meta, dict) and all(isinstance(self.meta.get(k, ""), str) for k in ("gpu", "triton"))):
+            raise ValueError("meta must be an object whose gpu and triton are strings")
         self.templates = list(params["templates"])
         if list(params["features"]) != list(BASE_FEATURES) + [f"template={t}" for t in self.templates]:
             raise ValueError("feature list differs from this version of kernels")
         self._mean = torch.tensor(params["x_mean"], dtype=torch.float64)
         self._std = torch.tensor(params["x_std"], dtype=torch.float64)
+        if not (torch.isfinite(self._mean).all() and torch.isfinite(self._std).all() and (self._std > 0).all()):
+            raise ValueError("x_mean and x_std must be finite, x_std positive")
         self._members = [[(torch.tensor(layer["w"], dtype=torch.float64),
                            torch.tensor(layer["b"], dtype=torch.float64)) for layer in member]
                          for member in params["members"]]

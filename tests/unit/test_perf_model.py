@@ -129,6 +129,13 @@ def test_model_for_uses_fresh_learned_models_and_falls_back_when_stale(tmp_path)
     config.perf_model = str(tmp_path / "bad.json")
     model, note = model_for(problem())
     assert model.name == "analytic" and "unusable" in note
+    # a file whose meta or scaling is malformed is unusable at load, not a failure in the middle of a tune
+    good = json.loads(path.read_text())
+    for change, why in [({"meta": dict(meta, gpu=7)}, "gpu and triton are strings"),
+                        ({"x_std": [0.0] * len(good["x_std"])}, "x_std positive")]:
+        (tmp_path / "bad.json").write_text(json.dumps(dict(good, **change)))
+        model, note = model_for(problem())
+        assert model.name == "analytic" and "unusable" in note and why in note, note
 
 
 def test_dataset_csv_round_trip_and_cli_train_eval(tmp_path, capsys):
