@@ -157,8 +157,10 @@ def _lut_export(args) -> int:
             print(f"python -m kernels lut export: error: cannot write {args.output}: {e.strerror or e}",
                   file=sys.stderr)
             return 2
-    print(f"{len(table.entries)} entries (top {args.top_k} per problem) from {root} -> {args.output}",
-          file=sys.stderr)
+    skipped = table.meta.get("epilogue_left_out", 0)
+    print(f"{len(table.entries)} entries (top {args.top_k} per problem) from {root} -> {args.output}" +
+          (f"; {skipped} problem(s) with a bias or activation left out (a table entry cannot say one)"
+           if skipped else ""), file=sys.stderr)
     return 0
 
 

@@ -369,9 +369,12 @@ def active() -> tuple[Lut | None, str]:
 # -- export from the selection store -------------------------------------------------------------------------------
 def export_from_store(root: str | os.PathLike, top_k: int = 3, mode: str = "add") -> Lut:
     """One entry per stored problem (the newest selection when several environments tuned it): its `top_k` fastest
-    measured choices, so tuning results can be shipped to other machines."""
+    measured choices, so tuning results can be shipped to other machines. Problems with a fused epilogue (a bias, an
+    activation: kernels.linear's) are left out, counted in the meta's `epilogue_left_out`: an entry cannot say one,
+    so theirs would have merged with the plain product of their shape and pinned their choices on it."""
 
     newest: dict[tuple, tuple[float, Entry]] = {}
+    left_out = 0
     for path in sorted(Path(root).glob("*.json")):
         data = read_json(path)
         try:
@@ -382,6 +385,9 @@ def export_from_store(root: str | os.PathLike, top_k: int = 3, mode: str = "add"
         if not names:
             continue
         p = sel.problem
+        if p.epilogue:
+            left_out += 1
+            continue
         entry = Entry(gpu=p.device_name, op=p.op, dtype=p.dtype, m=p.m, n=p.n, k=p.k, mode=mode,
                       choices=tuple(ChoiceRef(name=n) for n in names), layout=problem_layout(p),
                       precision=p.precision)
@@ -391,5 +397,5 @@ def export_from_store(root: str | os.PathLike, top_k: int = 3, mode: str = "add"
     entries = tuple(e for _, e in sorted(newest.values(), key=lambda x: (x[1].gpu, x[1].op, x[1].dtype, x[1].m,
                                                                            x[1].n, x[1].k, x[1].layout)))
     meta = {"source": "python -m kernels lut export", "top_k": top_k,
-            "created": time.strftime("%Y-%m-%d", time.gmtime())}
+            "created": time.strftime("%Y-%m-%d", time.gmtime()), "epilogue_left_out": left_out}
     return Lut(entries=entries, meta=meta)

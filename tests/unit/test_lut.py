@@ -214,6 +214,25 @@ def test_export_keeps_top_k_of_the_newest_selection_per_problem(tmp_path):
     assert lut.loads(lut.dumps(table)) == table
 
 
+def test_export_leaves_out_problems_with_an_epilogue(tmp_path, capsys):
+    """A linear with a bias and the plain product of its shape were one entry (the newer's choices, aten_addmm first,
+    pinned on the plain product too): an entry cannot say an epilogue, so those problems are left out and counted
+    (an attacker's probe)."""
+    import dataclasses
+
+    from kernels.__main__ import main
+
+    store = SelectionStore(tmp_path / "sel")
+    plain = problem()
+    store.put("a", _selection(plain, {"x": 1.0}, created=1.0))
+    store.put("b", _selection(dataclasses.replace(plain, bias=True, activation="gelu"), {"x": 0.5}, created=2.0))
+    table = lut.export_from_store(tmp_path / "sel", top_k=2)
+    assert [(e.m, [r.name for r in e.choices]) for e in table.entries] == [(64, ["triton_mm_bf16_32x32x32_s2_w4_g8_0"])]
+    assert table.meta["epilogue_left_out"] == 1
+    assert main(["lut", "export", "--store", str(tmp_path / "sel"), "-o", str(tmp_path / "l.json")]) == 0
+    assert "1 problem(s) with a bias or activation left out" in capsys.readouterr().err
+
+
 def test_cli_export_then_check(tmp_path, capsys):
     from kernels.__main__ import main
 
