@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from kernels.core.problem import MAX_DIM
+# kernels.core.problem.MAX_DIM (no tensor of ours is that long), not imported: that module imports torch, and the
+# settings (which parse hints) are read before torch by the CLI's worker start
+MAX_DIM = 1 << 31
 
 DIMS = ("m", "n", "k")
 MODES = ("benchmark", "similarity")

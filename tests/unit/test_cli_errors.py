@@ -36,7 +36,7 @@ def test_info_names_a_bad_setting_and_fails(monkeypatch, capsys):
     monkeypatch.setenv("MAX_JOBS", "-2")              # info itself reads no MAX_JOBS: it passed unnoticed
     assert cli.main(["info"]) == 2
     out, err = capsys.readouterr()
-    assert err == "python -m kernels info: error: MAX_JOBS='-2' is not valid: allowed: a positive integer\n"
+    assert err == "python -m kernels info: error: MAX_JOBS='-2' is not valid: allowed: a positive integer below 2147483648\n"
     assert out.startswith("gpu:") and "nvcc:" in out  # what does not need the settings is still shown
 
 

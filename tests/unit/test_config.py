@@ -209,3 +209,11 @@ def test_only_a_change_to_what_selection_depends_on_calls_the_selection_hooks(mo
     cfg.verbose = True
     cfg.reset()                            # nothing selection depends on was set
     assert len(calls) == 4
+
+
+def test_the_size_hint_bound_is_the_problems():
+    """kernels.core.dynamic_spec keeps its own copy of MAX_DIM (kernels.core.problem imports torch, which the
+    settings must not): the two agree."""
+    from kernels.core import dynamic_spec, problem
+
+    assert dynamic_spec.MAX_DIM == problem.MAX_DIM
