@@ -295,7 +295,8 @@ SETTINGS = (
             "where tuned selections and built kernels are stored"),
     Setting("backends", "KERNELS_BACKENDS", lambda: ALL_BACKENDS, "`aten,triton,cutlass,padded`", _backends,
             "candidate backends, comma list: `aten`, `triton`, `cutlass` (where nvcc, the CUTLASS headers and an "
-            "sm80/sm90 GPU are found), `padded` (misaligned problems only)"),
+            "sm80/sm90 GPU are found), `padded` (misaligned problems only); a list without aten gets it added, "
+            "with a warning, for a problem none of its backends can run"),
     Setting("max_jobs", "MAX_JOBS", lambda: os.cpu_count() or 1, "CPU count", _positive_int,
             "parallel compile workers"),
     Setting("preset", "KERNELS_PRESET", lambda: "", "none", _preset,

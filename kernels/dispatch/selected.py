@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import warnings
 
 import torch
 
@@ -13,6 +14,7 @@ from backends import get_backend
 from kernels.core import counters as _stats
 from kernels.core.cache_root import warn_once
 from kernels.core.config import config
+from kernels.core.errors import NoCandidateError
 from kernels.core.fsutil import load_or_build
 from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
@@ -51,7 +53,7 @@ def _select(problem: GemmProblem) -> tuple[Selection, object]:
     shared = store_for(config.store, config.store_lock_s)
 
     def build() -> tuple[Selection, object]:
-        sel, runners = tune(problem, backends)
+        sel, runners = _tune_or_aten(problem, backends)
         _store.put(key, sel)
         if shared is not None:
             shared.publish(key, sel)
@@ -72,6 +74,34 @@ def _select(problem: GemmProblem) -> tuple[Selection, object]:
     with _store.lock(key):
         # a process on this machine may have tuned or fetched it meanwhile
         return load_local() or shared.tune_once(key, load_shared, build, config.store_wait)
+
+
+class BackendsFallbackWarning(UserWarning):
+    """The backends setting left aten out, and none of its backends could run a problem: aten served it."""
+
+
+_fallback_warned: set[tuple[str, ...]] = set()
+
+
+def _tune_or_aten(problem: GemmProblem, backends: tuple[str, ...]):
+    """tune(), and where no candidate of `backends` can run the problem and they leave aten out (KERNELS_BACKENDS=
+    cutlass before its set is built, padded on an aligned problem), a tune with aten added: a valid call is served,
+    never refused for the setting (a new user's probe). The selection says so; tune() alone (bench.compare's
+    columns) still reports the backends' own failure."""
+    try:
+        return tune(problem, backends)
+    except NoCandidateError as e:
+        if "aten" in backends:
+            raise
+        first = next(iter(e.failures.items()), ("", "no candidate"))
+        why = f"no candidate of {', '.join(backends)} could run {problem.short()} ({first[0]}: {first[1][:200]})"
+    if backends not in _fallback_warned:
+        _fallback_warned.add(backends)
+        warnings.warn(f"kernels: {why}; aten serves such problems (the backends setting leaves it out)",
+                      BackendsFallbackWarning, stacklevel=5)
+    sel, runners = tune(problem, (*backends, "aten"))
+    sel.notes.append(f"{why}: aten added to the tune")
+    return sel, runners
 
 
 def _load_stored(key: str, problem: GemmProblem):

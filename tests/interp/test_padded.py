@@ -142,3 +142,24 @@ def test_two_launch_padded_not_offered_for_aligned_problems():
 
     choices, skipped = family("triton_padded_mm").choices(problem(), "triton_padded_mm", "default")
     assert choices == [] and "aligned" in skipped["triton_padded_mm"]
+
+
+def test_backends_that_leave_aten_out_and_cannot_run_a_problem_get_aten_added(isolated_cache):
+    """KERNELS_BACKENDS=padded and an aligned problem (padded serves only misaligned ones), as KERNELS_BACKENDS=cutlass
+    before its set is built: no candidate of the setting can run it. kernels.mm serves it through aten (a warning,
+    and a note in the selection) instead of raising on a valid call (a new user's probe)."""
+    import warnings
+
+    import kernels
+    from kernels.dispatch.selected import BackendsFallbackWarning
+
+    kernels.config.backends = ("padded",)
+    a, b = torch.randn(4, 16, dtype=torch.float16), torch.randn(16, 16, dtype=torch.float16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = kernels.mm(a, b)
+    assert_close(out, a, b)
+    assert any(issubclass(w.category, BackendsFallbackWarning) and "no candidate of padded" in str(w.message)
+               for w in caught)
+    sel = kernels.explain(a, b)
+    assert sel.winner.startswith("aten") and "aten added to the tune" in sel.notes[-1]
