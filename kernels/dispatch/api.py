@@ -318,11 +318,12 @@ def validate(op: str, a, b, out=None) -> None:
     else:
         for name, t in (("a", a), ("b", b)):
             if t.dtype != torch.int8:
-                raise InputTypeError(f"kernels.int_mm: {name} must be int8, got {t.dtype} "
-                                     f"(floating-point inputs belong to kernels.mm)")
+                raise InputTypeError(f"kernels.int_mm: {name} must be int8, got {t.dtype}" +
+                                     (" (floating-point inputs belong to kernels.mm)" if t.dtype.is_floating_point
+                                      else ""))
         out_dtype = torch.int32
     if out is not None:
-        check_out(op, out, (a.shape[0], b.shape[1]), out_dtype, a.device)
+        check_out(op, out, (a.shape[0], b.shape[1]), out_dtype, a.device, {"a": a, "b": b})
 
 
 def validate_linear(x, weight, bias, activation) -> None:

@@ -10,14 +10,34 @@ from kernels.core.errors import InputTypeError, InputValueError
 
 def out_fits(out, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
     """Whether `out` can take a @ b's `dtype` result as it is: anything else goes to `check_out` (an `out` with a zero
-    stride anywhere too, so an expanded one is refused there and never reaches a kernel)."""
+    stride anywhere, or sharing memory with a or b, too: refused there, it never reaches a kernel)."""
     return (isinstance(out, torch.Tensor) and out.dtype is dtype and out.device == a.device
-            and out.shape == (a.shape[0], b.shape[1]) and 0 not in out.stride())
+            and out.shape == (a.shape[0], b.shape[1]) and 0 not in out.stride()
+            and not overlaps(out, a) and not overlaps(out, b))
 
 
-def check_out(op: str, out, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> None:
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes [first, last + 1) a strided tensor's elements lie in (strides are never negative in torch)."""
+    if t.numel() == 0:
+        return 0, 0
+    start = t.data_ptr()
+    return start, start + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether x's and y's elements may share memory: their spans meet (views taking turns within one span, such as
+    even and odd columns, count as sharing: refused rather than checked element by element)."""
+    if x.device != y.device:
+        return False
+    xs, xe = _span(x)
+    ys, ye = _span(y)
+    return xs < ye and ys < xe
+
+
+def check_out(op: str, out, shape: tuple[int, int], dtype: torch.dtype, device: torch.device,
+              inputs: dict[str, torch.Tensor] | None = None) -> None:
     """Raise InputTypeError / InputValueError naming what is wrong with `out` for a (shape) `dtype` result on
-    `device`."""
+    `device`, read from `inputs` (name -> tensor)."""
     if not isinstance(out, torch.Tensor):
         raise InputTypeError(f"kernels.{op}: out must be a torch.Tensor, got {type(out).__name__}")
     if tuple(out.shape) != tuple(shape):
@@ -30,3 +50,7 @@ def check_out(op: str, out, shape: tuple[int, int], dtype: torch.dtype, device: 
         # torch refuses it too: which of the elements sharing memory is written last is undefined
         raise InputValueError(f"kernels.{op}: out has elements that share memory (strides {tuple(out.stride())}, "
                               f"an expanded tensor); pass a tensor whose elements are distinct")
+    for name, t in (inputs or {}).items():
+        if isinstance(t, torch.Tensor) and overlaps(out, t):
+            # the kernel would read what it has already written: a wrong result, not an error (torch's CPU mm too)
+            raise InputValueError(f"kernels.{op}: out shares memory with {name}; pass an out apart from the inputs")

@@ -160,7 +160,8 @@ def validate(a, b, scale_a, scale_b, bias, out_dtype, out) -> str:
         if bias.dtype != out_dtype:
             raise InputTypeError(f"kernels.scaled_mm: bias has dtype {bias.dtype}, expected out_dtype {out_dtype}")
     if out is not None:
-        check_out("scaled_mm", out, (m, n), out_dtype, a.device)
+        check_out("scaled_mm", out, (m, n), out_dtype, a.device,
+                  {"a": a, "b": b, "scale_a": scale_a, "scale_b": scale_b, "bias": bias})
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, scale_a, scale_b, bias)):
         raise InputValueError("kernels.scaled_mm is not differentiable (an inference op, as torch._scaled_mm): call "
                               "it under torch.no_grad() or with inputs that do not require grad")

@@ -190,7 +190,9 @@ def export_bundle(path: Path, patterns: tuple[str, ...] = (), problems: list[Gem
 
 
 def _matches(entry: StoredEntry, patterns: tuple[str, ...]) -> bool:
-    return any(entry.key_id.startswith(p.lower()) or fnmatch.fnmatchcase(entry.problem_name, p) for p in patterns)
+    # the name itself too: `cache list` shows strides as "[32, 1]", which a shell pattern reads as a character class
+    name = entry.problem_name
+    return any(entry.key_id.startswith(p.lower()) or name == p or fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
 def _anywhere(problem: GemmProblem) -> GemmProblem:

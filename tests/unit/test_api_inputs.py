@@ -55,6 +55,23 @@ def test_bad_out(out, exc, text):
         kernels.mm(t(3, 4), t(4, 5), out=out)
 
 
+def test_an_out_sharing_memory_with_an_input_is_refused():
+    """out written over an input makes the kernel read what it already wrote: a wrong result without an error (torch's
+    CPU mm too). Refused, naming which input; an out apart from them in the same buffer is fine (a new user's probe)."""
+    x, w = t(5, 5), t(5, 5)
+    with pytest.raises(ValueError, match="out shares memory with a"):
+        kernels.mm(x, w, out=x)
+    with pytest.raises(ValueError, match="out shares memory with b"):
+        kernels.mm(x, w, out=w.t())
+    base = t(10, 5)
+    a, out = base[:5], base[5:]
+    want = a.float() @ w.float()
+    assert kernels.mm(a, w, out=out) is out
+    torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
+    with pytest.raises(TypeError, match=r"a must be int8, got torch.uint8$"):
+        kernels.int_mm(torch.zeros(4, 4, dtype=torch.uint8), torch.zeros(4, 4, dtype=torch.int8))
+
+
 def test_zero_size_dims_need_no_tuning():
     before = kernels.stats()["tunes"]
     assert kernels.mm(t(0, 4), t(4, 5)).shape == (0, 5)

@@ -366,6 +366,9 @@ def test_export_problems_selects_by_key_prefix_or_name_pattern(tmp_path, monkeyp
     store(cpu_problem(m=48, n=8))
     assert bundle.export_bundle(tmp_path / "x.tar.gz", (first[:8],)).selections == 1
     assert bundle.export_bundle(tmp_path / "y.tar.gz", ("mm *x16x40 *",)).selections == 2
+    # a name copied from `cache list` whole: its strides' brackets are not a character class there
+    shown = cpu_problem(m=48, n=8).short()
+    assert "[" in shown and bundle.export_bundle(tmp_path / "v.tar.gz", (shown,)).selections == 1
     listed = tmp_path / "model.csv"
     listed.write_text("m,n,k,dtype,layout\n24,16,40,fp16,nn\n48,8,40,fp16,nn\n7,7,7,fp16,nn\n")
     assert main(["cache", "export", str(tmp_path / "z.tar.gz"), "--problems", str(listed)]) == 0
