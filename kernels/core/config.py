@@ -138,8 +138,10 @@ def _patterns(value) -> tuple[str, ...]:
         patterns = _split_patterns(value)
         if not patterns:
             raise ValueError(f"no pattern in it; {allowed}")
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        patterns = [v for v in value if v]
     else:
-        patterns = [str(v) for v in value if str(v)]
+        raise ValueError(f"got a {type(value).__name__}; {allowed} (a str, or a list of str)")
     for pattern in patterns:
         try:
             re.compile(pattern)
@@ -229,6 +231,9 @@ def _dynamic(value) -> tuple[tuple[str, tuple[int, ...]], ...]:
     allowed = "allowed: dims among m, n, k ('m', 'm,k'), or dims with their size hints ('m=16,64,256;k=1024')"
     if isinstance(value, str) and not value.strip():
         return ()
+    if not isinstance(value, (str, bool, tuple, list, Mapping)):
+        hint = " (a kernels.Dynamic goes to mm's dynamic= argument)" if hasattr(value, "dims") else ""
+        raise ValueError(f"got a {type(value).__name__}{hint}; {allowed}")
     try:
         if isinstance(value, Mapping) or (isinstance(value, str) and "=" in value) or \
                 (isinstance(value, tuple) and value and all(isinstance(p, tuple) for p in value)):

@@ -25,6 +25,8 @@ def parse_dims(value) -> tuple[str, ...]:
         return ()
     if value is True:
         return ("m",)
+    if not isinstance(value, (str, tuple, list)):
+        raise ValueError(f"dynamic dims must be 'm', 'm,k', a tuple of dim names or True, got {value!r}")
     if isinstance(value, str) and "=" in value:
         raise ValueError(f"{value!r} holds size hints, and this takes dim names only ('m' or 'm,k'); give hints "
                          "with kernels.Dynamic('m', hints=(16, 64)) or KERNELS_DYNAMIC='m=16,64'")
@@ -38,8 +40,12 @@ def parse_dims(value) -> tuple[str, ...]:
 
 
 def _hint_list(values: Iterable) -> tuple[int, ...]:
+    if isinstance(values, (int, float)) or not isinstance(values, Iterable):     # hints=16: a single number
+        raise ValueError(f"size hints must be a list of positive integers, got {values!r}")
     out = []
     for v in values:
+        if isinstance(v, bool):         # True is 1 to float(); pool=True is refused as well
+            raise ValueError(f"size hints must be positive integers, got {v!r}")
         try:
             as_float = float(v)
             iv = int(as_float) if math.isfinite(as_float) else 0

@@ -41,6 +41,13 @@ def preload(problems=None) -> Preloaded:
     if problems is not None and not (hasattr(problems, "__iter__") or hasattr(problems, "__fspath__")):
         raise InputTypeError(f"preload: problems must be a path or a list of paths to problem lists or traces, not "
                              f"{type(problems).__name__}")
+    paths = None
+    if problems is not None:
+        paths = [problems] if isinstance(problems, (str, bytes)) or hasattr(problems, "__fspath__") else list(problems)
+        wrong = [p for p in paths if not isinstance(p, (str, bytes)) and not hasattr(p, "__fspath__")]
+        if wrong:
+            raise InputTypeError(f"preload: problems must be a path or a list of paths to problem lists or traces; "
+                                 f"the list holds a {type(wrong[0]).__name__} ({wrong[0]!r})")
     start = time.perf_counter()
     report = Preloaded()
     where = target()            # the current GPU, or the CPU through the Triton interpreter
@@ -48,14 +55,13 @@ def preload(problems=None) -> Preloaded:
         report.seconds = time.perf_counter() - start
         return report
     device, arch, name = where
-    if problems is None:
+    if paths is None:
         here = fingerprint(config.backends)
         good, _ = cache_admin.entries()
         todo = [e.selection.problem for e in good
                 if e.env == here and e.selection.problem.device == device and e.selection.problem.device_name == name
                 and e.selection.problem.arch == arch and not e.selection.problem.dynamic]
     else:
-        paths = [problems] if isinstance(problems, (str, bytes)) or hasattr(problems, "__fspath__") else problems
         todo = [item.problem for item in retarget(read_all(paths), device, arch, name) if not item.problem.dynamic]
     with torch._C.DisableTorchFunction():
         for problem in todo:

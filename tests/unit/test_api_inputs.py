@@ -193,3 +193,18 @@ def test_a_winner_resolved_before_a_clear_is_not_registered_after_it(monkeypatch
     a, b = t(8, 16), t(16, 8)
     torch.testing.assert_close(kernels.mm(a, b), (a.float() @ b.float()).half(), rtol=1e-2, atol=1e-2)
     assert api._dispatch.get(api._fast_key("mm", a, b)) is None
+
+
+@pytest.mark.parametrize("make,text", [
+    (lambda: kernels.Dynamic("m", hints=16), "size hints must be a list of positive integers, got 16"),
+    (lambda: kernels.Dynamic(dims=5), "dynamic dims must be 'm', 'm,k'"),
+    (lambda: kernels.Dynamic("m", hints=[True, 64]), "size hints must be positive integers, got True"),
+    (lambda: setattr(kernels.config, "only", 5), "got a int; allowed: a comma list"),
+    (lambda: setattr(kernels.config, "dynamic", kernels.Dynamic("m")), "a kernels.Dynamic goes to mm's dynamic="),
+    (lambda: kernels.preload([1, 2]), r"preload: problems must be a path or a list of paths .* holds a int \(1\)"),
+])
+def test_odd_values_are_errors_that_say_what_is_allowed(make, text):
+    """Values a new user tried that raised Python's own TypeErrors ('int' object is not iterable): each is an error
+    of ours saying what was expected (a new user's probe)."""
+    with pytest.raises((TypeError, ValueError), match=text):
+        make()
