@@ -171,8 +171,15 @@ def _path(value) -> str:
     return _expanded(text, "allowed: a directory path")
 
 
-def _optional_path(value) -> str:
-    return "" if isinstance(value, str) and not value.strip() else _path(value)
+def _optional_file(value) -> str:
+    """A file's path (made absolute), or '' for none."""
+    allowed = "allowed: a file path, or empty for none"
+    if isinstance(value, str) and not value.strip():
+        return ""
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise ValueError(allowed)
+    return _expanded(text, allowed)
 
 
 def _trace_path(value) -> str:
@@ -307,7 +314,7 @@ SETTINGS = (
     Setting("preset", "KERNELS_PRESET", lambda: "", "none", _preset,
             f"`fast`: search the exhaustive grid, compile and time only the performance model's top {FAST_TOP_K} "
             "per backend"),
-    Setting("lut", "KERNELS_LUT", lambda: "", "none", _optional_path,
+    Setting("lut", "KERNELS_LUT", lambda: "", "none", _optional_file,
             "lookup table (JSON): per problem, choices always timed (`add`) or the only ones timed (`only`)"),
     Setting("only", "KERNELS_ONLY", lambda: (), "none", _patterns,
             "comma list of regexes on choice names: keep only the matches (before compiling; aten always stays; a "

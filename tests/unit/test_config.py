@@ -68,7 +68,7 @@ def test_a_call_that_tunes_fails_on_a_bad_setting_before_building(monkeypatch, e
     ("dynamic", {"m": (16,), "M": (32,)}),
     ("cache_dir", ""), ("search_space", "huge"), ("benchmark_space", 0), ("perf_model", "magic"),
     # an environment variable cannot hold a NUL; set in code, a path with one failed at each use, unnamed
-    ("cache_dir", "/tmp/x\0y"), ("lut", "/tmp/x\0y.json"), ("record", "/tmp/x\0y.jsonl")])
+    ("cache_dir", "/tmp/x\0y"), ("lut", "/tmp/x\0y.json"), ("record", "/tmp/x\0y.jsonl"), ("lut", 5)])
 def test_a_bad_value_set_in_code_names_the_attribute_and_keeps_the_old_value(name, value):
     before = getattr(config, name)
     with pytest.raises(SettingError, match=rf"^kernels\.config\.{name} = .*allowed"):
