@@ -137,6 +137,10 @@ def _activation(value, where: _Where, column: str) -> str:
     return _choice(value, ACTIVATIONS, where, column)
 
 
+# kernels.dispatch.scaled.MULTIPLE (a list must not tune what the call refuses; tune does not import dispatch)
+SCALED_MULTIPLE = 16
+
+
 # -- the short form: m, n, k, dtype, layout [, op, bias, activation, scaling, out_dtype] ----------------------------
 def _short(values: dict[str, object], where: _Where, column) -> Listed:
     """values by column name; column(name) -> how an error names that column."""
@@ -160,6 +164,10 @@ def _short(values: dict[str, object], where: _Where, column) -> Listed:
     out_dtype = _given(values, "out_dtype", SCALED_OUT_DTYPES, "bf16", scaled, op, where, column)
     if scaled and layout != "nt":
         raise where.error(column("layout"), f"{layout!r}: scaled_mm takes A row-major and B column-major (nt)")
+    if scaled and (k % SCALED_MULTIPLE or n % SCALED_MULTIPLE):
+        raise where.error(column("k" if k % SCALED_MULTIPLE else "n"), f"scaled_mm takes K and N multiples of "
+                          f"{SCALED_MULTIPLE} (torch._scaled_mm's rule; kernels.scaled_mm refuses the rest), got "
+                          f"K={k}, N={n}")
     problem = dataclasses.replace(problem_of(Shape(m, n, k), dtype, layout, device="cuda", arch=0, device_name="",
                                              scaling=scaling, out_dtype=out_dtype), bias=bias, activation=activation)
     return Listed(problem, None, str(where))
