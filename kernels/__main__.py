@@ -21,6 +21,7 @@ This module parses the command line and loads the commands (kernels.commands, an
 from __future__ import annotations
 
 import argparse
+import re
 import importlib
 import os
 import sys
@@ -70,6 +71,23 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+# NVIDIA's compute capabilities from 8.0 on (the CUTLASS templates here need 8.0 or newer)
+ARCHES = (80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121)
+
+
+def _arch(text: str) -> int:
+    """A compute capability as 90, 9.0 or sm_90 -> 90; one no GPU has, or below 8.0, is refused here (nvcc would fail
+    every kernel of the set on it, each recorded as a build failure)."""
+    m = re.fullmatch(r"\s*(?:sm_?)?([0-9]{1,3})(?:\.([0-9]))?a?\s*", text.lower())
+    arch = None if m is None else int(m.group(1)) * 10 + int(m.group(2)) if m.group(2) else int(m.group(1))
+    if arch is None or arch not in ARCHES:
+        what = ("below 8.0: the CUTLASS templates here need 8.0 or newer" if arch is not None and arch < 80 else
+                "not a compute capability")
+        raise argparse.ArgumentTypeError(f"{text!r} is {what} (one of {', '.join(str(a) for a in ARCHES)}, as 90, 9.0 "
+                                         "or sm_90)")
+    return arch
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kernels", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -83,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     wu.add_argument("--dtypes", type=_names("dtype", WARMUP_DTYPES), default=WARMUP_DTYPES,
                     help=f"comma list of {', '.join(WARMUP_DTYPES)} (default all)")
     wu.add_argument("--jobs", type=_positive, default=None, help="parallel compiles (default MAX_JOBS: the CPU count)")
-    wu.add_argument("--arch", type=_positive, default=None,
+    wu.add_argument("--arch", type=_arch, default=None,
                     help="compute capability to build for, as 90 or 80 (8.0 or newer; default this GPU's; "
                          "without one, 90)")
     wu.add_argument("--retry-failed", action="store_true",

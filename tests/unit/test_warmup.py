@@ -23,12 +23,21 @@ from tests.helpers import run_python
                                "triton, cutlass, padded"),
     (["--jobs", "0"], "argument --jobs: '0' is not a positive integer"),
     (["--jobs", "two"], "argument --jobs: 'two' is not a positive integer"),
+    # nvcc failed every kernel of the set on sm_999, each recorded as a build failure (a new user's probe)
+    (["--arch", "999"], "argument --arch: '999' is not a compute capability (one of 80, 86"),
+    (["--arch", "70"], "argument --arch: '70' is below 8.0: the CUTLASS templates here need 8.0 or newer"),
 ])
 def test_bad_arguments_name_the_argument_and_what_is_allowed(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["warmup", *argv])
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_arch_takes_a_compute_capability_as_the_help_writes_it():
+    from kernels.__main__ import _arch
+
+    assert [_arch(t) for t in ("90", "9.0", "sm_90", "sm90a", "8.6", "100")] == [90, 90, 90, 90, 86, 100]
 
 
 def test_a_bad_max_jobs_is_a_usage_error_without_a_traceback():
