@@ -158,7 +158,9 @@ def tuned_cell(column: Column, outcome: TuneOutcome, problem: GemmProblem, facts
                 unsupported=pick.unsupported)
     if pick.name is None:
         why = _unavailable_note(outcome.notes, column.backend)
-        if pick.candidates == 0:
+        if pick.candidates == 0 or pick.unsupported == pick.candidates:
+            # no candidate, or none the template offers for this problem (split-K where the tiles fill the GPU):
+            # nothing was built to fail
             cell.status = "unavailable"
             cell.message = why or f"{pick.failure} for {column.name} on this problem"
         else:

@@ -99,3 +99,23 @@ def test_only_and_skip_filter_candidates_but_never_aten():
     assert pick_best(timings, choices, col, NameFilter.compile(["^cublas"], None)).failure.endswith("--only/--skip")
     aten = pick_best(timings, choices, Column("aten", "backend", "aten"), NameFilter.compile(["nothing"], ["aten"]))
     assert aten.name == "aten_mm"
+
+
+def test_a_column_whose_candidates_are_all_unsupported_is_unavailable_not_failed():
+    """split_k on a problem whose tiles already fill the GPU offers no candidate: nothing was built to fail, so the
+    cell says unavailable, as other columns do then (it said failed, and the summary counted it; a new user's
+    probe). A column with a built candidate that failed still says failed."""
+    from bench.measure import TuneOutcome, tuned_cell
+    from tests.helpers import problem
+
+    choices = _choices()
+    unsupported = {"aten_mm": 1.0, "split_k_bf16_s4": "unsupported: output tiles already fill the GPU"}
+    del choices["split_k_bf16_s4"]
+    outcome = TuneOutcome(("aten", "triton"), None, unsupported, choices, [], 0.1)
+    cell = tuned_cell(Column("split_k", "template", "triton"), outcome, problem(), None, NameFilter(), True)
+    assert (cell.status, cell.unsupported, cell.candidates) == ("unavailable", 1, 1)
+    assert "output tiles already fill the GPU" in cell.message
+    broken = TuneOutcome(("aten", "triton"), None, {"aten_mm": 1.0, "split_k_bf16_s4": "wrong result: error 1"},
+                         _choices(), [], 0.1)
+    assert tuned_cell(Column("split_k", "template", "triton"), broken, problem(), None, NameFilter(), True).status \
+        == "failed"
