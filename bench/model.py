@@ -295,6 +295,9 @@ def resolve(argv: list[str]) -> argparse.Namespace:
         names = list(VARIANTS) if args.variants.strip() == "all" else parse_list(args.variants, "--variants",
                                                                                  ALL_VARIANTS)
         if args.cudagraphs:
+            if args.device != "cuda" and not args.table_from:     # every CUDA-graph variant would fail its row
+                raise ArgumentsError("--cudagraphs: CUDA graphs need --device cuda (a CUDA GPU); this run is on "
+                                     f"{args.device}")
             names += [n for n in CUDAGRAPH_VARIANTS if n not in names]
         args.variants = ["eager"] + [n for n in names if n != "eager"]
         check_shape(args.hidden, args.intermediate, args.layers, args.head_dim)

@@ -40,12 +40,15 @@ def test_a_cpu_gets_a_small_layer_unless_told_otherwise(monkeypatch):
     assert "speedups" not in bm.table_title({"device": "cuda"})
 
 
-def test_lists_parse_and_eager_is_always_the_reference():
+def test_lists_parse_and_eager_is_always_the_reference(monkeypatch):
     args = bm.resolve(["--tokens", "16, 1,16", "--mode", "fwdbwd", "--variants", "patch,compile,patch",
                        "--seconds", "0.5", "--rounds", "3", "--heat", "0", "--stat", "min", "--time-limit", "60"])
     assert args.tokens == [16, 1] and args.modes == ["fwdbwd"]
     assert args.variants == ["eager", "patch", "compile"]
     assert args.plan == bm.LoopPlan(0.5, 3, 0.0, "min") and args.time_limit == 60
+    with pytest.raises(SystemExit):         # CUDA graphs off a GPU: a usage error, not three failing rows
+        bm.resolve(["--cudagraphs", "--device", "cpu"])
+    monkeypatch.setattr(bm.torch.cuda, "is_available", lambda: True)
     assert bm.resolve(["--cudagraphs"]).variants[-3:] == list(bv.CUDAGRAPH_VARIANTS)
     assert bm.resolve(["--variants", "patch+cudagraph", "--cudagraphs"]).variants == [
         "eager", "patch+cudagraph", "max-autotune+cudagraphs", "patch+compile+cudagraphs"]
