@@ -682,12 +682,20 @@ def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None, *, b
     op="linear": `a` is x and `b` the weight as kernels.linear takes them, with its bias and activation.
     op="scaled_mm": as kernels.scaled_mm takes them, with scale_a, scale_b, bias and out_dtype."""
     if op == "scaled_mm":
+        if scale_a is None or scale_b is None:      # else kernels.scaled_mm's own message, naming no explain argument
+            raise InputValueError("explain: op='scaled_mm' needs scale_a= and scale_b=, as kernels.scaled_mm takes "
+                                  "them")
         return _scaled.explain(a, b, scale_a, scale_b, bias, out_dtype)
     if op != "linear" and (bias is not None or activation is not None):     # else silently the plain product's
         raise InputValueError(f"explain: bias and activation describe op='linear' (or bias op='scaled_mm'), not "
                               f"op={op!r}")
     if scale_a is not None or scale_b is not None:
         raise InputValueError(f"explain: scale_a and scale_b describe op='scaled_mm', not op={op!r}")
+    if out_dtype is not torch.bfloat16:     # the default: scaled_mm's alone takes another
+        raise InputValueError(f"explain: out_dtype describes op='scaled_mm', not op={op!r}")
+    if op == "linear" and dynamic not in (None, False):
+        raise InputValueError("explain: kernels.linear's problems are never dynamic; dynamic= describes op='mm' or "
+                              "'int_mm'")
     if op == "linear":
         validate_linear(a, b, bias, activation)
         a, b = _ops.as_2d(a), b.t()

@@ -208,3 +208,15 @@ def test_odd_values_are_errors_that_say_what_is_allowed(make, text):
     of ours saying what was expected (a new user's probe)."""
     with pytest.raises((TypeError, ValueError), match=text):
         make()
+
+
+def test_explain_refuses_arguments_its_op_does_not_take():
+    """explain(op="mm", out_dtype=...) and explain(op="linear", dynamic=...) ignored them silently, and op="scaled_mm"
+    without scales answered in kernels.scaled_mm's words, naming no explain argument (a new user's probe)."""
+    a, b = t(3, 4), t(4, 5)
+    with pytest.raises(ValueError, match="explain: out_dtype describes op='scaled_mm', not op='mm'"):
+        kernels.explain(a, b, out_dtype=torch.float32)
+    with pytest.raises(ValueError, match="explain: kernels.linear's problems are never dynamic"):
+        kernels.explain(a, b.t(), op="linear", dynamic="m")
+    with pytest.raises(ValueError, match="explain: op='scaled_mm' needs scale_a= and scale_b="):
+        kernels.explain(a, b, op="scaled_mm")
