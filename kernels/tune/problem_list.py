@@ -150,6 +150,9 @@ def _short(values: dict[str, object], where: _Where, column) -> Listed:
     layout = _choice(values["layout"], LAYOUTS, where, column("layout"))
     op = op_of(dtype)
     if values.get("op") not in (None, ""):
+        if str(values["op"]).strip().lower() == "linear":
+            raise where.error(column("op"), "'linear': kernels.linear's problems are mm rows (fp16 / bf16 / fp32, "
+                              "layout nt) with the bias and activation columns")
         given = _choice(values["op"], tuple(OPS), where, column("op"))
         if given != op:
             raise where.error(column("op"), f"{given} takes {', '.join(OPS[given])}, not {dtype}")

@@ -173,6 +173,12 @@ def test_a_trace_append_cut_short_loses_only_its_own_line(tmp_path):
     assert path.read_text().endswith(third + first)
 
 
+def test_an_op_linear_row_points_to_the_bias_and_activation_columns(tmp_path):
+    with pytest.raises(ProblemListError, match=r"t.csv:2: column 6 \(op\): 'linear': kernels.linear's problems are mm "
+                                               "rows"):
+        read(write(tmp_path, "t.csv", "m,n,k,dtype,layout,op\n16,16,32,bf16,nt,linear\n"))
+
+
 def test_a_scaled_mm_row_the_call_would_refuse_is_refused_in_the_list(tmp_path):
     """scaled_mm takes K and N multiples of 16 (torch._scaled_mm's rule): a list row that breaks it was tuned and
     stored, for a problem kernels.scaled_mm then refuses (a new user's probe)."""
