@@ -52,18 +52,26 @@ PROG = "python -m bench.model_ddp"
 CPU_WORLD = 2          # --device cpu without --gpus: the smallest world that all-reduces anything
 
 
+# the llama-7B layer on GPUs; a small one on the CPU's gloo processes (bench.model's CPU sizes)
+GPU_DEFAULTS = {"hidden": 4096, "intermediate": 11008, "head_dim": 128, "tokens": 4096}
+CPU_DEFAULTS = {"hidden": 256, "intermediate": 688, "head_dim": 64, "tokens": 64}
+
+
 class ArgumentsError(ValueError):
     """A flag's value that cannot run here; the message names the flag."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--hidden", type=positive_int, default=4096, help="hidden size (default %(default)s)")
-    p.add_argument("--intermediate", type=positive_int, default=11008, help="MLP size (default %(default)s)")
+    gpu, cpu = GPU_DEFAULTS, CPU_DEFAULTS
+    p.add_argument("--hidden", type=positive_int, help=f"hidden size (default {gpu['hidden']}; CPU {cpu['hidden']})")
+    p.add_argument("--intermediate", type=positive_int,
+                   help=f"MLP size (default {gpu['intermediate']}; CPU {cpu['intermediate']})")
     p.add_argument("--layers", type=positive_int, default=1, help="decoder layers (default %(default)s)")
-    p.add_argument("--head-dim", type=positive_int, default=128,
-                   help="heads = hidden / head-dim (default %(default)s)")
-    p.add_argument("--tokens", type=positive_int, default=4096, help="M of each rank's input (default %(default)s)")
+    p.add_argument("--head-dim", type=positive_int,
+                   help=f"heads = hidden / head-dim (default {gpu['head_dim']}; CPU {cpu['head_dim']})")
+    p.add_argument("--tokens", type=positive_int,
+                   help=f"M of each rank's input (default {gpu['tokens']}; CPU {cpu['tokens']})")
     p.add_argument("--dtype", default="bf16", choices=MODEL_DTYPES, help="(default %(default)s)")
     p.add_argument("--seconds", type=positive, default=1.0,
                    help="length of each timing loop, the slowest rank's clock (default %(default)s)")
@@ -85,9 +93,12 @@ def resolve(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        check_shape(args.hidden, args.intermediate, args.layers, args.head_dim)
         if args.device is None:
             args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        for name, value in (GPU_DEFAULTS if args.device == "cuda" else CPU_DEFAULTS).items():
+            if getattr(args, name) is None:     # on the CPU a layer of the GPU's size ran for minutes, silently
+                setattr(args, name, value)
+        check_shape(args.hidden, args.intermediate, args.layers, args.head_dim)
         visible = torch.cuda.device_count() if args.device == "cuda" else None
         if visible == 0:
             raise ArgumentsError("--device cuda: torch sees no CUDA GPU here")
