@@ -122,7 +122,9 @@ class Selection:
         ranked = self.ranked()
         final = set(self.finalists())
         stages = ", ".join(f"{k} {v:.2f}" for k, v in self.stage_seconds.items())
-        lines = [f"AUTOTUNE {self.problem.short()} -> {self.winner} ({self.source}, {self.regime} final round, "
+        # a selection nothing was timed for (the CPU's torch fallback, a zero-size problem) had no final round
+        round_ = f"{self.regime} final round, " if self.timings else "nothing timed, "
+        lines = [f"AUTOTUNE {self.problem.short()} -> {self.winner} ({self.source}, {round_}"
                  f"{self.tune_seconds:.2f} s{': ' + stages if stages else ''})"]
         # % of the best within its own round: the final round's candidates, then the first pass's others
         unverified = self.unverified()

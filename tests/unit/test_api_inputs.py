@@ -220,3 +220,9 @@ def test_explain_refuses_arguments_its_op_does_not_take():
         kernels.explain(a, b.t(), op="linear", dynamic="m")
     with pytest.raises(ValueError, match="explain: op='scaled_mm' needs scale_a= and scale_b="):
         kernels.explain(a, b, op="scaled_mm")
+
+
+def test_the_cpu_fallbacks_explain_says_nothing_was_timed():
+    """Computed by torch on the CPU, nothing was timed: its table said "burst final round" (a new user's probe)."""
+    table = kernels.explain(torch.randn(4, 4), torch.randn(4, 4)).table()
+    assert "(cpu-fallback, nothing timed," in table and "final round" not in table
