@@ -54,6 +54,7 @@ KEY = re.compile(r"[0-9a-f]{32}")
 CACHE_GROUP = re.compile(r"[A-Za-z0-9_-]{1,128}")
 GROUP_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 KERNEL_STAGE = re.compile(r"[a-z0-9]{1,16}")       # cubin, ptx, llir, ttgir, ttir, source, json
+TRITON_NAME_MAX = 150               # triton.compile: file_name = src.name[:150] (the OS's 255-character limit)
 GROUP_INDEX = "__grp__"          # Triton's index of a folder: {"child_paths": {name: absolute path}}
 MAX_ARTIFACT_BYTES = 1 << 30     # a built kernel is MiBs; a bundle takes none over 256 MiB (kernels.store.bundle)
 
@@ -153,7 +154,9 @@ def triton_record_problem(record) -> str | None:
 
 
 def _kernel_file(name: str, kernel: str) -> bool:
-    """Whether `name` is one of the files Triton writes for `kernel` (an IR stage, its metadata, its folder index)."""
+    """Whether `name` is one of the files Triton writes for `kernel` (an IR stage, its metadata, its folder index),
+    named, as triton.compile names them, by the kernel's name cut to TRITON_NAME_MAX characters."""
+    kernel = kernel[:TRITON_NAME_MAX]
     if name == f"{GROUP_INDEX}{kernel}.json":
         return True
     stage = name.removeprefix(f"{kernel}.") if name.startswith(f"{kernel}.") else None
