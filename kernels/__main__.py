@@ -21,9 +21,9 @@ This module parses the command line and loads the commands (kernels.commands, an
 from __future__ import annotations
 
 import argparse
-import re
 import importlib
 import os
+import re
 import sys
 
 from kernels.core.config import ALL_BACKENDS, WARMUP_DTYPES, config
@@ -79,7 +79,11 @@ def _arch(text: str) -> int:
     """A compute capability as 90, 9.0 or sm_90 -> 90; one no GPU has, or below 8.0, is refused here (nvcc would fail
     every kernel of the set on it, each recorded as a build failure)."""
     m = re.fullmatch(r"\s*(?:sm_?)?([0-9]{1,3})(?:\.([0-9]))?a?\s*", text.lower())
-    arch = None if m is None else int(m.group(1)) * 10 + int(m.group(2)) if m.group(2) else int(m.group(1))
+    arch = None
+    if m is not None:
+        major, minor = int(m.group(1)), m.group(2)
+        # 9.0 -> 90; 9 and 10 as 9.0 and 10.0 (a major alone); 90 and 100 as they are
+        arch = major * 10 + int(minor) if minor is not None else major * 10 if major < 20 else major
     if arch is None or arch not in ARCHES:
         what = ("below 8.0: the CUTLASS templates here need 8.0 or newer" if arch is not None and arch < 80 else
                 "not a compute capability")

@@ -141,7 +141,7 @@ def _patterns(value) -> tuple[str, ...]:
     elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         patterns = [v for v in value if v]
     else:
-        raise ValueError(f"got a {type(value).__name__}; {allowed} (a str, or a list of str)")
+        raise ValueError(f"got type {type(value).__name__}; {allowed} (a str, or a list of str)")
     for pattern in patterns:
         try:
             re.compile(pattern)
@@ -240,7 +240,7 @@ def _dynamic(value) -> tuple[tuple[str, tuple[int, ...]], ...]:
         return ()
     if not isinstance(value, (str, bool, tuple, list, Mapping)):
         hint = " (a kernels.Dynamic goes to mm's dynamic= argument)" if hasattr(value, "dims") else ""
-        raise ValueError(f"got a {type(value).__name__}{hint}; {allowed}")
+        raise ValueError(f"got type {type(value).__name__}{hint}; {allowed}")
     try:
         if isinstance(value, Mapping) or (isinstance(value, str) and "=" in value) or \
                 (isinstance(value, tuple) and value and all(isinstance(p, tuple) for p in value)):

@@ -693,7 +693,7 @@ def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None, *, b
         raise InputValueError(f"explain: scale_a and scale_b describe op='scaled_mm', not op={op!r}")
     if out_dtype is not torch.bfloat16:     # the default: scaled_mm's alone takes another
         raise InputValueError(f"explain: out_dtype describes op='scaled_mm', not op={op!r}")
-    if op == "linear" and dynamic not in (None, False):
+    if op == "linear" and dynamic is not None and _dynamic.resolve(dynamic) is not None:     # '' / () / False: static
         raise InputValueError("explain: kernels.linear's problems are never dynamic; dynamic= describes op='mm' or "
                               "'int_mm'")
     if op == "linear":

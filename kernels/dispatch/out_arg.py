@@ -25,13 +25,27 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 
 
 def overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
-    """Whether x's and y's elements may share memory: their spans meet (views taking turns within one span, such as
-    even and odd columns, count as sharing: refused rather than checked element by element)."""
-    if x.device != y.device:
+    """Whether x's and y's elements may share memory. Exact for tensors of different storages (never) and for two
+    matrices with one row (or column) stride, as blocks of rows or columns of one buffer are; otherwise their spans
+    meeting counts (views taking turns within one span, such as even and odd columns, are refused rather than
+    checked element by element)."""
+    if x.device != y.device or x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr():
         return False
     xs, xe = _span(x)
     ys, ye = _span(y)
-    return xs < ye and ys < xe
+    if not (xs < ye and ys < xe):
+        return False
+    if x.dim() == y.dim() == 2 and x.element_size() == y.element_size() and x.numel() and y.numel():
+        if x.stride(0) == 1 and y.stride(0) == 1 and x.stride(1) == y.stride(1):
+            x, y = x.t(), y.t()                    # column-major blocks: the same question on their transposes
+        if x.stride(1) == 1 and y.stride(1) == 1 and x.stride(0) == y.stride(0) >= max(x.shape[1], y.shape[1]):
+            base, row = x.untyped_storage().data_ptr(), x.stride(0) * x.element_size()
+            (xr, xc), (yr, yc) = divmod(x.data_ptr() - base, row), divmod(y.data_ptr() - base, row)
+            width = x.element_size()
+            if xc + x.shape[1] * width <= row and yc + y.shape[1] * width <= row:     # no window wraps a row
+                rows_meet = xr < yr + y.shape[0] and yr < xr + x.shape[0]
+                return rows_meet and xc < yc + y.shape[1] * width and yc < xc + x.shape[1] * width
+    return True
 
 
 def check_out(op: str, out, shape: tuple[int, int], dtype: torch.dtype, device: torch.device,

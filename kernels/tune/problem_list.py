@@ -167,12 +167,9 @@ def _short(values: dict[str, object], where: _Where, column) -> Listed:
     out_dtype = _given(values, "out_dtype", SCALED_OUT_DTYPES, "bf16", scaled, op, where, column)
     if scaled and layout != "nt":
         raise where.error(column("layout"), f"{layout!r}: scaled_mm takes A row-major and B column-major (nt)")
-    if scaled and (k % SCALED_MULTIPLE or n % SCALED_MULTIPLE):
-        raise where.error(column("k" if k % SCALED_MULTIPLE else "n"), f"scaled_mm takes K and N multiples of "
-                          f"{SCALED_MULTIPLE} (torch._scaled_mm's rule; kernels.scaled_mm refuses the rest), got "
-                          f"K={k}, N={n}")
     problem = dataclasses.replace(problem_of(Shape(m, n, k), dtype, layout, device="cuda", arch=0, device_name="",
                                              scaling=scaling, out_dtype=out_dtype), bias=bias, activation=activation)
+    _scaled_sizes(problem, where, column)
     return Listed(problem, None, str(where))
 
 
@@ -292,7 +289,17 @@ def _record(obj: dict, where: _Where) -> Listed:
         arch=_int(values["arch"], where, key("arch")), device_name=_text(values["device_name"], where,
                                                                          key("device_name")),
         precision=precision, dynamic=dynamic, bias=bias, activation=activation, scaling=scaling)
+    _scaled_sizes(problem, where, key)
     return Listed(problem, spec, str(where))
+
+
+def _scaled_sizes(problem: GemmProblem, where: _Where, column) -> None:
+    """A scaled_mm problem takes K and N multiples of SCALED_MULTIPLE, as the call does."""
+    k, n = problem.k, problem.n
+    if problem.op == "scaled_mm" and (k % SCALED_MULTIPLE or n % SCALED_MULTIPLE):
+        raise where.error(column("k" if k % SCALED_MULTIPLE else "n"), f"scaled_mm takes K and N multiples of "
+                          f"{SCALED_MULTIPLE} (torch._scaled_mm's rule; kernels.scaled_mm refuses the rest), got "
+                          f"K={k}, N={n}")
 
 
 def _object(obj, where: _Where) -> Listed:
@@ -389,12 +396,14 @@ def parse_jsonl(text: str, name: str) -> list[Listed]:
         except (RecursionError, ValueError) as e:
             if not isinstance(e, json.JSONDecodeError):     # an integer past int()'s digits, nesting too deep
                 raise ProblemListError(f"{name}:{line}: not a problem: {type(e).__name__}: {str(e)[:200]}") from e
-            # a line cut short of the object's closing brace is left out, the others stand: the last, unended, of
-            # a recorder killed mid-line, or one with lines after it, of a write that stopped part way (a full
-            # disk), which the next recorder starts a new line after (kernels.dispatch.record). A whole line that
-            # fails is a mistake, an error as anywhere else; so is a cut last line that ends (a hand edit)
+            # a line cut short is left out, the others stand: the last, unended, of a recorder killed mid-line, or
+            # one with lines after it, of a write that stopped part way (a full disk), which the next recorder starts
+            # a new line after (kernels.dispatch.record). Cut short: the parser ran out of text (a cut after a nested
+            # object's brace too), not met something wrong within it ("{...}," is a mistake). A line that fails
+            # otherwise is an error, as anywhere else; so is a cut last line that ends (a hand edit)
             last = line == len(lines)
-            if not raw.rstrip().endswith("}") and (not last or not text.endswith("\n")):
+            cut = e.pos >= len(raw.rstrip()) or e.msg.startswith("Unterminated string")
+            if cut and (not last or not text.endswith("\n")):
                 where = ("the trace ends in a partial line (its recorder stopped mid-write)" if last else
                          "a line cut short (a write to the trace stopped part way)")
                 warnings.warn(f"{name}:{line}: {where}; that line is left out", ProblemListWarning, stacklevel=2)

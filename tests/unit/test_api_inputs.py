@@ -2,6 +2,8 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kernels
 from kernels.dispatch import api
@@ -68,6 +70,20 @@ def test_an_out_sharing_memory_with_an_input_is_refused():
     want = a.float() @ w.float()
     assert kernels.mm(a, w, out=out) is out
     torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
+    # column blocks of one buffer (torch.mm takes them): apart, fine; meeting, refused
+    buf = t(5, 10)
+    a, out = buf[:, :5], buf[:, 5:]
+    want = a.float() @ w.float()
+    assert kernels.mm(a, w, out=out) is out
+    torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="out shares memory with a"):
+        kernels.mm(buf[:, :5], w, out=buf[:, 4:9])
+    cbuf = t(10, 5).t()                 # column-major (5, 10): its column blocks are the transposes' row blocks
+    with pytest.raises(ValueError, match="out shares memory with a"):
+        kernels.mm(cbuf[:, :5], w, out=cbuf[:, 2:7])
+    from kernels.dispatch.out_arg import overlaps
+    assert not overlaps(cbuf[:, 5:], cbuf[:, :5]) and not overlaps(buf[::2], buf[1::2])
+    assert overlaps(buf[:, ::2], buf[:, 1::2])      # columns taking turns: not checked element by element, refused
     with pytest.raises(TypeError, match=r"a must be int8, got torch.uint8$"):
         kernels.int_mm(torch.zeros(4, 4, dtype=torch.uint8), torch.zeros(4, 4, dtype=torch.int8))
 
@@ -199,7 +215,7 @@ def test_a_winner_resolved_before_a_clear_is_not_registered_after_it(monkeypatch
     (lambda: kernels.Dynamic("m", hints=16), "size hints must be a list of positive integers, got 16"),
     (lambda: kernels.Dynamic(dims=5), "dynamic dims must be 'm', 'm,k'"),
     (lambda: kernels.Dynamic("m", hints=[True, 64]), "size hints must be positive integers, got True"),
-    (lambda: setattr(kernels.config, "only", 5), "got a int; allowed: a comma list"),
+    (lambda: setattr(kernels.config, "only", 5), "got type int; allowed: a comma list"),
     (lambda: setattr(kernels.config, "dynamic", kernels.Dynamic("m")), "a kernels.Dynamic goes to mm's dynamic="),
     (lambda: kernels.preload([1, 2]), r"preload: problems must be a path or a list of paths .* holds a int \(1\)"),
 ])
@@ -218,6 +234,8 @@ def test_explain_refuses_arguments_its_op_does_not_take():
         kernels.explain(a, b, out_dtype=torch.float32)
     with pytest.raises(ValueError, match="explain: kernels.linear's problems are never dynamic"):
         kernels.explain(a, b.t(), op="linear", dynamic="m")
+    for static in ("", (), False):          # documented as static: taken
+        assert kernels.explain(a, b.t(), op="linear", dynamic=static).winner
     with pytest.raises(ValueError, match="explain: op='scaled_mm' needs scale_a= and scale_b="):
         kernels.explain(a, b, op="scaled_mm")
 
@@ -229,3 +247,29 @@ def test_the_cpu_fallbacks_explain_says_nothing_was_timed(monkeypatch):
     monkeypatch.setattr(api, "interpret_mode", lambda: False)       # the CPU without the Triton interpreter
     table = kernels.explain(torch.randn(4, 4), torch.randn(4, 4)).table()
     assert "(cpu-fallback, nothing timed," in table and "final round" not in table
+
+
+def _addresses(view: torch.Tensor) -> set[int]:
+    rows, cols = view.shape
+    return {view.data_ptr() + (r * view.stride(0) + c * view.stride(1)) * view.element_size()
+            for r in range(rows) for c in range(cols)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 7), st.integers(1, 8), st.integers(0, 11), st.integers(1, 12), st.integers(1, 2),
+       st.integers(0, 7), st.integers(1, 8), st.integers(0, 11), st.integers(1, 12), st.integers(1, 2),
+       st.booleans())
+def test_the_overlap_check_never_misses_and_is_exact_for_blocks(r0, nr, c0, nc, cs, r1, mr, c1, mc, ds, transpose):
+    """kernels.dispatch.out_arg.overlaps against the elements' addresses, over views of one 8x12 buffer: it never
+    says apart where they meet, and for row/column blocks (unit stride along the row) it is exact."""
+    from kernels.dispatch.out_arg import overlaps
+
+    buf = torch.zeros(8, 12, dtype=torch.float16)
+    x = buf[r0:r0 + nr, c0:c0 + nc:cs]
+    y = buf[r1:r1 + mr, c1:c1 + mc:ds]
+    if transpose:
+        x, y = x.t(), y.t()
+    meet = bool(_addresses(x) & _addresses(y))
+    assert overlaps(x, y) or not meet
+    if cs == ds == 1 and x.numel() and y.numel():
+        assert overlaps(x, y) == meet

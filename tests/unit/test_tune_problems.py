@@ -171,6 +171,14 @@ def test_a_trace_append_cut_short_loses_only_its_own_line(tmp_path):
     assert [i.problem.m for i in items] == [8, 24]
     recorder._append(str(path), first)                             # a whole last line: no extra newline
     assert path.read_text().endswith(third + first)
+    # cut just after a nested object's brace (trace keys are sorted: dynamic_spec's sits mid-line): cut short too
+    path.write_text('{"activation": "", "dynamic_spec": {"hints": [16]}' + "\n" + first)
+    with pytest.warns(ProblemListWarning, match="t.jsonl:1: a line cut short"):
+        assert [i.problem.m for i in read(path)] == [8]
+    # a line with something wrong inside it is a mistake, wherever it is: "{...}," from a JSON array
+    path.write_text(first.rstrip("\n") + ",\n" + third)
+    with pytest.raises(ProblemListError, match=r"t.jsonl:1: column \d+: not valid JSON: Extra data"):
+        read(path)
 
 
 def test_an_op_linear_row_points_to_the_bias_and_activation_columns(tmp_path):
@@ -189,6 +197,10 @@ def test_a_scaled_mm_row_the_call_would_refuse_is_refused_in_the_list(tmp_path):
     with pytest.raises(ProblemListError, match=r"t.csv:2: column 3 \(k\): scaled_mm takes K and N multiples of 16"):
         read(write(tmp_path, "t.csv", "m,n,k,dtype,layout\n16,16,8,e4m3,nt\n"))
     assert [i.problem.k for i in read(write(tmp_path, "t.csv", "m,n,k,dtype,layout\n16,16,32,e4m3,nt\n"))] == [32]
+    good, = read(write(tmp_path, "t.csv", "m,n,k,dtype,layout\n16,16,32,e4m3,nt\n"))
+    recorded = json.loads(trace_line(good.problem))
+    with pytest.raises(ProblemListError, match=r"t.jsonl:1: key 'n': scaled_mm takes K and N multiples of 16"):
+        read(write(tmp_path, "t.jsonl", json.dumps(dict(recorded, n=24)) + "\n"))    # a recorded (long-form) line
 
 
 @pytest.mark.parametrize("name,text,message", [

@@ -37,7 +37,8 @@ def test_bad_arguments_name_the_argument_and_what_is_allowed(argv, message, caps
 def test_arch_takes_a_compute_capability_as_the_help_writes_it():
     from kernels.__main__ import _arch
 
-    assert [_arch(t) for t in ("90", "9.0", "sm_90", "sm90a", "8.6", "100")] == [90, 90, 90, 90, 86, 100]
+    assert [_arch(t) for t in ("90", "9.0", "sm_90", "sm90a", "8.6", "100", "9", "10")] == [90, 90, 90, 90, 86, 100,
+                                                                                           90, 100]
 
 
 def test_a_bad_max_jobs_is_a_usage_error_without_a_traceback():
