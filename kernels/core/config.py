@@ -171,9 +171,8 @@ def _path(value) -> str:
     return _expanded(text, "allowed: a directory path")
 
 
-def _optional_file(value) -> str:
+def _file_or_empty(value, allowed: str) -> str:
     """A file's path (made absolute), or '' for none."""
-    allowed = "allowed: a file path, or empty for none"
     if isinstance(value, str) and not value.strip():
         return ""
     text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
@@ -182,16 +181,15 @@ def _optional_file(value) -> str:
     return _expanded(text, allowed)
 
 
+def _optional_file(value) -> str:
+    return _file_or_empty(value, "allowed: a file path, or empty for none")
+
+
 def _trace_path(value) -> str:
     """A file the problem trace is appended to; '' for off. A directory is refused (the trace is one file)."""
     allowed = "allowed: a file path (appended to: one JSON line per distinct problem), or empty for off"
-    if isinstance(value, str) and not value.strip():
-        return ""
-    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
-    if not isinstance(text, str):
-        raise ValueError(allowed)
-    path = _expanded(text, allowed)
-    if os.path.isdir(path) or text.endswith(("/", os.sep)):
+    path = _file_or_empty(value, allowed)
+    if path and (os.path.isdir(path) or os.fspath(value).endswith(("/", os.sep))):
         raise ValueError(f"{path} is a directory; {allowed}")
     return path
 
