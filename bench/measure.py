@@ -22,9 +22,8 @@ from kernels.tune.autotune import fingerprint, tune
 from kernels.store.selections import SelectionStore, store_key
 from kernels.core.config import config
 from kernels.core.errors import NoCandidateError
-from kernels.core.problem import DTYPES_BY_NAME, SCALINGS, GemmProblem, op_of
+from kernels.core.problem import DTYPES_BY_NAME, SCALED_MULTIPLE, SCALINGS, GemmProblem, op_of
 from kernels.core.selection import Selection
-from kernels.dispatch.scaled import MULTIPLE as FP8_MULTIPLE
 from kernels.measure.timing import Call, user_call
 from kernels.measure.verify import check, fresh_timing_sets, reference
 
@@ -58,8 +57,8 @@ def layout_error(dtype: str, layout: str) -> str:
 
 def shape_error(shape: Shape, dtype: str) -> str:
     """'' when the op runs this shape, else why not: fp8 needs K and N multiples of 16 (torch._scaled_mm's rule)."""
-    if op_for(dtype) == "scaled_mm" and (shape.k % FP8_MULTIPLE or shape.n % FP8_MULTIPLE):
-        return f"{shape.label()}: fp8 needs K and N multiples of {FP8_MULTIPLE} (torch._scaled_mm's rule)"
+    if op_for(dtype) == "scaled_mm" and (shape.k % SCALED_MULTIPLE or shape.n % SCALED_MULTIPLE):
+        return f"{shape.label()}: fp8 needs K and N multiples of {SCALED_MULTIPLE} (torch._scaled_mm's rule)"
     return ""
 
 

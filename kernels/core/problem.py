@@ -16,6 +16,9 @@ OPS = {"mm": ("fp16", "bf16", "fp32"), "int_mm": ("int8",), "scaled_mm": ("e4m3"
 # sizes and strides a problem read back from a file may hold (a stored selection, a problem list): below 2**31
 MAX_DIM = 1 << 31
 SCALED_OUT_DTYPES = ("bf16", "fp16", "fp32")
+# scaled_mm's K and N are multiples of this: torch._scaled_mm's own shape rule (cuBLASLt's fp8 alignment), which
+# kernels.scaled_mm and problem lists enforce alike
+SCALED_MULTIPLE = 16
 
 
 def op_of(dtype: str) -> str:

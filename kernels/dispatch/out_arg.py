@@ -8,12 +8,13 @@ import torch
 from kernels.core.errors import InputTypeError, InputValueError
 
 
-def out_fits(out, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
+def out_fits(out, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, *others: torch.Tensor | None) -> bool:
     """Whether `out` can take a @ b's `dtype` result as it is: anything else goes to `check_out` (an `out` with a zero
-    stride anywhere, or sharing memory with a or b, too: refused there, it never reaches a kernel)."""
+    stride anywhere, or sharing memory with a, b or any of `others` (scaled_mm's scales and bias), too: refused
+    there, it never reaches a kernel)."""
     return (isinstance(out, torch.Tensor) and out.dtype is dtype and out.device == a.device
             and out.shape == (a.shape[0], b.shape[1]) and 0 not in out.stride()
-            and not overlaps(out, a) and not overlaps(out, b))
+            and not any(t is not None and overlaps(out, t) for t in (a, b, *others)))
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from kernels.core import counters as _stats
 from kernels.core.choice import Choice
 from kernels.core.config import config, interpret_mode
 from kernels.core.errors import InputTypeError, InputValueError
-from kernels.core.problem import DTYPE_NAMES, GemmProblem
+from kernels.core.problem import DTYPE_NAMES, SCALED_MULTIPLE, GemmProblem
 from kernels.core.selection import Selection
 from kernels.dispatch import record as _record
 from kernels.dispatch import selected
@@ -31,8 +31,6 @@ from backends.aten import scaled_mm_launch
 FP8_A = (torch.float8_e4m3fn, torch.float8_e5m2)
 FP8_B = (torch.float8_e4m3fn,)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# torch._scaled_mm's own shape rule (cuBLASLt's fp8 alignment)
-MULTIPLE = 16
 
 _dispatch: dict[tuple, object] = {}      # warm key -> launch(a, b, scale_a, scale_b[, bias], out)
 memory_hits = [0]
@@ -78,7 +76,7 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
         launch = _dispatch.get(_key(a, b, scale_a, scale_b, bias, out_dtype))
     except (AttributeError, TypeError):
         launch = None
-    if launch is not None and (out is None or out_fits(out, a, b, out_dtype)):
+    if launch is not None and (out is None or out_fits(out, a, b, out_dtype, scale_a, scale_b, bias)):
         memory_hits[0] += 1
         return (launch(a, b, scale_a, scale_b, out) if bias is None else
                 launch(a, b, scale_a, scale_b, bias, out))
@@ -144,8 +142,8 @@ def validate(a, b, scale_a, scale_b, bias, out_dtype, out) -> str:
     if b.stride(0) != 1 and k > 1:
         raise InputValueError(f"kernels.scaled_mm: b must be column-major (unit stride along K: b = w.t() of a "
                               f"row-major (N, K) w), got strides {b.stride()} (torch._scaled_mm's rule too)")
-    if k % MULTIPLE or n % MULTIPLE:
-        raise InputValueError(f"kernels.scaled_mm: K and N must be multiples of {MULTIPLE}, got K={k}, N={n} "
+    if k % SCALED_MULTIPLE or n % SCALED_MULTIPLE:
+        raise InputValueError(f"kernels.scaled_mm: K and N must be multiples of {SCALED_MULTIPLE}, got K={k}, N={n} "
                               "(torch._scaled_mm's rule too)")
     for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
         if t.dtype != torch.float32:

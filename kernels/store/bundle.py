@@ -291,7 +291,7 @@ def read_bundle(path: Path) -> Bundle:
     except gzip.BadGzipFile as e:
         raise BundleError(f"{path} is not a gzip file, so not a kernels bundle (export writes .tar.gz); nothing "
                           "imported") from e
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, OSError, ValueError) as e:
+    except (tarfile.TarError, EOFError, zlib.error, OSError, ValueError) as e:
         raise BundleError(f"{path} is truncated or not a kernels bundle ({type(e).__name__}: {e}); nothing "
                           "imported") from e
     absent = sorted(set(manifest["members"]) - set(members))

@@ -29,8 +29,8 @@ from pathlib import Path
 from kernels.core.dynamic_spec import DIMS, MODES, parse_buckets, parse_dims
 from kernels.core.errors import KernelsError
 from kernels.core.fsutil import read_regular_text
-from kernels.core.problem import (ACTIVATIONS, MAX_DIM, OPS, SCALED_OUT_DTYPES, SCALINGS, GemmProblem, op_of,
-                                  precision_of)
+from kernels.core.problem import (ACTIVATIONS, MAX_DIM, OPS, SCALED_MULTIPLE, SCALED_OUT_DTYPES, SCALINGS,
+                                  GemmProblem, op_of, precision_of)
 from kernels.space.shapes import Shape, problem_of
 
 SUFFIXES = (".csv", ".json", ".jsonl")
@@ -135,10 +135,6 @@ def _activation(value, where: _Where, column: str) -> str:
     if text in ("", "none"):
         return ""
     return _choice(value, ACTIVATIONS, where, column)
-
-
-# kernels.dispatch.scaled.MULTIPLE (a list must not tune what the call refuses; tune does not import dispatch)
-SCALED_MULTIPLE = 16
 
 
 # -- the short form: m, n, k, dtype, layout [, op, bias, activation, scaling, out_dtype] ----------------------------
@@ -294,7 +290,8 @@ def _record(obj: dict, where: _Where) -> Listed:
 
 
 def _scaled_sizes(problem: GemmProblem, where: _Where, column) -> None:
-    """A scaled_mm problem takes K and N multiples of SCALED_MULTIPLE, as the call does."""
+    """A scaled_mm problem takes K and N multiples of SCALED_MULTIPLE, as the call does (a list must not tune what
+    the call refuses)."""
     k, n = problem.k, problem.n
     if problem.op == "scaled_mm" and (k % SCALED_MULTIPLE or n % SCALED_MULTIPLE):
         raise where.error(column("k" if k % SCALED_MULTIPLE else "n"), f"scaled_mm takes K and N multiples of "

@@ -90,3 +90,17 @@ def test_scalings_and_output_dtypes_are_stored_apart():
     keys = {p.key(), dataclasses.replace(p, scaling="tensor").key(), dataclasses.replace(p, out_dtype="fp16").key(),
             dataclasses.replace(p, bias=True).key()}
     assert len(keys) == 4 and p.epilogue_operands == 2 and dataclasses.replace(p, bias=True).epilogue_operands == 3
+
+
+def test_no_out_over_a_scale_or_the_bias_either_warm_or_cold():
+    """The warm path takes an out= only where the cold checks would: one sharing memory with the bias (or a scale)
+    fails `out_fits` too, so it goes to the cold checks, which refuse it naming the bias."""
+    from kernels.dispatch.out_arg import out_fits
+
+    a, b, sa, sb = operands()
+    buffer = torch.zeros(M * N, dtype=torch.bfloat16)
+    out, over = buffer.view(M, N), buffer[-N:]          # the bias would be out's last row
+    apart = torch.zeros(N, dtype=torch.bfloat16)
+    assert out_fits(out, a, b, torch.bfloat16, sa, sb, apart) and out_fits(out, a, b, torch.bfloat16, sa, sb, None)
+    assert not out_fits(out, a, b, torch.bfloat16, sa, sb, over)
+    raises(InputValueError, "out shares memory with bias", a, b, sa, sb, bias=over, out=out)

@@ -190,10 +190,6 @@ def test_an_op_linear_row_points_to_the_bias_and_activation_columns(tmp_path):
 def test_a_scaled_mm_row_the_call_would_refuse_is_refused_in_the_list(tmp_path):
     """scaled_mm takes K and N multiples of 16 (torch._scaled_mm's rule): a list row that breaks it was tuned and
     stored, for a problem kernels.scaled_mm then refuses (a new user's probe)."""
-    from kernels.dispatch.scaled import MULTIPLE
-    from kernels.tune.problem_list import SCALED_MULTIPLE
-
-    assert SCALED_MULTIPLE == MULTIPLE
     with pytest.raises(ProblemListError, match=r"t.csv:2: column 3 \(k\): scaled_mm takes K and N multiples of 16"):
         read(write(tmp_path, "t.csv", "m,n,k,dtype,layout\n16,16,8,e4m3,nt\n"))
     assert [i.problem.k for i in read(write(tmp_path, "t.csv", "m,n,k,dtype,layout\n16,16,32,e4m3,nt\n"))] == [32]
