@@ -271,6 +271,7 @@ def _tune(args, early: worker_launch.EarlyWorkers | None) -> int:
         print(f"python -m kernels tune: error: {e}", file=sys.stderr)
         return 2
     where = offline.target()
+    config.duel = "loop"        # no calls will follow an offline tune to run its duels on: they run in the tune
     if args.dry_run:
         print(offline.dry_run(listed, where, record.stored))
         return 0

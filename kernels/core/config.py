@@ -31,6 +31,7 @@ WARMUP_DTYPES = ("bf16", "fp16", "int8")      # the dtypes `python -m kernels wa
 PRESETS = ("none", "fast")
 FASTPATH_MODES = ("auto", "build", "off")
 CUTLASS_BUILD_MODES = ("background", "inline", "off")
+DUEL_MODES = ("calls", "loop")
 SEARCH_SPACES = ("default", "exhaustive")
 PERF_MODELS = ("auto", "analytic", "learned")
 FAST_TOP_K = 5   # the "fast" preset benchmarks this many candidates per backend, ranked by the performance model
@@ -338,6 +339,9 @@ SETTINGS = (
             "CUTLASS kernels a tune needs that are not built yet: `background` (tune with what is built; a low-priority "
             "process builds the rest, and the problem is re-tuned on a later cold lookup), `inline` (compile during the "
             "tune), `off` (only what `python -m kernels warmup` built)"),
+    Setting("duel", "KERNELS_DUEL", lambda: "calls", "`calls`", _one_of(DUEL_MODES),
+            "calls of 0.1 ms or more end their tune with a duel of aten and the fastest challenger in ~1 s turns: "
+            "`calls` (on the caller's next calls, aten serving until it is decided), `loop` (in a 2-3 s loop in the tune)"),
     Setting("max_problems", "KERNELS_MAX_PROBLEMS", lambda: 4096, "4096", _positive_int,
             "distinct problems kept ready in memory; past it the oldest are dropped (looked up again in the store "
             "when they return)"),

@@ -26,6 +26,7 @@ class Stats:
     store_publishes: int = 0     # selections this process published to the shared store
     store_waits: int = 0         # lookups that waited for another machine's tune of the same problem
     store_errors: int = 0        # shared store operations that failed (the lookup went on locally)
+    call_duels: int = 0          # duels decided on the caller's calls (KERNELS_DUEL=calls)
 
 
 PASSTHROUGH_PREFIX = "passthrough:"

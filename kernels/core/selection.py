@@ -39,6 +39,9 @@ class Selection:
     # choices whose binaries were still being built in the background when it was tuned: once they are built (or
     # failed for good), the selection is stale the same way (backends.base.Backend.settled)
     pending: list[str] = field(default_factory=list)
+    # a challenger whose steady-regime duel with the winner (the baseline, serving meanwhile) runs on the caller's own
+    # calls (KERNELS_DUEL=calls, kernels.dispatch.call_duel); None once decided, or where the tune decided it
+    duel: str | None = None
 
     @property
     def winner_choice(self) -> Choice:
@@ -97,7 +100,8 @@ class Selection:
                 "choices": {n: c.as_dict() for n, c in self.choices.items()}, "timings": self.timings,
                 "details": self.details, "tune_seconds": self.tune_seconds, "created": self.created,
                 "fingerprint": self.fingerprint, "notes": self.notes, "stage_seconds": self.stage_seconds,
-                "unavailable": self.unavailable, "regime": self.regime, "pending": self.pending}
+                "unavailable": self.unavailable, "regime": self.regime, "pending": self.pending,
+                "duel": self.duel}
 
     @classmethod
     def from_dict(cls, data: dict, source: str) -> "Selection":
@@ -113,7 +117,7 @@ class Selection:
                    fingerprint=data.get("fingerprint", {}), notes=list(data.get("notes", [])),
                    stage_seconds={k: float(v) for k, v in data.get("stage_seconds", {}).items()},
                    unavailable=list(data.get("unavailable", [])), regime=str(data.get("regime", "burst")),
-                   pending=_pending(data, choices))
+                   pending=_pending(data, choices), duel=_duel(data, choices))
 
     def table(self, rounds: bool = False) -> str:
         """The AUTOTUNE table: timed choices sorted by time with % of best (those never verified marked so), then the
@@ -144,6 +148,8 @@ class Selection:
         for name, why in self.failures().items():
             lines.append(f"   {name:<52} {why[:160]}")
         lines.extend(f"   note: {n}" for n in self.notes)
+        if self.duel is not None:
+            lines.append(f"   note: {self.winner} serves while its duel with {self.duel} runs on this problem's calls")
         if self.pending:
             lines.append(f"   note: tuned while {len(self.pending)} candidates were being built in the background; "
                          "re-tuned with them on a cold lookup once they are built")
@@ -156,3 +162,11 @@ def _pending(data: dict, choices: dict[str, Choice]) -> list[str]:
     if not isinstance(names, list) or any(n not in choices for n in names):
         raise ValueError("pending names a choice that is not recorded")
     return list(names)
+
+
+def _duel(data: dict, choices: dict[str, Choice]) -> str | None:
+    """The recorded challenger awaiting its duel on calls: a recorded choice other than the winner, or None."""
+    name = data.get("duel")
+    if name is not None and (not isinstance(name, str) or name not in choices or name == data.get("winner")):
+        raise ValueError("duel names no recorded challenger")
+    return name

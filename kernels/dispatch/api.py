@@ -504,7 +504,10 @@ def _grad_route_mm(a, b):
         return _custom.eager_mm
     problems = [GemmProblem.from_tensors("mm", a, b), *_ops.mm_backward_problems(a, b, needs)]
     key = (_fast_key("mm", a, b), *needs)
-    if _torchs_autograd_serves(a, problems):
+    serves = _torchs_autograd_serves(a, problems)
+    if serves is None:
+        return _custom.eager_mm
+    if serves:
         _stats.bump("torch_autograd")
         return _add_grad_route(key, torch.mm, _FAST_ATEN_KIND[torch.mm])
     return _add_grad_route(key, _custom.eager_mm)
@@ -522,7 +525,10 @@ def _grad_route_linear(x, weight, bias, activation):
     problems = [GemmProblem.from_tensors("mm", x2, wt, bias=bias is not None),
                 *_ops.linear_backward_problems(x, weight, needs)]
     key = (_linear_key(x2, wt, bias, activation), *needs)
-    if not _torchs_autograd_serves(x, problems):
+    serves = _torchs_autograd_serves(x, problems)
+    if serves is None:
+        return kernels_autograd
+    if not serves:
         return _add_grad_route(key, kernels_autograd)
     _stats.bump("torch_autograd")
     call = F.linear if not activation else lambda x, weight, bias: _activate(F.linear(x, weight, bias), activation)
@@ -535,12 +541,14 @@ def _routable(like: torch.Tensor, mnk) -> bool:
     return 0 not in mnk and not (like.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
 
 
-def _torchs_autograd_serves(like: torch.Tensor, problems: list[GemmProblem]) -> bool:
+def _torchs_autograd_serves(like: torch.Tensor, problems: list[GemmProblem]) -> bool | None:
     """Resolve the forward product (problems[0]; its failure is the caller's, as on any cold call) and look the
     backward ones up ahead (never raising: the backward looks a failed one up again); then whether torch's own
     autograd is to serve the calls: on the CPU fallback (every product is torch's), or where the winners save less
     GPU time over aten than kernels' autograd Function costs in host time (ops.FUNCTION_HOST_US; aten everywhere
-    saves nothing)."""
+    saves nothing). None while a product's duel runs on calls (KERNELS_DUEL=calls): kernels' autograd serves this
+    call, so the duel gets its calls, and the route is not kept; a later call decides it with the verdicts in (torch's
+    autograd took every call of a layer whose provisional winners were aten, and its 12 duels never ended)."""
     if _fast_call is None:          # a training-only process meets no other cold path that would load it
         _fast.try_load(_fast_loaded)
     if _cpu_fallback(like):
@@ -550,7 +558,10 @@ def _torchs_autograd_serves(like: torch.Tensor, problems: list[GemmProblem]) -> 
         _record.resolve(problems[0])
     for problem in problems[1:]:
         _prepare(problem, like)
-    return _ops.kernels_gain_us([selected.selection(p) for p in problems]) <= _ops.FUNCTION_HOST_US
+    selections = [selected.selection(p) for p in problems]
+    if any(sel is not None and sel.duel is not None for sel in selections):
+        return None
+    return _ops.kernels_gain_us(selections) <= _ops.FUNCTION_HOST_US
 
 
 def _add_grad_route(key: tuple, call, fast_kind: int | None = None):
@@ -723,8 +734,10 @@ def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None, *, b
 
 
 def stats() -> dict[str, int]:
-    """Counters since process start: compiles, artifact loads, benchmarks, tunes, memory/disk hits, cpu fallbacks."""
+    """Counters since process start: compiles, artifact loads, benchmarks, tunes, memory/disk hits, cpu fallbacks;
+    and `duels_pending`: the problems whose duel on calls (KERNELS_DUEL=calls) is running now, not a counter."""
     snap = _stats.snapshot()
+    snap["duels_pending"] = selected.duels_pending()
     snap["memory_hits"] = (_memory_hits[0] + _scaled.memory_hits[0]
                            + (_fast.module.hits() if _fast.module is not None else 0))
     return snap

@@ -551,7 +551,9 @@ def launcher_for(problem: GemmProblem, dyn: Dynamic):
 
 
 def _select(hint_problem: GemmProblem) -> Selection:
-    selected.launcher_for(hint_problem)  # tune or load, through the normal selection store, memoised per process
+    # tune or load, through the normal selection store, memoised per process; no calls reach a hint problem's
+    # launcher, so its tune runs its duel itself
+    selected.launcher_for(hint_problem, calls_follow=False)
     return selected.selection(hint_problem)
 
 

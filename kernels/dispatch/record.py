@@ -130,11 +130,14 @@ _store = SelectionStore()
 
 def stored(problem: GemmProblem) -> Selection | None:
     """The selection store's entry for a static problem under the current settings (else the shared store's, with
-    KERNELS_STORE), or None; nothing is loaded or verified (a cold lookup does that on first use)."""
+    KERNELS_STORE), or None; nothing is loaded or verified (a cold lookup does that on first use). An entry whose
+    duel was left to calls (Selection.duel) is not final: None unless KERNELS_DUEL=calls, under which calls finish
+    it (an offline tune runs its duels in the loop, so it tunes such a problem again)."""
     key = store_key(problem, fingerprint(config.backends))
     found = _store.get(key)
     shared = store_for(config.store, config.store_lock_s) if found is None else None
-    return found if shared is None else shared.get(key)
+    found = found if shared is None else shared.get(key)
+    return None if found is not None and found.duel is not None and config.duel != "calls" else found
 
 
 def replay(item: Listed) -> tuple[Selection, bool]:

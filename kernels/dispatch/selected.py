@@ -7,6 +7,7 @@ import contextlib
 import threading
 import time
 import warnings
+from dataclasses import replace
 
 import torch
 
@@ -18,11 +19,15 @@ from kernels.core.errors import NoCandidateError
 from kernels.core.fsutil import load_or_build
 from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
+from kernels.dispatch.call_duel import CallDuel, windows_for
+from kernels.measure.call_timer import timer_for
+from kernels.measure.steady import plan_for
 from kernels.measure.verify import make_inputs, reference, verify_launch
 from kernels.store.selections import SelectionStore, store_key
 from kernels.store.shared import SharedStore, store_for
 from kernels.tune.autotune import fingerprint, tune
 from kernels.tune.build_queue import request as request_build
+from kernels.tune.final_round import call_duel_result, duel_shape, record_duel
 
 lock = threading.RLock()          # guards this module's tables and the api's warm table
 _selections: dict[GemmProblem, Selection] = {}
@@ -30,22 +35,25 @@ _launchers: dict[tuple[GemmProblem, int], object] = {}    # (problem, device ind
 _store = SelectionStore()
 
 
-def launcher_for(problem: GemmProblem):
+def launcher_for(problem: GemmProblem, calls_follow: bool = True):
     """The launcher for the problem on the current device (callers enter the tensors' device first): a launcher
-    holds device-bound state (loaded functions, workspaces), so a second GPU gets its own, from the same selection."""
+    holds device-bound state (loaded functions, workspaces), so a second GPU gets its own, from the same selection.
+    `calls_follow`: the launcher will serve the problem's calls, so a duel may be left to them (KERNELS_DUEL=calls);
+    False where it will not (dynamic shapes' hint problems: only their selections are read), and then a tune
+    runs its duel itself."""
     where = (problem, torch.cuda.current_device() if problem.device == "cuda" else -1)
     with lock:
         launch = _launchers.pop(where, None)
         if launch is not None:
             _launchers[where] = launch            # to the back: the most recently looked up is trimmed last
         else:
-            sel, launch = _select(problem)
+            sel, launch = _select(problem, calls_follow)
             _selections[problem] = sel
             _launchers[where] = launch
         return launch
 
 
-def _select(problem: GemmProblem) -> tuple[Selection, object]:
+def _select(problem: GemmProblem, calls_follow: bool = True) -> tuple[Selection, object]:
     """Disk, else the shared store, else tune (once across processes: the local store's lock; once across machines:
     the shared store's). Returns the selection and a ready launcher."""
     backends = config.backends
@@ -53,20 +61,20 @@ def _select(problem: GemmProblem) -> tuple[Selection, object]:
     shared = store_for(config.store, config.store_lock_s)
 
     def build() -> tuple[Selection, object]:
-        sel, runners = _tune_or_aten(problem, backends)
+        sel, runners = _tune_or_aten(problem, backends, calls_follow and config.duel == "calls")
         _store.put(key, sel)
         if shared is not None:
             shared.publish(key, sel)
-        return sel, runners[sel.winner].launch
+        return sel, _serving(key, problem, sel, {n: r.launch for n, r in runners.items()})
 
     def load_local():
-        return _load_stored(key, problem)
+        return _load_stored(key, problem, calls_follow)
 
     if shared is None:
         return load_or_build(load_local, lambda: _store.lock(key), build)
 
     def load_shared():
-        return _load_shared(shared, key, problem)
+        return _load_shared(shared, key, problem, calls_follow)
 
     found = load_local() or load_shared()
     if found is not None:
@@ -83,13 +91,13 @@ class BackendsFallbackWarning(UserWarning):
 _fallback_warned: set[tuple[str, ...]] = set()
 
 
-def _tune_or_aten(problem: GemmProblem, backends: tuple[str, ...]):
+def _tune_or_aten(problem: GemmProblem, backends: tuple[str, ...], defer: bool):
     """tune(), and where no candidate of `backends` can run the problem and they leave aten out (KERNELS_BACKENDS=
     cutlass before its set is built, padded on an aligned problem), a tune with aten added: a valid call is served,
     never refused for the setting (a new user's probe). The selection says so; tune() alone (bench.compare's
     columns) still reports the backends' own failure."""
     try:
-        return tune(problem, backends)
+        return tune(problem, backends, defer_duel=defer)
     except NoCandidateError as e:
         if "aten" in backends:
             raise
@@ -99,37 +107,39 @@ def _tune_or_aten(problem: GemmProblem, backends: tuple[str, ...]):
         _fallback_warned.add(backends)
         warnings.warn(f"kernels: {why}; aten serves such problems (the backends setting leaves it out)",
                       BackendsFallbackWarning, stacklevel=5)
-    sel, runners = tune(problem, (*backends, "aten"))
+    sel, runners = tune(problem, (*backends, "aten"), defer_duel=defer)
     sel.notes.append(f"{why}: aten added to the tune")
     return sel, runners
 
 
-def _load_stored(key: str, problem: GemmProblem):
+def _load_stored(key: str, problem: GemmProblem, calls_follow: bool = True):
     """The stored winner, loaded and verified in this process, or None (tune again)."""
     sel = _store.get(key)
-    found = None if sel is None else _ready(sel, problem)
+    found = None if sel is None else _ready(sel, problem, key, calls_follow=calls_follow)
     if found is not None:
         _stats.bump("disk_hits")
     return found
 
 
-def _load_shared(shared: SharedStore, key: str, problem: GemmProblem):
+def _load_shared(shared: SharedStore, key: str, problem: GemmProblem, calls_follow: bool = True):
     """The shared store's winner, built here if need be (that one choice: no benchmark), verified, and kept in the
     local store (the next process here reads it from disk); or None."""
     sel = shared.get(key)
-    found = None if sel is None else _ready(sel, problem, build_missing=True)
+    found = None if sel is None else _ready(sel, problem, key, build_missing=True, calls_follow=calls_follow)
     if found is not None:
         _store.put(key, found[0])
         _stats.bump("store_hits")
     return found
 
 
-def _ready(sel: Selection, problem: GemmProblem, build_missing: bool = False):
+def _ready(sel: Selection, problem: GemmProblem, key: str, build_missing: bool = False, calls_follow: bool = True):
     """(sel, its winner's launcher) when the winner can serve here, else None (tune again). A stored entry is data
     another process (or machine) wrote: its winner is checked against the float64 reference once per process, like
     a tuning candidate, and an entry tuned while a backend was missing is stale once that backend can serve.
     `build_missing`: compile a winner whose binary is not built here even where builds otherwise go to the
-    background (a shared selection is worth one compile: it saves a tune)."""
+    background (a shared selection is worth one compile: it saves a tune). A selection whose duel was left to calls
+    loads its challenger the same way and goes on with the duel here (with KERNELS_DUEL=loop, or no calls to follow
+    (`calls_follow`), it is tuned again)."""
     stale = [name for name in sel.unavailable if name in config.backends and _available(name, problem)]
     if stale:
         _warn_once(f"kernels: re-tuning {problem.short()}: tuned while {', '.join(stale)} could not serve, which can "
@@ -139,7 +149,24 @@ def _ready(sel: Selection, problem: GemmProblem, build_missing: bool = False):
         _warn_once(f"kernels: re-tuning {problem.short()}: tuned while {len(sel.pending)} of its candidates were "
                    "being built in the background, which are done now")
         return None
-    choice = sel.winner_choice
+    if sel.duel is not None and config.duel != "calls":
+        _warn_once(f"kernels: re-tuning {problem.short()}: its duel was left to calls (KERNELS_DUEL=calls), which "
+                   f"KERNELS_DUEL={config.duel} does not run")
+        return None
+    if sel.duel is not None and not calls_follow:
+        return None         # a dynamic hint: no calls will run its duel
+    launches = {}
+    for role, name in (("winner", sel.winner), ("challenger", sel.duel)):
+        if name is not None:
+            launches[name] = _loaded(sel, name, role, problem, build_missing)
+            if launches[name] is None:
+                return None
+    return sel, _serving(key, problem, sel, launches)
+
+
+def _loaded(sel: Selection, name: str, role: str, problem: GemmProblem, build_missing: bool):
+    """The stored `name`'s launcher, built (`build_missing`) or loaded, and verified here; None: tune again."""
+    choice = sel.choices[name]
     try:
         backend = get_backend(choice.backend)
         if build_missing:
@@ -151,10 +178,66 @@ def _ready(sel: Selection, problem: GemmProblem, build_missing: bool = False):
         return None
     why = verify(outcome.runner.launch, problem)
     if why is not None:
-        _warn_once(f"kernels: the stored winner {sel.winner} for {problem.short()} failed verification ({why}); "
-                   "re-tuning")
+        _warn_once(f"kernels: the stored {role} {name} for {problem.short()} failed verification ({why}); re-tuning")
         return None
-    return sel, outcome.runner.launch
+    return outcome.runner.launch
+
+
+def _serving(key: str, problem: GemmProblem, sel: Selection, launches: dict[str, object]):
+    """What serves the problem's calls: the winner's launcher, or, while `sel.duel` is pending, a CallDuel of the
+    winner and that challenger whose verdict is kept here and in the stores (kernels.dispatch.call_duel)."""
+    if sel.duel is None:
+        return launches[sel.winner]
+    device = "cuda" if problem.device == "cuda" else "cpu"
+    return CallDuel(sel.winner, sel.duel, {n: launches[n] for n in (sel.winner, sel.duel)},
+                    decide=lambda windows, seconds: _duel_verdict(key, problem, sel, windows, seconds),
+                    fail=lambda name, why: _duel_lost(key, problem, sel, name, why), timer=timer_for(device),
+                    windows=windows_for(device),
+                    capturing=torch.cuda.is_current_stream_capturing if device == "cuda" else lambda: False)
+
+
+def _duel_verdict(key: str, problem: GemmProblem, sel: Selection, windows: list[float], seconds: float) -> str | None:
+    """The winner once the duel's windows decide it (kernels.tune.final_round.call_duel_result), kept; else None."""
+    plan = plan_for("cuda" if problem.device == "cuda" else "cpu")
+    result = call_duel_result(sel.winner, sel.duel, windows, plan, seconds)
+    if result is None:
+        return None
+    decided = _decided_copy(sel)
+    decided.winner, why = record_duel(result, decided.timings, decided.details)
+    decided.notes.append(f"{why}; regime: {duel_shape(result)} of {plan.window_ms:.0f} ms windows on the caller's "
+                         f"calls (the first half untimed), {seconds:.2f} s")
+    _keep(key, problem, sel, decided)
+    return decided.winner
+
+
+def _duel_lost(key: str, problem: GemmProblem, sel: Selection, name: str, why: str) -> str:
+    """A challenger that raised on a caller's call: it fails, and the baseline (the winner) stays, kept."""
+    decided = _decided_copy(sel)
+    decided.timings[name] = f"crashed in the duel on calls: {why}"
+    decided.notes.append(f"steady round: {name} raised on a call of its duel; {sel.winner} kept")
+    _keep(key, problem, sel, decided)
+    return sel.winner
+
+
+def _decided_copy(sel: Selection) -> Selection:
+    return replace(sel, timings=dict(sel.timings), details={n: dict(d) for n, d in sel.details.items()},
+                   notes=list(sel.notes), duel=None, created=time.time(), source="tuned")
+
+
+def _keep(key: str, problem: GemmProblem, pending: Selection, decided: Selection) -> None:
+    """The decided selection in this process (where it still holds the pending one), the local store and the shared
+    one. Best effort: a failed write leaves the next process to run the duel again, never this caller's call."""
+    _stats.bump("call_duels")
+    with lock:
+        if _selections.get(problem) is pending:
+            _selections[problem] = decided
+    try:
+        _store.put(key, decided)
+        shared = store_for(config.store, config.store_lock_s)
+        if shared is not None:
+            shared.publish(key, decided)
+    except Exception as e:  # noqa: BLE001 - the verdict stands in this process whatever the stores do
+        _warn_once(f"kernels: the duel's verdict for {problem.short()} was not stored ({type(e).__name__}: {e})")
 
 
 def _settled(sel: Selection, problem: GemmProblem) -> bool:
@@ -236,10 +319,16 @@ def selection(problem: GemmProblem) -> Selection | None:
         return _selections.get(problem)
 
 
+def duels_pending() -> int:
+    """How many of this process's selections wait on a duel on calls (kernels.dispatch.call_duel)."""
+    with lock:
+        return sum(sel.duel is not None for sel in _selections.values())
+
+
 def aten_winner(problem: GemmProblem) -> bool:
     """Whether the problem's selection in this process picked aten (the C++ table then calls aten itself)."""
     sel = selection(problem)
-    return sel is not None and sel.winner_choice.backend == "aten"
+    return sel is not None and sel.duel is None and sel.winner_choice.backend == "aten"
 
 
 def device_context(t: torch.Tensor):

@@ -43,6 +43,7 @@ def serve(channel, jobs=None) -> int:
     """Say ready (torch, the CUDA context and the isolated child up), then answer each job read from `jobs` (stdin)
     until its end. 2: no GPU here or a bad job; 3: a job left the CUDA context unusable (a fresh worker follows)."""
     jobs = sys.stdin if jobs is None else jobs
+    config.duel = "loop"        # no calls will follow an offline tune to run its duels on: they run in the tune
     where = offline.target()
     if where is None:
         print(f"kernels tune worker: no GPU visible here (CUDA_VISIBLE_DEVICES="

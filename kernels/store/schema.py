@@ -152,4 +152,8 @@ def _problems(data) -> str | None:
     pending = data.get("pending", [])
     if not (isinstance(pending, list) and all(isinstance(n, str) and n in choices for n in pending)):
         return "pending is not a list of recorded choices"
+    duel = data.get("duel")
+    if duel is not None and not (isinstance(duel, str) and duel in choices and duel != data["winner"]
+                                 and isinstance(timings.get(duel), (int, float)) and data.get("regime") == "steady"):
+        return "duel is not a timed challenger of a steady-regime selection"
     return None

@@ -88,20 +88,22 @@ def _cyclic_gc_paused():
             gc.enable()
 
 
-def tune(problem: GemmProblem, backends: tuple[str, ...], *, verify_all: bool = False
+def tune(problem: GemmProblem, backends: tuple[str, ...], *, verify_all: bool = False, defer_duel: bool = False
          ) -> tuple[Selection, dict[str, Runner]]:
     """Tune one problem; returns the Selection and the runners that passed verification (for dispatch). A bad
     setting raises kernels.core.errors.SettingError before anything is built. Only the candidates a Selection's
     readers may run are verified (kernels.tune.final_round.OnDemandCheck); `verify_all` verifies every timed one
-    (bench.compare's columns, the perf model's dataset, experiments that re-run candidates)."""
+    (bench.compare's columns, the perf model's dataset, experiments that re-run candidates). `defer_duel`: a
+    steady-regime duel is left to the caller's calls (Selection.duel names its challenger, whose runner is returned
+    beside the winner's; kernels.dispatch.call_duel)."""
     config.validate()
     with _cyclic_gc_paused(), status(f"kernels: tuning {problem.short()}") as update:
         return _tune(problem, backends, lambda stage: update(f"kernels: tuning {problem.short()}: {stage}"),
-                     verify_all=verify_all)
+                     verify_all=verify_all, defer_duel=defer_duel)
 
 
 def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[str], None] | None = None, *,
-          verify_all: bool = False) -> tuple[Selection, dict[str, Runner]]:
+          verify_all: bool = False, defer_duel: bool = False) -> tuple[Selection, dict[str, Runner]]:
     start = time.perf_counter()
     clock = StageClock(on_stage)
     device = _device_of(problem)
@@ -162,7 +164,7 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
     passed_isolated: dict[str, Runner] = {}
     verified: dict[str, Runner] = {}
 
-    winner, regime = None, "burst"
+    winner, regime, duel = None, "burst", None
     candidates_here = {n: r for n, r in runners.items() if not r.isolated}
     if candidates_here or isolated:
         seed = int(time.time_ns() % (1 << 30))
@@ -185,9 +187,10 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
             return {n: (timings[n], user_call(r.launch, sets)) for n, r in passed_isolated.items()}
         outcome = select({n: user_call(r.launch, sets) for n, r in candidates_here.items()}, choices, len(sets),
                          device, config.bench_budget_ms, isolated=measured_in_child if isolated else None,
-                         timings=timings, details=details, clock=clock, verify=verify, verify_all=verify_all)
+                         timings=timings, details=details, clock=clock, verify=verify, verify_all=verify_all,
+                         defer_duel=defer_duel)
         verified.update(passed_isolated)
-        winner, regime = outcome.winner, outcome.regime
+        winner, regime, duel = outcome.winner, outcome.regime, outcome.duel
         notes.extend(outcome.notes)
         del sets, ref, operands
     if winner is None:
@@ -198,11 +201,11 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
     sel = Selection(problem=problem, winner=winner, choices=choices, timings=timings, details=details,
                     source="tuned", tune_seconds=time.perf_counter() - start, created=time.time(), notes=notes,
                     stage_seconds={k: round(v, 4) for k, v in clock.seconds.items()}, unavailable=unavailable,
-                    regime=regime, pending=pending)
+                    regime=regime, pending=pending, duel=duel)
     counters.bump("tunes")
     if config.verbose:
         print(sel.table(), file=sys.stderr)
-    return sel, {winner: verified[winner]}
+    return sel, {n: verified[n] for n in (winner, duel) if n is not None}
 
 
 class NameFilterWarning(UserWarning):

@@ -30,7 +30,9 @@ from kernels.core.selection import NOT_VERIFIED
 from kernels.measure.steady import (
     MARGIN_FLOOR,
     STEADY_MIN_MS,
+    SteadyPlan,
     SteadyResult,
+    SteadyTiming,
     WindowClock,
     measure_duel,
     measure_steady,
@@ -96,13 +98,15 @@ class Outcome:
     details: dict[str, dict] = field(default_factory=dict)
     finalists: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    duel: str | None = None      # the challenger of a deferred duel (select's `defer_duel`)
 
 
 def select(calls: dict[str, Call], choices: dict[str, Choice], n_sets: int, device: str, budget_ms: float, *,
            isolated: Callable[[], dict[str, tuple[float, Call]]] | None = None,
            timings: dict[str, float | str] | None = None, details: dict[str, dict] | None = None,
            clock: StageClock | None = None, windows: Callable[[dict[str, Call]], WindowClock] | None = None,
-           verify: Callable[[str], str | None] | None = None, verify_all: bool = False) -> Outcome:
+           verify: Callable[[str], str | None] | None = None, verify_all: bool = False,
+           defer_duel: bool = False) -> Outcome:
     """First pass over `calls` (interleaved, `budget_ms` each, the slow ones dropped at TUNE_CUTOFF), then the
     final round over the fastest, the baseline always among them. `isolated`: asked after the first pass, the
     candidates it verified and timed elsewhere (a child process: name -> (first-pass ms, the call here)), which join
@@ -111,7 +115,8 @@ def select(calls: dict[str, Call], choices: dict[str, Choice], n_sets: int, devi
     candidate computes the right result, else why not; `calls` are then unverified: the first pass's screen is set
     by a verified candidate, the fastest VERIFIED_TOP are verified before the regime is chosen (all of them with
     `verify_all`), and every finalist before its final round (OnDemandCheck); without `verify` they must have been
-    verified already."""
+    verified already. `defer_duel`: a steady-regime duel is not run here; the Outcome names its challenger (`duel`),
+    verified, and the baseline wins until the duel on the caller's calls decides (kernels.dispatch.call_duel)."""
     clock = clock or StageClock()
     timings = {} if timings is None else timings
     details = {} if details is None else details
@@ -139,15 +144,17 @@ def select(calls: dict[str, Call], choices: dict[str, Choice], n_sets: int, devi
         return Outcome(None, "burst", timings, details, [], notes)
     sub = {n: timings[n] for n in runnable if isinstance(timings.get(n), float)}
     checked.fastest(sub, None if verify_all else VERIFIED_TOP)
+    deferred: list[str] = []
     winner, regime, finalists = pick_winner(sub, choices, runnable, n_sets, device, details, notes, clock,
-                                            windows=windows, check=lambda name: checked(name, sub))
+                                            windows=windows, check=lambda name: checked(name, sub),
+                                            deferred=deferred if defer_duel else None)
     unchecked = [n for n in sub if not checked.done(n)]
     for name in unchecked:
         timings[name] = not_verified(sub.pop(name))
     if unchecked:
         notes.append(f"{len(unchecked)} candidate(s) timed but not verified: the final round could not take them")
     timings.update(sub)
-    return Outcome(winner, regime, timings, details, finalists, notes)
+    return Outcome(winner, regime, timings, details, finalists, notes, duel=deferred[0] if deferred else None)
 
 
 def not_verified(first_pass_ms: float) -> str:
@@ -196,18 +203,21 @@ class OnDemandCheck:
 def pick_winner(timings: dict[str, float], choices, calls: dict[str, Call], n_sets: int, device: str,
                 details: dict[str, dict], notes: list[str], clock: StageClock | None = None, *,
                 windows: Callable[[dict[str, Call]], WindowClock] | None = None,
-                check: Callable[[str], bool] | None = None, **rules) -> tuple[str | None, str, list[str]]:
+                check: Callable[[str], bool] | None = None, deferred: list[str] | None = None,
+                **rules) -> tuple[str | None, str, list[str]]:
     """(winner, regime, finalists) from first-pass `timings` (name -> ms, updated in place with the final round's).
     The steady regime where the fastest first pass is STEADY_MIN_MS or more on a GPU (or wherever `windows` is
     given), the burst rules below it. `check(name)`: whether a candidate is verified, verifying it if need be (one
-    that fails leaves `timings`); every finalist passes it first."""
+    that fails leaves `timings`); every finalist passes it first. `deferred`: given, a steady duel is not run; its
+    challenger is appended to it and the baseline wins for now."""
     clock = clock or StageClock()
     ranked = sorted((t, n) for n, t in timings.items() if isinstance(t, float))
     if not ranked:
         return None, "burst", []
     if windows is not None or (device == "cuda" and ranked[0][0] >= STEADY_MIN_MS):
         make = windows or (lambda fns: window_clock(fns, n_sets, device))
-        winner, finalists = _steady_pick(timings, choices, calls, make, device, details, notes, clock, check)
+        winner, finalists = _steady_pick(timings, choices, calls, make, device, details, notes, clock, check,
+                                         deferred)
         return winner, "steady", finalists
     if check is not None:       # burst calls are small: each check is cheap, and the rules below rank many
         for _, name in ranked:
@@ -226,7 +236,8 @@ def _baseline(timings: dict[str, float | str], choices) -> str:
 
 
 def _steady_pick(timings, choices, calls, make_clock, device, details, notes, clock: StageClock,
-                 check: Callable[[str], bool] | None = None) -> tuple[str | None, list[str]]:
+                 check: Callable[[str], bool] | None = None,
+                 deferred: list[str] | None = None) -> tuple[str | None, list[str]]:
     """The baseline against the first pass's fastest other candidate, in the power-steady regime's long windows
     (kernels.measure.steady.measure_duel); the baseline is kept unless the challenger beats it there by more than
     the baseline's own spread (kernels.measure.steady.steady_winner). No duel when that challenger's first pass is
@@ -243,6 +254,17 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
                      f"pass" + (f" (the fastest other, {others[0][1]}, at {others[0][0] / timings[baseline]:.3f}x)"
                                 if others else ""))
         return baseline, [baseline]
+    if deferred is not None:
+        challenger = next((n for n in contenders if check is None or check(n)), None)
+        if challenger is None:
+            details.setdefault(baseline, {})["final_ms"] = timings[baseline]
+            notes.append(f"steady round: none ran: the {len(contenders)} candidate(s) within {CHALLENGER_WITHIN:.0%} "
+                         f"of {baseline}'s first pass failed verification")
+            return baseline, [baseline]
+        deferred.append(challenger)
+        notes.append(f"steady round: {challenger} (first pass {timings[challenger] / timings[baseline]:.3f}x "
+                     f"{baseline}'s) duels {baseline} on the caller's calls; {baseline} serves until it is decided")
+        return baseline, [baseline, challenger]
     with clock("final_round"):
         result, crashed = _duels(baseline, contenders, timings, calls, make_clock, plan_for(device), check)
     if result is None:
@@ -253,10 +275,30 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
     if not result.timings:
         notes.append(f"steady round: every finalist crashed ({', '.join(crashed)})")
         return None, []
+    winner, why = record_duel(result, timings, details)
+    notes.append(f"{why}; regime: {duel_shape(result)} of {result.plan.window_ms:.0f} ms windows (the first half "
+                 f"untimed), {result.seconds:.2f} s" + (f"; crashed in it: {', '.join(crashed)}" if crashed else ""))
+    return winner, list(result.timings)
+
+
+def duel_shape(result: SteadyResult) -> str:
+    """How far a duel ran: 'N round(s)', or its stop at the challenger's first window."""
+    challenger = next((n for n in result.timings if n != result.baseline), None)
+    rounds = len(result.timings[challenger].ratios) if challenger is not None else 0
+    return "the challenger's first window" if result.stopped_early else f"{rounds} round(s)"
+
+
+def record_duel(result: SteadyResult, timings: dict[str, float | str], details: dict[str, dict]) -> tuple[str, str]:
+    """(winner, why) of a duel's result (steady_winner, one round judged with ONE_ROUND_FLOOR), its windows written
+    into the finalists' `details` and their final times into `timings` (the first pass's time moves to the
+    details). Shared by the tune's duel and the one on the caller's calls (kernels.dispatch.call_duel)."""
+    baseline = result.baseline
     challenger = next((n for n in result.timings if n != baseline), None)
     for name, t in result.timings.items():
         d = details.setdefault(name, {})
-        d["first_pass_ms"] = timings[name]
+        first = timings.get(name)
+        if isinstance(first, float) and "final_ms" not in d:
+            d["first_pass_ms"] = first
         d["final_ms"] = t.median_ms
         d["final_windows_ms"] = [round(w, 6) for w in t.windows_ms]
         if t.ratios:
@@ -266,12 +308,28 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
         timings[name] = t.median_ms
     rounds = len(result.timings[challenger].ratios) if challenger is not None else 0
     winner, _, why = steady_winner(result, ONE_ROUND_FLOOR if rounds == 1 else MARGIN_FLOOR)
-    if rounds and not result.stopped_early:
+    if rounds and not result.stopped_early and baseline in details:
         details[baseline]["self_spread"] = round(result.self_spread, 5)
-    shape = ("the challenger's first window" if result.stopped_early else f"{rounds} round(s)")
-    notes.append(f"{why}; regime: {shape} of {result.plan.window_ms:.0f} ms windows (the first half untimed), "
-                 f"{result.seconds:.2f} s" + (f"; crashed in it: {', '.join(crashed)}" if crashed else ""))
-    return winner, list(result.timings)
+    return winner, why
+
+
+def call_duel_result(baseline: str, challenger: str, windows_ms: list[float], plan: SteadyPlan,
+                     seconds: float = 0.0) -> SteadyResult | None:
+    """A one-round duel's result from its windows' ms per call in the order they ran on the caller's calls (baseline,
+    challenger, baseline), as measure_duel makes it from its loop; None while undecided: the challenger's window is
+    in and not `_hopeless`, the closing window is not."""
+    if len(windows_ms) < 2 or any(w <= 0 for w in windows_ms):
+        return None
+    first, alone = windows_ms[0], windows_ms[1]
+    if _hopeless(alone / first):
+        return SteadyResult({baseline: SteadyTiming([first]), challenger: SteadyTiming([alone], [alone / first])},
+                            baseline, 0.0, plan, seconds=seconds, stopped_early=True)
+    if len(windows_ms) < 3:
+        return None
+    closing = windows_ms[2]
+    mean = (first + closing) / 2
+    return SteadyResult({baseline: SteadyTiming([first, closing]), challenger: SteadyTiming([alone], [alone / mean])},
+                        baseline, abs(first - closing) / mean, plan, seconds=seconds)
 
 
 def _checked_baseline(timings: dict[str, float], choices, check: Callable[[str], bool] | None) -> str | None:

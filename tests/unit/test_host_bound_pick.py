@@ -199,7 +199,7 @@ def test_tune_pauses_the_cyclic_collector_and_restores_it(monkeypatch):
     import gc
 
     seen = []
-    monkeypatch.setattr(autotune, "_tune", lambda problem, backends, on_stage=None, verify_all=False:
+    monkeypatch.setattr(autotune, "_tune", lambda problem, backends, on_stage=None, verify_all=False, defer_duel=False:
                         seen.append(gc.isenabled()) or ("sel", {}))
     assert gc.isenabled()
     assert autotune.tune(problem(), ()) == ("sel", {})
@@ -211,7 +211,7 @@ def test_tune_pauses_the_cyclic_collector_and_restores_it(monkeypatch):
     finally:
         gc.enable()
 
-    def boom(problem, backends, on_stage=None, verify_all=False):
+    def boom(problem, backends, on_stage=None, verify_all=False, defer_duel=False):
         raise RuntimeError("tune failed")
     monkeypatch.setattr(autotune, "_tune", boom)
     with pytest.raises(RuntimeError, match="tune failed"):

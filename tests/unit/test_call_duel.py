@@ -1,0 +1,297 @@
+"""The duel on the caller's calls (KERNELS_DUEL=calls): the CallDuel's windows on a fake wall clock and a fake GPU
+timer, its verdict against the loop's (measure_duel on a fake chip), the tune's deferral, and the selection's
+`duel` field as the stores read it back."""
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels.core.choice import Choice
+from kernels.core.selection import Selection
+from kernels.dispatch.call_duel import CallDuel, CallWindows, windows_for
+from kernels.measure.steady import SteadyPlan, measure_duel, steady_winner
+from kernels.space.heuristics import GemmConfig
+from kernels.store.schema import problems as selection_problems
+from kernels.tune import final_round as fr
+from tests.helpers import problem
+
+ATEN = Choice("aten", "aten_mm", "bf16")
+TMA = Choice("triton", "triton_tma_mm", "bf16", GemmConfig(128, 128, 64, 5, 4))
+PLAN = SteadyPlan(heat_ms=0, window_ms=1000, rounds=1, settle_fraction=0.5)
+WINDOWS = CallWindows(window_s=1.0, settle_fraction=0.5, min_timed=3, max_timed=4)
+
+
+class Wall:
+    """A wall clock the test moves: each call of the duel advances it by `step` seconds."""
+
+    def __init__(self, step=0.05):
+        self.now, self.step = 0.0, step
+
+    def __call__(self):
+        self.now += self.step
+        return self.now
+
+
+class FakeTimer:
+    """A CallTimer whose calls take `ms[name]` (of the side that ran: the launch tells it) and whose results come back
+    only when `release()` says (a GPU that runs behind the host)."""
+
+    def __init__(self, held=False):
+        self.held = held
+        self.running: str | None = None
+        self.ms: dict[str, float] = {}
+        self._pending: list[tuple[int, float]] = []
+
+    def start(self):
+        return self.running
+
+    def stop(self, token, tag):
+        self._pending.append((tag, self.ms[token]))
+
+    def done(self):
+        if self.held:
+            return []
+        out, self._pending = self._pending, []
+        return out
+
+    def waiting(self):
+        return len(self._pending)
+
+
+def _duel(ms, timer=None, windows=WINDOWS, wall=None, fails=(), capturing=lambda: False):
+    """A CallDuel of aten and the tile whose launches record which side served; `ms`: name -> ms per call."""
+    timer = timer or FakeTimer()
+    timer.ms = ms
+    served: list[str] = []
+    verdicts: list[tuple] = []
+
+    def launch(name):
+        def run(*args):
+            timer.running = name
+            served.append(name)
+            if name in fails:
+                raise RuntimeError(f"{name} crashed")
+            return name
+        return run
+
+    def decide(windows_ms, seconds):
+        result = fr.call_duel_result(ATEN.name, TMA.name, windows_ms, PLAN, seconds)
+        if result is None:
+            return None
+        winner, why = fr.record_duel(result, {}, {})
+        verdicts.append((winner, why, list(windows_ms)))
+        return winner
+
+    def fail(name, why):
+        verdicts.append((ATEN.name, why, None))
+        return ATEN.name
+
+    duel = CallDuel(ATEN.name, TMA.name, {n: launch(n) for n in (ATEN.name, TMA.name)}, decide=decide, fail=fail,
+                    timer=timer, windows=windows, wall=wall or Wall(), capturing=capturing)
+    return duel, served, verdicts
+
+
+def _runs(served):
+    """The sides in the order they served, consecutive calls of one side folded."""
+    out = []
+    for name in served:
+        if not out or out[-1] != name:
+            out.append(name)
+    return out
+
+
+def test_the_duel_runs_b_c_b_on_the_callers_calls_and_then_serves_the_winner():
+    duel, served, verdicts = _duel({ATEN.name: 1.0, TMA.name: 0.9})
+    for _ in range(200):
+        duel("a", "b")
+        if verdicts:
+            break
+    assert verdicts and verdicts[0][0] == TMA.name          # 10% ahead in its window, aten even against itself
+    assert _runs(served) == [ATEN.name, TMA.name, ATEN.name, TMA.name]     # the call that found the verdict: TMA
+    assert verdicts[0][2] == pytest.approx([1.0, 0.9, 1.0])
+    before = len(served)
+    assert [duel("a", "b") for _ in range(5)] == [TMA.name] * 5    # the winner alone from then on
+    assert served[before:] == [TMA.name] * 5
+
+
+def test_a_challenger_slower_on_the_calls_loses_at_its_first_window():
+    """C / B1 at or above first_window_bound: the baseline wins without its closing window (as in the loop)."""
+    duel, served, verdicts = _duel({ATEN.name: 1.0, TMA.name: 1.02})
+    for _ in range(200):
+        duel()
+        if verdicts:
+            break
+    assert verdicts[0][0] == ATEN.name and "closing window not run" in verdicts[0][1]
+    assert len(verdicts[0][2]) == 2
+    assert duel() == ATEN.name
+
+
+def test_each_window_lasts_its_wall_time_with_the_first_half_untimed():
+    wall = Wall(step=0.1)
+    timer = FakeTimer(held=True)         # nothing comes back: the windows run on the clock alone
+    duel, served, _ = _duel({ATEN.name: 1.0, TMA.name: 0.9}, timer=timer, wall=wall)
+    for _ in range(40):
+        duel()
+    runs = _runs(served)
+    assert runs[:3] == [ATEN.name, TMA.name, ATEN.name]
+    # ~1 s a window at 0.1 s a call: 10-11 calls each, of which the second half (5-6) is timed
+    first = served.index(TMA.name)
+    assert 10 <= first <= 12
+    assert 4 <= sum(1 for tag, _ in timer._pending if tag == 0) <= 6
+
+
+def test_a_window_stays_open_until_it_has_timed_its_minimum():
+    """A problem called rarely: the wall time is long past, but the window needs min_timed timed calls."""
+    wall = Wall(step=5.0)
+    duel, served, _ = _duel({ATEN.name: 1.0, TMA.name: 0.9}, wall=wall)
+    for _ in range(4):
+        duel()
+    assert served == [ATEN.name] * 4           # the first call opens it, then three timed calls
+    duel()
+    assert served[-1] == TMA.name
+
+
+def test_the_timed_half_is_sampled_by_a_stride_from_the_untimed_count():
+    windows = CallWindows(window_s=1.0, settle_fraction=0.5, min_timed=1, max_timed=4)
+    timer = FakeTimer(held=True)
+    duel, served, _ = _duel({ATEN.name: 1.0, TMA.name: 0.9}, timer=timer, windows=windows, wall=Wall(step=0.01))
+    for _ in range(100):                     # 1 s of calls at 10 ms: ~50 untimed, then a stride of 12
+        duel()
+    timed = [tag for tag, _ in timer._pending if tag == 0]
+    assert 3 <= len(timed) <= 6
+
+
+def test_no_verdict_until_the_gpu_has_handed_back_the_windows():
+    timer = FakeTimer(held=True)
+    duel, served, verdicts = _duel({ATEN.name: 1.0, TMA.name: 0.9}, timer=timer)
+    for _ in range(200):
+        duel()
+    assert not verdicts and served[-1] == ATEN.name     # every window issued: the baseline serves meanwhile
+    timer.held = False
+    duel()
+    assert verdicts and verdicts[0][0] == TMA.name
+
+
+def test_a_challenger_that_raises_on_a_call_loses_and_the_call_is_served():
+    duel, served, verdicts = _duel({ATEN.name: 1.0, TMA.name: 0.9}, fails={TMA.name})
+    results = [duel() for _ in range(60)]
+    assert all(r == ATEN.name for r in results)
+    assert verdicts[0][0] == ATEN.name and "crashed" in verdicts[0][1]
+    assert served.count(TMA.name) == 1
+
+
+def test_the_baselines_own_error_is_the_callers():
+    duel, _, _ = _duel({ATEN.name: 1.0, TMA.name: 0.9}, fails={ATEN.name})
+    with pytest.raises(RuntimeError, match="aten_mm crashed"):
+        duel()
+
+
+def test_calls_under_capture_get_the_baseline_untimed():
+    timer = FakeTimer()
+    duel, served, verdicts = _duel({ATEN.name: 1.0, TMA.name: 0.9}, timer=timer, capturing=lambda: True)
+    for _ in range(100):
+        duel()
+    assert set(served) == {ATEN.name} and not timer._pending and not verdicts
+
+
+def test_windows_for_the_gpu_are_the_loops_plan():
+    gpu = windows_for("cuda")
+    plan = fr.plan_for("cuda")
+    assert (gpu.window_s * 1e3, gpu.settle_fraction) == (plan.window_ms, plan.settle_fraction)
+    assert windows_for("cpu").window_s == 0.0
+
+
+class WindowChip:
+    """A WindowClock handing out given window values in order (for measure_duel)."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def __call__(self, name, untimed, timed):
+        value = self.values.pop(0)
+        return lambda: value
+
+
+@settings(max_examples=200, deadline=None)
+@given(b1=st.floats(0.5, 2.0), c=st.floats(0.8, 1.2), b2=st.floats(0.9, 1.1))
+def test_the_verdict_on_calls_is_the_loops_for_the_same_windows(b1, c, b2):
+    windows = [b1, b1 * c, b1 * b2]
+    loop = measure_duel(WindowChip(windows), {ATEN.name: b1, TMA.name: b1 * c}, ATEN.name, TMA.name, PLAN,
+                        hopeless=fr._hopeless)
+    loop_winner, _, _ = steady_winner(loop, fr.ONE_ROUND_FLOOR)
+    calls = fr.call_duel_result(ATEN.name, TMA.name, windows[:2], PLAN)
+    if calls is None:
+        calls = fr.call_duel_result(ATEN.name, TMA.name, windows, PLAN)
+    assert calls.stopped_early == loop.stopped_early
+    assert fr.record_duel(calls, {}, {})[0] == loop_winner
+
+
+def test_a_window_of_zero_decides_nothing():
+    assert fr.call_duel_result(ATEN.name, TMA.name, [0.0, 1.0, 1.0], PLAN) is None
+
+
+# -- the tune's deferral -----------------------------------------------------------------------------------------
+def test_a_deferred_steady_round_runs_no_window_and_names_its_challenger():
+    ran = []
+
+    def windows(fns):
+        ran.append(fns)
+        raise AssertionError("a deferred duel runs no window")
+
+    timings = {ATEN.name: 0.59, TMA.name: 0.57}
+    details = {n: {} for n in timings}
+    notes: list[str] = []
+    deferred: list[str] = []
+    winner, regime, finalists = fr.pick_winner(timings, {ATEN.name: ATEN, TMA.name: TMA}, {n: n for n in timings}, 1,
+                                               "cuda", details, notes, windows=windows, deferred=deferred)
+    assert (winner, regime, deferred, ran) == (ATEN.name, "steady", [TMA.name], [])
+    assert sorted(finalists) == sorted([ATEN.name, TMA.name])
+    assert "duels aten_mm on the caller's calls" in notes[-1]
+    assert timings == {ATEN.name: 0.59, TMA.name: 0.57}        # first-pass times until the duel's are in
+
+
+def test_a_deferred_duel_verifies_its_challenger_first():
+    timings = {ATEN.name: 0.59, TMA.name: 0.57}
+    deferred: list[str] = []
+    checked = []
+
+    def check(name):
+        checked.append(name)
+        if name == TMA.name:
+            timings.pop(name)
+            return False
+        return True
+
+    winner, _, finalists = fr.pick_winner(timings, {ATEN.name: ATEN, TMA.name: TMA}, {n: n for n in timings}, 1,
+                                          "cuda", {n: {} for n in timings}, [], windows=lambda f: None, check=check,
+                                          deferred=deferred)
+    assert (winner, finalists, deferred) == (ATEN.name, [ATEN.name], [])
+    assert checked == [ATEN.name, TMA.name]
+
+
+# -- the selection's field -----------------------------------------------------------------------------------------
+def _pending_selection(**changes):
+    sel = Selection(problem=problem(), winner=ATEN.name, choices={ATEN.name: ATEN, TMA.name: TMA},
+                    timings={ATEN.name: 0.59, TMA.name: 0.57}, regime="steady", duel=TMA.name)
+    data = json.loads(json.dumps(sel.to_dict()))        # as the store reads it back
+    data.update(changes)
+    return data
+
+
+def test_a_pending_duel_round_trips_and_the_schema_checks_it():
+    data = _pending_selection()
+    assert selection_problems(data) is None
+    back = Selection.from_dict(data, "disk")
+    assert back.duel == TMA.name
+    assert "runs on this problem's calls" in back.table()
+    assert selection_problems(_pending_selection(duel=ATEN.name)) is not None          # the winner itself
+    assert selection_problems(_pending_selection(duel="triton_nope")) is not None      # not a recorded choice
+    assert selection_problems(_pending_selection(regime="burst")) is not None          # only steady problems duel
+    assert selection_problems(_pending_selection(duel=7)) is not None
+    data = _pending_selection()
+    data["timings"][TMA.name] = "crashed"
+    assert selection_problems(data) is not None                                        # not a timed challenger
+    with pytest.raises(ValueError, match="duel"):
+        Selection.from_dict(_pending_selection(duel=ATEN.name), "disk")
+    assert Selection.from_dict({k: v for k, v in _pending_selection().items() if k != "duel"}, "disk").duel is None
