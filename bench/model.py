@@ -33,6 +33,7 @@ import torch
 import kernels
 from bench.cli_common import RunFileError, non_negative, positive, positive_int
 from bench.device import environment
+from bench.measure import finish_duels
 from bench.model_def import MODEL_DTYPES, ModelShapeError, build_model, check_shape, model_input
 from bench.model_report import (STATS, VariantResult, attach_eager, print_table, read_run,
                                 table_title)
@@ -126,8 +127,12 @@ def _cold_step(variant: Variant, result: VariantResult, ref: _Reference, device:
     out = variant.step()
     _sync(device)
     result.cold_s = time.perf_counter() - start
-    result.cold_stats = stats_delta(before, kernels.stats())
     out = out.detach().clone()          # CUDA-graph variants reuse their output memory on the next step
+    if variant.name not in CUDAGRAPH_VARIANTS:      # a captured graph's calls never run a duel (they replay)
+        duels = finish_duels(variant.step, device)       # the tunes' duels run on the next steps (KERNELS_DUEL=calls)
+        result.duel_s, result.duel_steps = duels.seconds, duels.calls
+        out = out if duels.last is None else duels.last.detach().clone()    # the winners' output, against eager's
+    result.cold_stats = stats_delta(before, kernels.stats())
     grads = weight_grads(variant.module) if result.mode == "fwdbwd" else None
     if variant.name == "eager":
         ref.out, ref.grads = out, grads
@@ -350,7 +355,9 @@ def summary_line(r: VariantResult) -> str:
     d = r.derived()
     speed = "" if d["speedup"] is None else f", {d['speedup']:.3f}x eager"
     err = "" if r.out_err is None else f", out err {r.out_err:.1e}"
-    return f"{r.mode} M={r.tokens} {r.variant}: cold {r.cold_s:.2f} s, {d['ms']:.4f} ms/step{speed}{err}"
+    duels = "" if r.duel_s is None else f" (+ duels on {r.duel_steps} steps, {r.duel_s:.2f} s)"
+    return (f"{r.mode} M={r.tokens} {r.variant}: cold {r.cold_s:.2f} s{duels}, {d['ms']:.4f} ms/step{speed}"
+            f"{err}")
 
 
 def _error(text: str) -> int:

@@ -26,6 +26,9 @@ class VariantResult:
     message: str = ""
     stat: str = "median"
     cold_s: float | None = None                     # wall time of the first call (compiles, tunes, captures)
+    # after it, the steps run until no duel on calls was pending (KERNELS_DUEL=calls: the tunes' duels run on them)
+    duel_s: float | None = None
+    duel_steps: int = 0
     rounds_ms: list[float] = field(default_factory=list)     # ms per step, one value per round
     eager_ms: float | None = None                   # eager's ms per step in the same run, for the speedup
     out_err: float | None = None                    # max|out - eager's| / max|eager's| (first call's output)

@@ -30,7 +30,8 @@ import torch
 import kernels
 from bench.cli_common import RunFileError, non_negative, positive
 from bench.device import environment
-from bench.measure import FP8, FP8_LAYOUT, LAYOUTS, layout_error, op_for, problem_for, shape_error, user_calls
+from bench.measure import (FP8, FP8_LAYOUT, LAYOUTS, finish_duels, layout_error, op_for, problem_for, shape_error,
+                           user_calls)
 from bench.progress import RunProgress
 from bench.shapes import FP8_SUITES, Shape
 from bench.sustained_report import (HEADERS, STATS, TIMED_S, ProblemResult, finalists, print_table,
@@ -252,6 +253,8 @@ def measure_problem(spec: ProblemSpec, plan: LoopPlan, progress: RunProgress, de
     _sync(device)
     result.first_call_s = time.perf_counter() - start
     result.tuned = kernels.stats()["tunes"] > tunes
+    duels = finish_duels(lambda: user_fn(*first), device, every=20)    # the loops time the winner, not the duel
+    result.duel_s, result.duel_calls = duels.seconds, duels.calls
     selection = calls.explain(*first)
     result.winner, result.tune_s = selection.winner, selection.tune_seconds
     regime = getattr(selection, "regime", None)               # where the tuner records which regime chose

@@ -116,6 +116,9 @@ class ProblemResult:
     regime: str | None = None                      # Selection.regime, where the tuner records it
     tuned: bool = False                            # the first call tuned (else its selection came from disk)
     first_call_s: float | None = None              # wall time of the first call: the cost of a new problem
+    # then its calls back to back until its duel on calls was decided (KERNELS_DUEL=calls; None: none was pending)
+    duel_s: float | None = None
+    duel_calls: int = 0
     tune_s: float | None = None                    # Selection.tune_seconds
     unavailable: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -168,6 +171,8 @@ def table_row(r: ProblemResult) -> list[str]:
         return [r.problem, f"{r.status}: {r.message}"[:100]] + [""] * (len(HEADERS) - 2)
     d = r.derived()
     tune = number_cell(r.first_call_s, ".2f") + ("" if r.tuned else " (disk)")
+    if r.duel_s is not None:        # the duel on the calls after it
+        tune += f" + {r.duel_s:.2f} on calls"
     burst = r.finalist_source != "final_ms" and d["regime_agrees"] != "n/a"      # the tuner's times were bursts
     agrees = d["regime_agrees"] + (" burst" if burst else "")
     # times with 4 significant digits and the speedup from them as printed: a reader recomputes what is shown
