@@ -245,23 +245,33 @@ DUEL_LIMIT_S = 60.0
 
 @dataclass
 class DuelsRun:
-    """What finishing the pending duels on calls took (`finish_duels`): wall seconds and calls, the last output."""
+    """What finishing the pending duels on calls took (`finish_duels`): wall seconds and calls, the last output,
+    and whether the limit ended it with a duel still pending."""
     seconds: float | None = None
     calls: int = 0
     last: object = None
+    timed_out: bool = False
 
 
-def finish_duels(call: Callable[[], object], device: str, every: int = 1,
-                 limit_s: float = DUEL_LIMIT_S) -> DuelsRun:
-    """Call `call` back to back, `every` calls between checks, until no duel on calls is pending in this process
-    (KERNELS_DUEL=calls: a new large problem's tune ends after its first pass, and its duel with aten runs on the
-    next 2-3 s of its calls), so that a benchmark times the winners, not the duels. The seconds and calls are the
-    tune's remaining cost, paid in calls that do the caller's work; None seconds: no duel was pending."""
+def _any_duel_pending() -> bool:
+    return kernels.stats()["duels_pending"] > 0
+
+
+def finish_duels(call: Callable[[], object], device: str, every: int = 1, limit_s: float = DUEL_LIMIT_S,
+                 pending: Callable[[], bool] = _any_duel_pending) -> DuelsRun:
+    """Call `call` back to back, `every` calls between checks, while `pending()` (default: any duel on calls pending
+    in this process; a problem's own: its selection's `duel`) -- KERNELS_DUEL=calls: a new large problem's tune ends
+    after its first pass, and its duel with aten runs on the next 2-3 s of its calls -- so that a benchmark times the
+    winners, not the duels. The seconds and calls are the tune's remaining cost, paid in calls that do the caller's
+    work; None seconds: nothing was pending."""
     run = DuelsRun()
-    if not kernels.stats()["duels_pending"]:
+    if not pending():
         return run
     start = time.perf_counter()
-    while kernels.stats()["duels_pending"] and time.perf_counter() - start < limit_s:
+    while pending():
+        if time.perf_counter() - start >= limit_s:
+            run.timed_out = True
+            break
         for _ in range(every):
             run.last = call()
         run.calls += every
@@ -292,7 +302,8 @@ def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets) -> 
         if device == "cuda":
             torch.cuda.synchronize()
         first = time.perf_counter() - start
-        finish_duels(lambda: calls.kernels(*first_set), device, every=20)    # the row times the winner
+        finish_duels(lambda: calls.kernels(*first_set), device, every=20,   # the row times the winner
+                     pending=lambda: calls.explain(*first_set).duel is not None)
         sel = calls.explain(*first_set)
     except Exception as e:  # noqa: BLE001 - e.g. NoCandidateError: the row says why
         return KernelsMmResult("error", first_call_s=time.perf_counter() - start,

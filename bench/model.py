@@ -131,6 +131,9 @@ def _cold_step(variant: Variant, result: VariantResult, ref: _Reference, device:
     if variant.name not in CUDAGRAPH_VARIANTS:      # a captured graph's calls never run a duel (they replay)
         duels = finish_duels(variant.step, device)       # the tunes' duels run on the next steps (KERNELS_DUEL=calls)
         result.duel_s, result.duel_steps = duels.seconds, duels.calls
+        if duels.timed_out:
+            pending = kernels.stats()["duels_pending"]
+            result.message = f"{pending} duel(s) on calls still pending after {duels.seconds:.0f} s"
         out = out if duels.last is None else duels.last.detach().clone()    # the winners' output, against eager's
     result.cold_stats = stats_delta(before, kernels.stats())
     grads = weight_grads(variant.module) if result.mode == "fwdbwd" else None

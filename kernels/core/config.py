@@ -324,8 +324,8 @@ SETTINGS = (
             "`1`: print each tune's table of candidates and times to stderr"),
     Setting("bench_budget_ms", "KERNELS_BENCH_MS", lambda: 40.0, "40", _number(0, low_open=True),
             "milliseconds of first-pass measurement per candidate (5 samples where calls take 0.1 ms or more), and "
-            "per finalist in the final round of calls under 0.1 ms (calls of 0.1 ms or more are finalized in the "
-            "power-steady regime, 2-3 s, whatever this is)"),
+            "per finalist in the final round of calls under 0.1 ms (longer calls are finalized by the duel, "
+            "`KERNELS_DUEL`, whatever this is)"),
     Setting("tie_tolerance", "KERNELS_TIE_TOLERANCE", lambda: 0.01, "0.01", _number(0, 1, high_open=True),
             "for calls under 0.1 ms, a candidate must beat a simpler one (aten first) by more than this fraction to "
             "win; longer calls must beat aten by more than aten's own spread in the steady regime (at least 1.5%)"),

@@ -504,10 +504,7 @@ def _grad_route_mm(a, b):
         return _custom.eager_mm
     problems = [GemmProblem.from_tensors("mm", a, b), *_ops.mm_backward_problems(a, b, needs)]
     key = (_fast_key("mm", a, b), *needs)
-    serves = _torchs_autograd_serves(a, problems)
-    if serves is None:
-        return _custom.eager_mm
-    if serves:
+    if _torchs_autograd_serves(a, problems):
         _stats.bump("torch_autograd")
         return _add_grad_route(key, torch.mm, _FAST_ATEN_KIND[torch.mm])
     return _add_grad_route(key, _custom.eager_mm)
@@ -525,10 +522,7 @@ def _grad_route_linear(x, weight, bias, activation):
     problems = [GemmProblem.from_tensors("mm", x2, wt, bias=bias is not None),
                 *_ops.linear_backward_problems(x, weight, needs)]
     key = (_linear_key(x2, wt, bias, activation), *needs)
-    serves = _torchs_autograd_serves(x, problems)
-    if serves is None:
-        return kernels_autograd
-    if not serves:
+    if not _torchs_autograd_serves(x, problems):
         return _add_grad_route(key, kernels_autograd)
     _stats.bump("torch_autograd")
     call = F.linear if not activation else lambda x, weight, bias: _activate(F.linear(x, weight, bias), activation)
@@ -541,13 +535,13 @@ def _routable(like: torch.Tensor, mnk) -> bool:
     return 0 not in mnk and not (like.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
 
 
-def _torchs_autograd_serves(like: torch.Tensor, problems: list[GemmProblem]) -> bool | None:
+def _torchs_autograd_serves(like: torch.Tensor, problems: list[GemmProblem]) -> bool:
     """Resolve the forward product (problems[0]; its failure is the caller's, as on any cold call) and look the
     backward ones up ahead (never raising: the backward looks a failed one up again); then whether torch's own
     autograd is to serve the calls: on the CPU fallback (every product is torch's), or where the winners save less
     GPU time over aten than kernels' autograd Function costs in host time (ops.FUNCTION_HOST_US; aten everywhere
-    saves nothing). None while a product's duel runs on calls (KERNELS_DUEL=calls): kernels' autograd serves this
-    call, so the duel gets its calls, and the route is not kept; a later call decides it with the verdicts in (torch's
+    saves nothing). Not while a product's duel runs on calls (KERNELS_DUEL=calls): kernels' autograd serves, so the
+    duel gets its calls, until a verdict drops the routes (_forget_warm) and the next call decides again (torch's
     autograd took every call of a layer whose provisional winners were aten, and its 12 duels never ended)."""
     if _fast_call is None:          # a training-only process meets no other cold path that would load it
         _fast.try_load(_fast_loaded)
@@ -560,7 +554,7 @@ def _torchs_autograd_serves(like: torch.Tensor, problems: list[GemmProblem]) -> 
         _prepare(problem, like)
     selections = [selected.selection(p) for p in problems]
     if any(sel is not None and sel.duel is not None for sel in selections):
-        return None
+        return False
     return _ops.kernels_gain_us(selections) <= _ops.FUNCTION_HOST_US
 
 
@@ -773,6 +767,21 @@ def clear_memory_cache() -> None:
         _scaled.clear()
 
 
+def _forget_warm() -> None:
+    """A duel on calls was decided (kernels.dispatch.call_duel): the warm tables and grad routes held its CallDuel,
+    which delegates to the winner from then on. Dropped, each warm problem's next call looks its launcher up again
+    (in memory, cheaply) and registers the winner's own: torch.mm's C++ kind, a native launch; a layer's grad route is
+    decided again with the verdict in."""
+    with _lock:
+        _generation[0] += 1
+        _dispatch.clear()
+        _grad_routes.clear()
+        if _fast.module is not None:
+            _fast.module.clear()
+        _scaled.clear()
+
+
 _scaled.connect(_load_fast)
+selected.on_duel_settled(_forget_warm)
 # a selection setting changed in code: what this process selected under the old value must not serve the next call
 on_selection_settings_change(clear_memory_cache)

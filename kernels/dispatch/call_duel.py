@@ -50,21 +50,27 @@ class CallDuel:
     """A launcher serving one problem's calls from the baseline and a challenger in turn (B C B) until
     `decide(windows_ms, seconds)` names the winner (None: not yet), then from the winner alone. A challenger whose
     call raises loses at once (`fail(name, why)` names the winner) and the call is served by the baseline; the
-    baseline's own errors are the caller's, raised as they are. Calls made under CUDA-graph capture
-    (`capturing()`) get the baseline, untimed: events cannot be read back from a graph."""
+    baseline's own errors are the caller's, raised as they are. Calls made under CUDA-graph capture (`capturing()`)
+    get the baseline, untimed (events cannot be read back from a graph), and `on_capture()` is told: the graph keeps
+    the baseline whatever the verdict."""
 
     def __init__(self, baseline: str, challenger: str, launches: dict[str, Callable], *,
                  decide: Callable[[list[float], float], str | None], fail: Callable[[str, str], str],
                  timer: CallTimer, windows: CallWindows, capturing: Callable[[], bool] = lambda: False,
-                 wall: Callable[[], float] = time.perf_counter):
+                 on_capture: Callable[[], None] = lambda: None, wall: Callable[[], float] = time.perf_counter):
         self.baseline, self.challenger = baseline, challenger
         self.order = (baseline, challenger, baseline)
         self.launches = launches
+        # each side's call without `out` as the warm path makes it (`.direct`: torch's own function, a native
+        # launch), so that the duel times what the winner will run
+        self._directs = {n: getattr(launch, "direct", None) for n, launch in launches.items()}
         self.final: Callable | None = None
         self.winner: str | None = None
         self._decide, self._fail, self._timer, self._windows = decide, fail, timer, windows
-        self._capturing, self._wall = capturing, wall
+        self._capturing, self._on_capture, self._wall = capturing, on_capture, wall
         self._lock = threading.Lock()
+        self._deciding = False
+        self._judged = 0              # windows a verdict was asked for
         self._begun = wall()
         self._window = 0
         self._started: float | None = None
@@ -75,18 +81,33 @@ class CallDuel:
         self.windows_ms: list[float] = []
 
     def __call__(self, *args):
-        final = self.final
-        if final is not None:
-            return final(*args)
-        if self._capturing():
-            return self.launches[self.baseline](*args)
-        with self._lock:
-            self._collect()
-            final = self.final
-            name, tag = (None, None) if final is not None else self._turn()
-        if final is not None:
-            return final(*args)
+        return self._serve(args, False)
+
+    def direct(self, *operands):
+        """The call without `out` (the api's warm tables call launchers so: kernels.dispatch.api._two_arg)."""
+        return self._serve(operands, True)
+
+    def _side(self, name: str, direct: bool) -> Callable:
+        if not direct:
+            return self.launches[name]
+        fn = self._directs[name]
+        if fn is not None:
+            return fn
         launch = self.launches[name]
+        return lambda *operands: launch(*operands, None)
+
+    def _serve(self, args: tuple, direct: bool):
+        if self.winner is not None:
+            return self._side(self.winner, direct)(*args)
+        if self._capturing():
+            self._on_capture()
+            return self._side(self.baseline, direct)(*args)
+        with self._lock:
+            windows = self._collect()
+            name, tag = (self.winner, None) if self.winner is not None else self._turn()
+        if windows is not None:
+            self._judge(windows)
+        launch = self._side(name, direct)
         try:
             if tag is None:
                 return launch(*args)
@@ -94,16 +115,16 @@ class CallDuel:
             result = launch(*args)
             self._timer.stop(token, tag)
             return result
-        except Exception as e:
-            if name == self.baseline:
+        except BaseException as e:
+            if tag is not None:
+                with self._lock:       # never read back: its window must not wait for it
+                    self._issued[tag] -= 1
+            if name != self.challenger or not isinstance(e, Exception):
                 raise
             with self._lock:
-                self._settle(self._fail(name, f"{type(e).__name__}: {str(e)[:300]}"))
-            return self.launches[self.baseline](*args)
-
-    def direct(self, *operands):
-        """The call without `out` (the api's warm tables call launchers so: kernels.dispatch.api._two_arg)."""
-        return self(*operands, None)
+                if self.winner is None:
+                    self.winner = self._fail(name, f"{type(e).__name__}: {str(e)[:300]}")
+            return self._side(self.baseline, direct)(*args)
 
     def _turn(self) -> tuple[str, int | None]:
         """Which side serves this call, and its window's index when the call is timed (else None)."""
@@ -129,22 +150,30 @@ class CallDuel:
         self._issued[self._window] += 1
         return name, self._window
 
-    def _collect(self) -> None:
-        """Read back the timed calls that are done; ask for a verdict as each closed window completes."""
+    def _collect(self) -> list[float] | None:
+        """Read back the timed calls that are done; the windows so far when one more has completed since the last
+        verdict asked and no other call is asking (this call then asks, outside the lock), else None."""
         for tag, ms in self._timer.done():
             self._sums[tag] += ms
             self._counts[tag] += 1
-        grew = False
-        while (len(self.windows_ms) < min(self._window, len(self.order))
-               and self._counts[len(self.windows_ms)] == self._issued[len(self.windows_ms)]):
+        while len(self.windows_ms) < min(self._window, len(self.order)):
             i = len(self.windows_ms)
+            if self._counts[i] != self._issued[i] or self._counts[i] == 0:
+                break
             self.windows_ms.append(self._sums[i] / self._counts[i])
-            grew = True
-        if grew:
-            winner = self._decide(list(self.windows_ms), self._wall() - self._begun)
-            if winner is not None:
-                self._settle(winner)
+        if len(self.windows_ms) <= self._judged or self._deciding:
+            return None
+        self._deciding, self._judged = True, len(self.windows_ms)
+        return list(self.windows_ms)
 
-    def _settle(self, winner: str) -> None:
-        self.winner = winner
-        self.final = self.launches[winner]
+    def _judge(self, windows: list[float]) -> None:
+        """Ask for a verdict (which may write to the stores: never under the lock)."""
+        try:
+            winner = self._decide(windows, self._wall() - self._begun)
+        finally:
+            with self._lock:
+                self._deciding = False
+        if winner is not None:
+            with self._lock:
+                if self.winner is None:
+                    self.winner = winner

@@ -20,7 +20,7 @@ from kernels.core.fsutil import load_or_build
 from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
 from kernels.dispatch.call_duel import CallDuel, windows_for
-from kernels.measure.call_timer import timer_for
+from kernels.measure.call_timer import capturing_on, timer_for
 from kernels.measure.steady import plan_for
 from kernels.measure.verify import make_inputs, reference, verify_launch
 from kernels.store.selections import SelectionStore, store_key
@@ -155,12 +155,18 @@ def _ready(sel: Selection, problem: GemmProblem, key: str, build_missing: bool =
         return None
     if sel.duel is not None and not calls_follow:
         return None         # a dynamic hint: no calls will run its duel
-    launches = {}
-    for role, name in (("winner", sel.winner), ("challenger", sel.duel)):
-        if name is not None:
-            launches[name] = _loaded(sel, name, role, problem, build_missing)
-            if launches[name] is None:
-                return None
+    launches = {sel.winner: _loaded(sel, sel.winner, "winner", problem, build_missing)}
+    if launches[sel.winner] is None:
+        return None
+    if sel.duel is not None:
+        # never compiled for a duel aten mostly wins: a challenger not built here, or failing here, leaves the duel
+        # undone here (the winner serves; a shared entry is kept in the local store without its duel)
+        challenger = _loaded(sel, sel.duel, "challenger", problem, build_missing=False)
+        if challenger is None:
+            sel = replace(sel, duel=None, notes=[*sel.notes, f"the duel with {sel.duel} was not run here: it could "
+                                                 "not be loaded and verified in this process"])
+        else:
+            launches[sel.duel] = challenger
     return sel, _serving(key, problem, sel, launches)
 
 
@@ -185,18 +191,27 @@ def _loaded(sel: Selection, name: str, role: str, problem: GemmProblem, build_mi
 
 def _serving(key: str, problem: GemmProblem, sel: Selection, launches: dict[str, object]):
     """What serves the problem's calls: the winner's launcher, or, while `sel.duel` is pending, a CallDuel of the
-    winner and that challenger whose verdict is kept here and in the stores (kernels.dispatch.call_duel)."""
+    winner and that challenger on this device, whose verdict is kept here and in the stores
+    (kernels.dispatch.call_duel)."""
     if sel.duel is None:
         return launches[sel.winner]
     device = "cuda" if problem.device == "cuda" else "cpu"
-    return CallDuel(sel.winner, sel.duel, {n: launches[n] for n in (sel.winner, sel.duel)},
-                    decide=lambda windows, seconds: _duel_verdict(key, problem, sel, windows, seconds),
-                    fail=lambda name, why: _duel_lost(key, problem, sel, name, why), timer=timer_for(device),
+    index = torch.cuda.current_device() if device == "cuda" else None     # the caller entered the tensors' device
+    duel = CallDuel(sel.winner, sel.duel, {n: launches[n] for n in (sel.winner, sel.duel)},
+                    decide=lambda windows, seconds: _duel_verdict(key, problem, sel, duel, windows, seconds),
+                    fail=lambda name, why: _duel_lost(problem, sel, duel, name, why), timer=timer_for(device, index),
                     windows=windows_for(device),
-                    capturing=torch.cuda.is_current_stream_capturing if device == "cuda" else lambda: False)
+                    capturing=(lambda: capturing_on(index)) if device == "cuda" else (lambda: False),
+                    on_capture=lambda: _warn_once(
+                        f"kernels: {problem.short()} was captured in a CUDA graph while its duel with {sel.duel} ran "
+                        f"on its calls: the graph calls {sel.winner} whatever the verdict. Call it outside a graph "
+                        "until kernels.stats()['duels_pending'] is 0 first, or set KERNELS_DUEL=loop (the duel in "
+                        "the tune)"))
+    return duel
 
 
-def _duel_verdict(key: str, problem: GemmProblem, sel: Selection, windows: list[float], seconds: float) -> str | None:
+def _duel_verdict(key: str, problem: GemmProblem, sel: Selection, duel: CallDuel, windows: list[float],
+                  seconds: float) -> str | None:
     """The winner once the duel's windows decide it (kernels.tune.final_round.call_duel_result), kept; else None."""
     plan = plan_for("cuda" if problem.device == "cuda" else "cpu")
     result = call_duel_result(sel.winner, sel.duel, windows, plan, seconds)
@@ -206,31 +221,56 @@ def _duel_verdict(key: str, problem: GemmProblem, sel: Selection, windows: list[
     decided.winner, why = record_duel(result, decided.timings, decided.details)
     decided.notes.append(f"{why}; regime: {duel_shape(result)} of {plan.window_ms:.0f} ms windows on the caller's "
                          f"calls (the first half untimed), {seconds:.2f} s")
-    _keep(key, problem, sel, decided)
+    _keep(problem, duel, decided)
+    _persist(key, problem, decided)
     return decided.winner
 
 
-def _duel_lost(key: str, problem: GemmProblem, sel: Selection, name: str, why: str) -> str:
-    """A challenger that raised on a caller's call: it fails, and the baseline (the winner) stays, kept."""
+def _duel_lost(problem: GemmProblem, sel: Selection, duel: CallDuel, name: str, why: str) -> str:
+    """A challenger that raised on a caller's call: it loses, and the baseline (the winner) stays, in this process
+    only -- the error may be the call's (memory it could not get) rather than the kernel's, so nothing is stored
+    and another process runs the duel again."""
     decided = _decided_copy(sel)
     decided.timings[name] = f"crashed in the duel on calls: {why}"
-    decided.notes.append(f"steady round: {name} raised on a call of its duel; {sel.winner} kept")
-    _keep(key, problem, sel, decided)
+    decided.notes.append(f"steady round: {name} raised on a call of its duel; {sel.winner} kept (in this process)")
+    _keep(problem, duel, decided)
     return sel.winner
 
 
 def _decided_copy(sel: Selection) -> Selection:
+    # later than the pending entry whatever the clocks (the shared store keeps the newer of two)
     return replace(sel, timings=dict(sel.timings), details={n: dict(d) for n, d in sel.details.items()},
-                   notes=list(sel.notes), duel=None, created=time.time(), source="tuned")
+                   notes=list(sel.notes), duel=None, created=max(time.time(), sel.created + 1e-3), source="tuned")
 
 
-def _keep(key: str, problem: GemmProblem, pending: Selection, decided: Selection) -> None:
-    """The decided selection in this process (where it still holds the pending one), the local store and the shared
-    one. Best effort: a failed write leaves the next process to run the duel again, never this caller's call."""
+_on_settled: list = []      # callbacks told after a duel's verdict (the api drops its warm tables)
+
+
+def on_duel_settled(callback) -> None:
+    """Call `callback()` after each verdict of a duel on calls: the warm tables still hold the CallDuel, which then
+    delegates to the winner; dropping them lets the next call register the winner's own launcher."""
+    if callback not in _on_settled:
+        _on_settled.append(callback)
+
+
+def _keep(problem: GemmProblem, duel: CallDuel, decided: Selection) -> None:
+    """The verdict in this process: the decided selection replaces a pending one (whichever device's lookup made
+    it), the winner's launcher replaces the CallDuel, and the warm tables are told."""
     _stats.bump("call_duels")
     with lock:
-        if _selections.get(problem) is pending:
+        current = _selections.get(problem)
+        if current is None or current.duel is not None:
             _selections[problem] = decided
+        for where, launch in list(_launchers.items()):
+            if launch is duel:
+                _launchers[where] = duel.launches[decided.winner]
+    for callback in list(_on_settled):
+        callback()
+
+
+def _persist(key: str, problem: GemmProblem, decided: Selection) -> None:
+    """The verdict in the local store and the shared one. Best effort: a failed write leaves the next process to run
+    the duel again, never this caller's call."""
     try:
         _store.put(key, decided)
         shared = store_for(config.store, config.store_lock_s)

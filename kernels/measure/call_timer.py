@@ -28,23 +28,29 @@ class CallTimer(Protocol):
 
 
 class EventTimer:
-    """CUDA events around a call on the current stream, read when complete; spent events are reused."""
+    """CUDA events around a call on the current stream of device `index` (the launcher's: a warm call does not make
+    its tensors' device current, so the current device's stream may be another GPU's), read when complete; spent
+    events are reused (they belong to that device)."""
 
-    def __init__(self):
+    def __init__(self, index: int):
+        self.index = index
         self._pending: collections.deque = collections.deque()
         self._spare: list = []
 
     def _event(self):
-        return self._spare.pop() if self._spare else torch.cuda.Event(enable_timing=True)
+        try:
+            return self._spare.pop()        # atomic: two threads never get one event (the loser makes a new one)
+        except IndexError:
+            return torch.cuda.Event(enable_timing=True)
 
     def start(self) -> object:
         event = self._event()
-        event.record()
+        event.record(torch.cuda.current_stream(self.index))
         return event
 
     def stop(self, token: object, tag: int) -> None:
         end = self._event()
-        end.record()
+        end.record(torch.cuda.current_stream(self.index))
         self._pending.append((token, end, tag))
 
     def done(self) -> list[tuple[int, float]]:
@@ -53,7 +59,7 @@ class EventTimer:
         while self._pending and self._pending[0][1].query():
             start, end, tag = self._pending.popleft()
             out.append((tag, start.elapsed_time(end)))
-            self._spare += (start, end)
+            self._spare.extend((start, end))
         return out
 
     def waiting(self) -> int:
@@ -80,5 +86,14 @@ class HostTimer:
         return 0
 
 
-def timer_for(device: str) -> CallTimer:
-    return EventTimer() if device == "cuda" else HostTimer()
+def timer_for(device: str, index: int | None = None) -> CallTimer:
+    """The timer for calls on `device` ("cuda" with its device index, else the host clock)."""
+    return EventTimer(torch.cuda.current_device() if index is None else index) if device == "cuda" else HostTimer()
+
+
+def capturing_on(index: int) -> bool:
+    """Whether device `index`'s current stream is capturing a CUDA graph (the current device's, cheaply)."""
+    if torch.cuda.current_device() == index:
+        return torch.cuda.is_current_stream_capturing()
+    with torch.cuda.device(index):
+        return torch.cuda.is_current_stream_capturing()

@@ -115,3 +115,50 @@ def test_grad_calls_reach_the_duels_and_take_torchs_autograd_once_aten_wins_them
     torch.nn.functional.linear(ref_x, ref_w).square().sum().backward()
     assert torch.allclose(x.grad, ref_x.grad, atol=1e-3) and torch.allclose(w.grad, ref_w.grad, atol=1e-3)
     assert kernels.stats()["torch_autograd"] == routed + 1             # decided with the verdicts in, and kept
+
+
+def test_after_the_verdict_the_warm_table_holds_the_winners_own_call(steady):
+    """The verdict drops the warm tables (they held the CallDuel): the next call registers aten's torch.mm itself."""
+    from kernels.dispatch import api
+
+    a, b, p, tile = steady
+    _until_decided(a, b, p)
+    kernels.mm(a, b)
+    entries = list(api._dispatch.values())
+    assert entries and all(not isinstance(getattr(e[1], "__self__", e[1]), CallDuel) for e in entries)
+    assert any(e[0] is torch.mm for e in entries)
+
+
+def test_a_forward_with_grad_and_no_backward_keeps_its_route(steady):
+    """Inference that leaves grad on: the backward products' duels never get calls, so the route is kernels'
+    autograd, kept (not worked out again on every call: 64 us a call against 7.5 us)."""
+    from kernels.dispatch import api
+
+    a, _, _, _ = steady
+    w = torch.randn(16, 16, requires_grad=True)
+    worked_out = []
+    real = api._torchs_autograd_serves
+    api_serves = lambda like, problems: worked_out.append(1) or real(like, problems)      # noqa: E731
+    try:
+        api._torchs_autograd_serves = api_serves
+        for _ in range(60):
+            out = kernels.linear(a, w)
+    finally:
+        api._torchs_autograd_serves = real
+    assert torch.allclose(out, a @ w.t(), atol=1e-4)
+    assert kernels.stats()["duels_pending"] >= 1      # the backward products'
+    assert len(worked_out) <= 4                      # once, and again after each verdict (the forward's)
+
+
+def test_a_stored_challenger_that_cannot_be_loaded_leaves_the_winner_serving(steady, monkeypatch):
+    a, b, p, tile = steady
+    kernels.mm(a, b)
+    kernels.clear_memory_cache()
+    real = selected._loaded
+    monkeypatch.setattr(selected, "_loaded", lambda sel, name, role, problem, build_missing:
+                        None if role == "challenger" else real(sel, name, role, problem, build_missing))
+    tunes = kernels.stats()["tunes"]
+    assert torch.allclose(kernels.mm(a, b), a @ b, atol=1e-4)
+    sel = selected.selection(p)
+    assert (sel.winner, sel.duel, kernels.stats()["tunes"]) == ("aten_mm", None, tunes)
+    assert "was not run here" in sel.notes[-1] and not isinstance(selected.resolved(p), CallDuel)

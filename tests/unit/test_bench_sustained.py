@@ -272,3 +272,19 @@ def test_fp8_rows_geomean_per_scaling_and_every_speedup_recomputes_from_the_prin
     groups = {r[0]: r for r in br.geomean_rows(results)}
     assert set(groups) == {"e4m3 tensor", "e4m3 row"} and groups["e4m3 row"][3] == "2"
     assert br.ProblemResult.from_json(results[1].to_json()).scaling == "row"
+
+
+def test_finish_duels_calls_until_the_problems_duel_is_decided_and_says_when_it_gave_up():
+    from bench.measure import finish_duels
+
+    left = [45]
+
+    def call():
+        left[0] -= 1
+        return left[0]
+
+    run = finish_duels(call, "cpu", every=20, pending=lambda: left[0] > 0)
+    assert (run.calls, run.timed_out, run.last) == (60, False, -15) and run.seconds is not None
+    assert finish_duels(call, "cpu", pending=lambda: False).seconds is None       # nothing pending: no call
+    stuck = finish_duels(lambda: None, "cpu", limit_s=0.05, pending=lambda: True)
+    assert stuck.timed_out and stuck.calls >= 1
