@@ -63,6 +63,11 @@ class SplitKFamily(TritonFamily):
     def specs(self, problem, choice):
         # unmasked K only when every split covers whole blocks and none runs past K
         cfg, split = choice.config, dict(choice.params)["split"]
+        k_blocks = cdiv(problem.k, cfg.block_k)
+        if cdiv(k_blocks, split) * (split - 1) >= k_blocks:
+            # the kernel assumes every split has a K-range (split_k_choices never makes one that does not); a stored
+            # or pinned split past that computed garbage or faulted (split 4096 on K=16)
+            raise ValueError(f"split {split} leaves splits with no K-range for K={problem.k}, block_k={cfg.block_k}")
         kps = k_per_split(problem.k, split, cfg.block_k)
         even = even_k(problem, cfg.block_k) and problem.k % kps == 0
         return [_partial_spec(problem, choice.name, cfg, split, "atomic", even, kps)]
@@ -98,6 +103,8 @@ class DecomposeKFamily(TritonFamily):
 
     def specs(self, problem, choice):
         split = dict(choice.params)["split"]
+        if problem.k % split:       # the partial products cover K // split each: a remainder would be dropped
+            raise ValueError(f"split {split} does not divide K={problem.k}")
         cfg = decompose_k_tile(problem, split)
         reduce_args = [ptr("ws_ptr", _acc_dtype(problem)), ptr("c_ptr", problem.out_dtype), *epilogue_args(problem),
                        int_arg(problem, "MN", problem.m * problem.n, "mn"), int_arg(problem, "N", problem.n, "n"),

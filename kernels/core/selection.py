@@ -128,6 +128,8 @@ class Selection:
         stages = ", ".join(f"{k} {v:.2f}" for k, v in self.stage_seconds.items())
         # a selection nothing was timed for (the CPU's torch fallback, a zero-size problem) had no final round
         round_ = f"{self.regime} final round, " if self.timings else "nothing timed, "
+        if self.duel is not None:
+            round_ = f"{self.regime} final round pending on calls, "
         lines = [f"AUTOTUNE {self.problem.short()} -> {self.winner} ({self.source}, {round_}"
                  f"{self.tune_seconds:.2f} s{': ' + stages if stages else ''})"]
         # % of the best within its own round: the final round's candidates, then the first pass's others

@@ -163,8 +163,10 @@ def _ready(sel: Selection, problem: GemmProblem, key: str, build_missing: bool =
         # undone here (the winner serves; a shared entry is kept in the local store without its duel)
         challenger = _loaded(sel, sel.duel, "challenger", problem, build_missing=False)
         if challenger is None:
+            # kept so (locally): a challenger that fails here would otherwise be built and run at every start
             sel = replace(sel, duel=None, notes=[*sel.notes, f"the duel with {sel.duel} was not run here: it could "
                                                  "not be loaded and verified in this process"])
+            _store.put(key, sel)
         else:
             launches[sel.duel] = challenger
     return sel, _serving(key, problem, sel, launches)
@@ -184,7 +186,8 @@ def _loaded(sel: Selection, name: str, role: str, problem: GemmProblem, build_mi
         return None
     why = verify(outcome.runner.launch, problem)
     if why is not None:
-        _warn_once(f"kernels: the stored {role} {name} for {problem.short()} failed verification ({why}); re-tuning")
+        then = "re-tuning" if role == "winner" else f"its duel is dropped and {sel.winner} serves"
+        _warn_once(f"kernels: the stored {role} {name} for {problem.short()} failed verification ({why}); {then}")
         return None
     return outcome.runner.launch
 
@@ -347,6 +350,9 @@ def trim(keep: int) -> None:
     """Keep the `keep` most recently looked-up launchers and their selections."""
     with lock:
         for where in list(_launchers)[:max(0, len(_launchers) - keep)]:
+            launch = _launchers[where]
+            if isinstance(launch, CallDuel) and launch.winner is None:
+                continue        # a duel under way: dropped, it would start again at every return, never ending
             del _launchers[where]
         alive = {problem for problem, _ in _launchers}
         for problem in [p for p in _selections if p not in alive]:

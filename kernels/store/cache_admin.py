@@ -141,7 +141,8 @@ def _files(folder: Path, suffix: str) -> list[Path]:
 def list_lines() -> list[str]:
     good, bad = entries()
     lines = [f"{e.key_id[:KEY_PREFIX_CHARS]}  {_when(e.selection.created)}  {e.selection.regime:6s}  "
-             f"{e.problem_name}  -> {e.selection.winner}" for e in good]
+             f"{e.problem_name}  -> {e.selection.winner}"
+             + (f" (duel with {e.selection.duel} pending on calls)" if e.selection.duel else "") for e in good]
     if bad:
         lines.append(f"({len(bad)} unreadable or invalid entries: `python -m kernels cache verify`)")
     return lines

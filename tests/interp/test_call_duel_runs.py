@@ -162,3 +162,22 @@ def test_a_stored_challenger_that_cannot_be_loaded_leaves_the_winner_serving(ste
     sel = selected.selection(p)
     assert (sel.winner, sel.duel, kernels.stats()["tunes"]) == ("aten_mm", None, tunes)
     assert "was not run here" in sel.notes[-1] and not isinstance(selected.resolved(p), CallDuel)
+    monkeypatch.setattr(selected, "_loaded", real)
+    kernels.clear_memory_cache()            # kept so: the next process does not load (and run) that challenger again
+    kernels.mm(a, b)
+    again = selected.selection(p)
+    assert (again.source, again.duel, kernels.stats()["tunes"]) == ("disk", None, tunes)
+
+
+def test_a_duel_under_way_outlives_the_warm_tables_trim(steady):
+    """KERNELS_MAX_PROBLEMS=1 with two problems in turn: each return of the dueling problem found a fresh CallDuel
+    (reloaded from disk), and the duel never ended."""
+    a, b, p, tile = steady
+    kernels.config.max_problems = 1
+    c, d = torch.randn(8, 8), torch.randn(8, 8)
+    for _ in range(100):
+        kernels.mm(a, b)
+        kernels.mm(c, d)
+        if selected.selection(p) is not None and selected.selection(p).duel is None:
+            break
+    assert selected.selection(p).duel is None and kernels.stats()["call_duels"] >= 1
