@@ -271,7 +271,6 @@ def _tune(args, early: worker_launch.EarlyWorkers | None) -> int:
         print(f"python -m kernels tune: error: {e}", file=sys.stderr)
         return 2
     where = offline.target()
-    config.duel = "loop"        # no calls will follow an offline tune to run its duels on: they run in the tune
     if args.dry_run:
         print(offline.dry_run(listed, where, record.stored))
         return 0
@@ -481,7 +480,10 @@ def run(args, early: worker_launch.EarlyWorkers | None = None) -> int:
         if args.command == "fastpath":
             return _fastpath_build(args)
         if args.command == "tune":
-            return _tune(args, early)
+            # no calls follow an offline tune to run its duels on: they run in the tune (and only for this run, when
+            # main() is called from Python)
+            with config.temporarily(duel="loop"):
+                return _tune(args, early)
         if args.command == "lut":
             return _lut_export(args) if args.lut_command == "export" else _lut_check(args)
         if args.command == "cache":

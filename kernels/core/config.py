@@ -12,6 +12,7 @@ code-only (INTERNAL, below). This module is also the only one that reads the env
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -456,6 +457,18 @@ class Config:
 
     def __getattr__(self, name: str):           # only for names that are not settings
         raise AttributeError(_no_such_setting(name))
+
+    @contextlib.contextmanager
+    def temporarily(self, **values):
+        """Set these settings in code for the block, then put back what was set in code before (or nothing)."""
+        before = {name: self._overrides.get(name) for name in values}
+        for name, value in values.items():
+            setattr(self, name, value)
+        try:
+            yield self
+        finally:
+            for name, value in before.items():
+                setattr(self, name, value)
 
     def reset(self) -> None:
         """Forget every value set in code; environment variables apply again."""

@@ -218,3 +218,14 @@ def test_the_size_hint_bound_is_the_problems():
     from kernels.core import dynamic_spec, problem
 
     assert dynamic_spec.MAX_DIM == problem.MAX_DIM
+
+
+def test_temporarily_sets_settings_for_a_block_and_puts_back_what_was_set_in_code():
+    config.duel = "calls"
+    with config.temporarily(duel="loop", max_jobs=3):
+        assert (config.duel, config.max_jobs) == ("loop", 3)
+    assert config.duel == "calls" and "max_jobs" not in config._overrides
+    with pytest.raises(SettingError, match="kernels.config.duel"):
+        with config.temporarily(duel="sometimes"):
+            pass
+    assert config.duel == "calls"

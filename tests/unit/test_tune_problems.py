@@ -267,7 +267,9 @@ def test_cli_bad_input_exits_2_naming_the_place(tmp_path, capsys):
 
 def test_cli_dry_run_lists_and_tunes_nothing(tmp_path, capsys):
     path = write(tmp_path, "p.csv", "m,n,k,dtype,layout\n8,8,8,fp16,nn\n16,8,8,fp16,nt\n")
+    config.duel = "calls"
     assert main(["tune", str(path), "--dry-run"]) == 0
+    assert config.duel == "calls"      # the run's duels in the loop were for the run only (main() called in-process)
     out = capsys.readouterr().out
     assert "mm 8x8x8 fp16 nn" in out and "mm 16x8x8 fp16 nt" in out and f"{path}:3" in out
     assert "2 problems: 2 would be tuned, 0 in store (dry run: nothing tuned)" in out
