@@ -756,15 +756,10 @@ def clear_memory_cache() -> None:
     its winner before this does not register it after (the generation moved): it may have been chosen under a
     setting that has changed since."""
     with _lock:
-        _generation[0] += 1
+        _forget_warm()
         _custom.ahead.forget()
-        _dispatch.clear()
-        _grad_routes.clear()
-        if _fast.module is not None:
-            _fast.module.clear()
         selected.clear()
         _dynamic.clear()
-        _scaled.clear()
 
 
 def _forget_warm() -> None:

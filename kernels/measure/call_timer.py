@@ -16,15 +16,13 @@ import torch
 
 class CallTimer(Protocol):
     """start() before the call, stop(token, tag) after it; done() hands back (tag, ms) of the calls whose times are
-    known, each once; waiting() counts those still pending."""
+    known, each once."""
 
     def start(self) -> object: ...
 
     def stop(self, token: object, tag: int) -> None: ...
 
     def done(self) -> list[tuple[int, float]]: ...
-
-    def waiting(self) -> int: ...
 
 
 class EventTimer:
@@ -62,9 +60,6 @@ class EventTimer:
             self._spare.extend((start, end))
         return out
 
-    def waiting(self) -> int:
-        return len(self._pending)
-
 
 class HostTimer:
     """The host clock around a synchronous call (off the GPU)."""
@@ -81,9 +76,6 @@ class HostTimer:
     def done(self) -> list[tuple[int, float]]:
         out, self._done = self._done, []
         return out
-
-    def waiting(self) -> int:
-        return 0
 
 
 def timer_for(device: str, index: int | None = None) -> CallTimer:

@@ -281,11 +281,15 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
     return winner, list(result.timings)
 
 
+def _rounds(result: SteadyResult) -> int:
+    """The duel's rounds: its challenger's ratios (0 where no challenger ran)."""
+    challenger = next((n for n in result.timings if n != result.baseline), None)
+    return len(result.timings[challenger].ratios) if challenger is not None else 0
+
+
 def duel_shape(result: SteadyResult) -> str:
     """How far a duel ran: 'N round(s)', or its stop at the challenger's first window."""
-    challenger = next((n for n in result.timings if n != result.baseline), None)
-    rounds = len(result.timings[challenger].ratios) if challenger is not None else 0
-    return "the challenger's first window" if result.stopped_early else f"{rounds} round(s)"
+    return "the challenger's first window" if result.stopped_early else f"{_rounds(result)} round(s)"
 
 
 def record_duel(result: SteadyResult, timings: dict[str, float | str], details: dict[str, dict]) -> tuple[str, str]:
@@ -293,7 +297,6 @@ def record_duel(result: SteadyResult, timings: dict[str, float | str], details: 
     into the finalists' `details` and their final times into `timings` (the first pass's time moves to the
     details). Shared by the tune's duel and the one on the caller's calls (kernels.dispatch.call_duel)."""
     baseline = result.baseline
-    challenger = next((n for n in result.timings if n != baseline), None)
     for name, t in result.timings.items():
         d = details.setdefault(name, {})
         first = timings.get(name)
@@ -306,7 +309,7 @@ def record_duel(result: SteadyResult, timings: dict[str, float | str], details: 
             if result.stopped_early:        # then to the baseline's first window alone
                 d["first_window_stop"] = True
         timings[name] = t.median_ms
-    rounds = len(result.timings[challenger].ratios) if challenger is not None else 0
+    rounds = _rounds(result)
     winner, _, why = steady_winner(result, ONE_ROUND_FLOOR if rounds == 1 else MARGIN_FLOOR)
     if rounds and not result.stopped_early and baseline in details:
         details[baseline]["self_spread"] = round(result.self_spread, 5)

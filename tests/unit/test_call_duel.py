@@ -55,9 +55,6 @@ class FakeTimer:
         out, self._pending = self._pending, []
         return out
 
-    def waiting(self):
-        return len(self._pending)
-
 
 def _duel(ms, timer=None, windows=WINDOWS, wall=None, fails=(), capturing=lambda: False):
     """A CallDuel of aten and the tile whose launches record which side served; `ms`: name -> ms per call."""
