@@ -39,6 +39,9 @@ class Child:
                                      stdout=subprocess.PIPE, stderr=self.stderr, text=True, bufsize=1,
                                      cwd=str(REPO_ROOT), env=child_environment())
         self.lines: queue.Queue = queue.Queue()
+        # set by the reader once the child has answered a first request (or ended): from then on a request to it waits
+        # for the request, not for a start
+        self.up = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
         # a warm-up request queued at once: the child's CUDA context and libraries come up while the caller works
         self.warming = warm is not None and self._write(warm)
@@ -54,7 +57,10 @@ class Child:
     def _read(self) -> None:
         for line in self.proc.stdout:
             self.lines.put(line)
+            if line.startswith(TAG + DONE):
+                self.up.set()
         self.lines.put(None)                 # end of output: the child is gone
+        self.up.set()
 
     def warmed(self, timeout_s: float) -> str:
         """Wait for the warm-up request's answer (it comes before any other): "done" (or nothing was queued),
@@ -140,13 +146,28 @@ atexit.register(close)
 
 def prestart(device: int | None = None) -> None:
     """Start this process's child now, so its start-up (a Python process, torch) overlaps what the caller does next
-    rather than the first isolated tune (a tuning worker calls this first thing). With a CUDA `device` the child also
-    brings up its context and libraries there at once (`warmed` waits for that)."""
+    rather than the first isolated tune (a tuning worker calls this first thing). A warm-up request is queued at
+    once: with a CUDA `device` the child also brings up its context and libraries there (`warmed` waits for that,
+    `is_up` tells without waiting)."""
     global _child
     with lock:
         if _child is None:
-            warm = None if device is None else {"warmup": True, "device": device, "cache_dir": str(cache_root())}
-            _child = Child(warm)
+            _child = Child({"warmup": True, "device": device, "cache_dir": str(cache_root())})
+
+
+def is_up(device: int | None = None) -> bool:
+    """Whether this process's child has come up (answered its warm-up, or ended: a request then waits for itself,
+    not for a start of seconds). Never waits: while it starts, False; when none runs, one is started (`prestart`)
+    and False."""
+    child = _child          # read without the lock: another thread may hold it for a request of seconds
+    if child is not None:
+        return child.up.is_set()
+    if lock.acquire(blocking=False):
+        try:
+            prestart(device)
+        finally:
+            lock.release()
+    return False
 
 
 def warmed(timeout_s: float = CHILD_TIMEOUT_S) -> str:

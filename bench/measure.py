@@ -303,7 +303,7 @@ def kernels_mm_result(problem: GemmProblem, backends: tuple[str, ...], sets) -> 
             torch.cuda.synchronize()
         first = time.perf_counter() - start
         finish_duels(lambda: calls.kernels(*first_set), device, every=20,   # the row times the winner
-                     pending=lambda: calls.explain(*first_set).duel is not None)
+                     pending=lambda: calls.explain(*first_set).awaiting_calls)
         sel = calls.explain(*first_set)
     except Exception as e:  # noqa: BLE001 - e.g. NoCandidateError: the row says why
         return KernelsMmResult("error", first_call_s=time.perf_counter() - start,

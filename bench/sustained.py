@@ -254,7 +254,7 @@ def measure_problem(spec: ProblemSpec, plan: LoopPlan, progress: RunProgress, de
     result.first_call_s = time.perf_counter() - start
     result.tuned = kernels.stats()["tunes"] > tunes
     duels = finish_duels(lambda: user_fn(*first), device, every=20,    # the loops time the winner, not the duel
-                         pending=lambda: calls.explain(*first).duel is not None)
+                         pending=lambda: calls.explain(*first).awaiting_calls)
     result.duel_s, result.duel_calls = duels.seconds, duels.calls
     selection = calls.explain(*first)
     result.winner, result.tune_s = selection.winner, selection.tune_seconds

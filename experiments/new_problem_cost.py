@@ -50,10 +50,12 @@ def main(argv=None) -> int:
         seconds = time.perf_counter() - t0
         after = kernels.stats()
         first = kernels.explain(a, b, op=spec.op)
-        calls, t1 = 0, time.perf_counter()
-        while first.duel and kernels.stats()["duels_pending"] and time.perf_counter() - t1 < DUEL_LIMIT_S:
+        calls, t1, slowest = 0, time.perf_counter(), 0.0
+        while first.awaiting_calls and kernels.stats()["duels_pending"] and time.perf_counter() - t1 < DUEL_LIMIT_S:
             for _ in range(20):         # back to back between checks, as a user's loop
+                t2 = time.perf_counter()
                 fn(a, b)
+                slowest = max(slowest, time.perf_counter() - t2)      # host time: a call that waited (a join)
             calls += 20
         torch.cuda.synchronize()
         duel_s = time.perf_counter() - t1
@@ -61,8 +63,9 @@ def main(argv=None) -> int:
         duel = {n: d["final_windows_ms"] for n, d in sel.details.items() if "final_windows_ms" in d}
         print(json.dumps({"problem": spec.label(), "closing_window": args.closing_window,
                           "first_call_s": round(seconds, 3), "winner": sel.winner, "duel_windows_ms": duel,
-                          "duel_on_calls": first.duel, "duel_calls": calls,
-                          "duel_calls_s": round(duel_s, 3) if first.duel else None,
+                          "duel_on_calls": first.duel, "unmeasured_on_calls": len(first.unmeasured),
+                          "duel_calls": calls, "duel_calls_s": round(duel_s, 3) if first.awaiting_calls else None,
+                          "slowest_call_s": round(slowest, 3),
                           "notes": sel.notes[-1:],
                           "regime": sel.regime, "source": sel.source, "stages": sel.stage_seconds,
                           "compiles": after.get("compiles", 0) - before.get("compiles", 0),

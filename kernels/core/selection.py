@@ -14,6 +14,9 @@ ROUND_KEYS = ("first_pass_ms", "final_ms", "gpu_ms")
 # How `timings` records a candidate the first pass timed but nothing verified, as it could not be a finalist (its
 # first-pass timing stays in `details`): kernels.tune.final_round.OnDemandCheck
 NOT_VERIFIED = "not verified"
+# How `timings` records a candidate left to the problem's calls (`Selection.unmeasured`): measured in the isolated
+# child once it is up (kernels.dispatch.selected)
+UNMEASURED = "left to the calls"
 
 
 @dataclass
@@ -42,6 +45,15 @@ class Selection:
     # a challenger whose steady-regime duel with the winner (the baseline, serving meanwhile) runs on the caller's own
     # calls (KERNELS_DUEL=calls, kernels.dispatch.call_duel); None once decided, or where the tune decided it
     duel: str | None = None
+    # candidates built but not yet measured, left to the problem's calls because the isolated child that verifies and
+    # times them was still starting (a process's first tune: ~5 s of Python and torch); the calls measure them there
+    # once it is up, then duel the fastest (KERNELS_DUEL=calls)
+    unmeasured: list[str] = field(default_factory=list)
+
+    @property
+    def awaiting_calls(self) -> bool:
+        """Whether the problem's calls still have work of the tune to do: a duel, or candidates to measure."""
+        return self.duel is not None or bool(self.unmeasured)
 
     @property
     def winner_choice(self) -> Choice:
@@ -89,7 +101,8 @@ class Selection:
 
     def failures(self) -> dict[str, str]:
         """Candidates that could not be timed, or failed: name -> why (those timed and not verified are not here)."""
-        return {n: t for n, t in self.timings.items() if isinstance(t, str) and not t.startswith(NOT_VERIFIED)}
+        return {n: t for n, t in self.timings.items()
+                if isinstance(t, str) and not t.startswith((NOT_VERIFIED, UNMEASURED))}
 
     def unverified(self) -> dict[str, float]:
         """Candidates the first pass timed that nothing verified (no final round could take them): name -> ms."""
@@ -101,7 +114,7 @@ class Selection:
                 "details": self.details, "tune_seconds": self.tune_seconds, "created": self.created,
                 "fingerprint": self.fingerprint, "notes": self.notes, "stage_seconds": self.stage_seconds,
                 "unavailable": self.unavailable, "regime": self.regime, "pending": self.pending,
-                "duel": self.duel}
+                "duel": self.duel, "unmeasured": self.unmeasured}
 
     @classmethod
     def from_dict(cls, data: dict, source: str) -> "Selection":
@@ -117,7 +130,8 @@ class Selection:
                    fingerprint=data.get("fingerprint", {}), notes=list(data.get("notes", [])),
                    stage_seconds={k: float(v) for k, v in data.get("stage_seconds", {}).items()},
                    unavailable=list(data.get("unavailable", [])), regime=str(data.get("regime", "burst")),
-                   pending=_pending(data, choices), duel=_duel(data, choices))
+                   pending=_names(data, "pending", choices), duel=_duel(data, choices),
+                   unmeasured=_unmeasured(data, choices))
 
     def table(self, rounds: bool = False) -> str:
         """The AUTOTUNE table: timed choices sorted by time with % of best (those never verified marked so), then the
@@ -128,7 +142,7 @@ class Selection:
         stages = ", ".join(f"{k} {v:.2f}" for k, v in self.stage_seconds.items())
         # a selection nothing was timed for (the CPU's torch fallback, a zero-size problem) had no final round
         round_ = f"{self.regime} final round, " if self.timings else "nothing timed, "
-        if self.duel is not None:
+        if self.awaiting_calls:
             round_ = f"{self.regime} final round pending on calls, "
         lines = [f"AUTOTUNE {self.problem.short()} -> {self.winner} ({self.source}, {round_}"
                  f"{self.tune_seconds:.2f} s{': ' + stages if stages else ''})"]
@@ -152,18 +166,30 @@ class Selection:
         lines.extend(f"   note: {n}" for n in self.notes)
         if self.duel is not None:
             lines.append(f"   note: {self.winner} serves while its duel with {self.duel} runs on this problem's calls")
+        if self.unmeasured:
+            lines.append(f"   note: {len(self.unmeasured)} candidates are measured on this problem's calls once the "
+                         "isolated child is up (it was starting when the problem was tuned)")
         if self.pending:
             lines.append(f"   note: tuned while {len(self.pending)} candidates were being built in the background; "
                          "re-tuned with them on a cold lookup once they are built")
         return "\n".join(lines)
 
 
-def _pending(data: dict, choices: dict[str, Choice]) -> list[str]:
-    """The recorded pending choices; each must be a recorded choice (the cold lookup asks its backend about it)."""
-    names = data.get("pending", [])
-    if not isinstance(names, list) or any(n not in choices for n in names):
-        raise ValueError("pending names a choice that is not recorded")
+def _names(data: dict, field_name: str, choices: dict[str, Choice]) -> list[str]:
+    """The recorded `pending` or `unmeasured` choices; each must be a recorded choice (their backends are asked
+    about them)."""
+    names = data.get(field_name, [])
+    if not isinstance(names, list) or any(not isinstance(n, str) or n not in choices for n in names):
+        raise ValueError(f"{field_name} names a choice that is not recorded")
     return list(names)
+
+
+def _unmeasured(data: dict, choices: dict[str, Choice]) -> list[str]:
+    """The recorded choices left to the calls: never the winner or the challenger (those were measured)."""
+    names = _names(data, "unmeasured", choices)
+    if data.get("winner") in names or (data.get("duel") is not None and data.get("duel") in names):
+        raise ValueError("unmeasured names the winner or the challenger")
+    return names
 
 
 def _duel(data: dict, choices: dict[str, Choice]) -> str | None:

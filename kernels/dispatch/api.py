@@ -553,7 +553,7 @@ def _torchs_autograd_serves(like: torch.Tensor, problems: list[GemmProblem]) -> 
     for problem in problems[1:]:
         _prepare(problem, like)
     selections = [selected.selection(p) for p in problems]
-    if any(sel is not None and sel.duel is not None for sel in selections):
+    if any(sel is not None and sel.awaiting_calls for sel in selections):
         return False
     return _ops.kernels_gain_us(selections) <= _ops.FUNCTION_HOST_US
 

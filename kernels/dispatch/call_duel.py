@@ -46,28 +46,44 @@ def windows_for(device: str) -> CallWindows:
     return CallWindows(plan.window_ms / 1e3, plan.settle_fraction)
 
 
+@dataclass(frozen=True)
+class LateEntrants:
+    """Candidates still to be measured elsewhere before the duel can start (the isolated child, still starting when
+    the problem was tuned): `ready()` says, without waiting, whether they can be now; `join()` measures them (the
+    call that runs it waits that long) and returns the duel's challenger and its launch, or None when none came
+    within reach (the baseline has then won)."""
+    ready: Callable[[], bool]
+    join: Callable[[], tuple[str, Callable] | None]
+
+
 class CallDuel:
     """A launcher serving one problem's calls from the baseline and a challenger in turn (B C B) until
     `decide(windows_ms, seconds)` names the winner (None: not yet), then from the winner alone. A challenger whose
     call raises loses at once (`fail(name, why)` names the winner) and the call is served by the baseline; the
     baseline's own errors are the caller's, raised as they are. Calls made under CUDA-graph capture (`capturing()`)
     get the baseline, untimed (events cannot be read back from a graph), and `on_capture()` is told: the graph keeps
-    the baseline whatever the verdict."""
+    the baseline whatever the verdict. With `late` entrants, the baseline serves untimed until they are ready; the
+    first call after that joins them (they may replace `challenger`, or leave none), and the windows start then."""
 
-    def __init__(self, baseline: str, challenger: str, launches: dict[str, Callable], *,
+    def __init__(self, baseline: str, challenger: str | None, launches: dict[str, Callable], *,
                  decide: Callable[[list[float], float], str | None], fail: Callable[[str, str], str],
                  timer: CallTimer, windows: CallWindows, capturing: Callable[[], bool] = lambda: False,
-                 on_capture: Callable[[], None] = lambda: None, wall: Callable[[], float] = time.perf_counter):
+                 on_capture: Callable[[], None] = lambda: None, wall: Callable[[], float] = time.perf_counter,
+                 late: LateEntrants | None = None):
+        if challenger is None and late is None:
+            raise ValueError("a duel needs a challenger, or late entrants to find one")
         self.baseline, self.challenger = baseline, challenger
         self.order = (baseline, challenger, baseline)
-        self.launches = launches
+        self.launches = dict(launches)
         # each side's call without `out` as the warm path makes it (`.direct`: torch's own function, a native
         # launch), so that the duel times what the winner will run
-        self._directs = {n: getattr(launch, "direct", None) for n, launch in launches.items()}
+        self._directs = {n: getattr(launch, "direct", None) for n, launch in self.launches.items()}
         self.final: Callable | None = None
         self.winner: str | None = None
         self._decide, self._fail, self._timer, self._windows = decide, fail, timer, windows
         self._capturing, self._on_capture, self._wall = capturing, on_capture, wall
+        self._late = late
+        self._joining = False
         self._lock = threading.Lock()
         self._deciding = False
         self._judged = 0              # windows a verdict was asked for
@@ -102,6 +118,10 @@ class CallDuel:
         if self._capturing():
             self._on_capture()
             return self._side(self.baseline, direct)(*args)
+        if self._late is not None:
+            self._await_entrants()
+            if self._late is not None or self.winner is not None:
+                return self._side(self.winner or self.baseline, direct)(*args)
         with self._lock:
             windows = self._collect()
             name, tag = (self.winner, None) if self.winner is not None else self._turn()
@@ -125,6 +145,30 @@ class CallDuel:
                 if self.winner is None:
                     self.winner = self._fail(name, f"{type(e).__name__}: {str(e)[:300]}")
             return self._side(self.baseline, direct)(*args)
+
+    def _await_entrants(self) -> None:
+        """Join the late entrants once they are ready, on this call (one call at a time; the others meanwhile get
+        the baseline)."""
+        with self._lock:
+            if self._joining or self._late is None or not self._late.ready():
+                return
+            self._joining = True
+        joined = None
+        try:
+            joined = self._late.join()
+        except Exception:  # noqa: BLE001 - a join records its own faults; the caller's call goes on regardless
+            joined = None
+        finally:        # no challenger (or a join that raised): the baseline has won
+            with self._lock:
+                self._joining, self._late = False, None
+                if self.winner is None and joined is None:
+                    self.winner = self.baseline
+                elif self.winner is None:
+                    name, launch = joined
+                    self.challenger, self.order = name, (self.baseline, name, self.baseline)
+                    self.launches[name] = launch
+                    self._directs[name] = getattr(launch, "direct", None)
+                    self._begun = self._wall()
 
     def _turn(self) -> tuple[str, int | None]:
         """Which side serves this call, and its window's index when the call is timed (else None)."""

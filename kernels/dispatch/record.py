@@ -137,7 +137,7 @@ def stored(problem: GemmProblem) -> Selection | None:
     found = _store.get(key)
     shared = store_for(config.store, config.store_lock_s) if found is None else None
     found = found if shared is None else shared.get(key)
-    return None if found is not None and found.duel is not None and config.duel != "calls" else found
+    return None if found is not None and found.awaiting_calls and config.duel != "calls" else found
 
 
 def replay(item: Listed) -> tuple[Selection, bool]:

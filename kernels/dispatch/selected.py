@@ -19,13 +19,13 @@ from kernels.core.errors import NoCandidateError
 from kernels.core.fsutil import load_or_build
 from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
-from kernels.dispatch.call_duel import CallDuel, windows_for
+from kernels.dispatch.call_duel import CallDuel, LateEntrants, windows_for
 from kernels.measure.call_timer import capturing_on, timer_for
 from kernels.measure.steady import plan_for
 from kernels.measure.verify import make_inputs, reference, verify_launch
 from kernels.store.selections import SelectionStore, store_key
 from kernels.store.shared import SharedStore, store_for
-from kernels.tune.autotune import fingerprint, tune
+from kernels.tune.autotune import child_is_up, fingerprint, join_unmeasured, tune
 from kernels.tune.build_queue import request as request_build
 from kernels.tune.final_round import call_duel_result, duel_shape, record_duel
 
@@ -65,7 +65,8 @@ def _select(problem: GemmProblem, calls_follow: bool = True) -> tuple[Selection,
         _store.put(key, sel)
         if shared is not None:
             shared.publish(key, sel)
-        return sel, _serving(key, problem, sel, {n: r.launch for n, r in runners.items()})
+        late = {n: runners.pop(n) for n in sel.unmeasured}        # not verified: for the child only
+        return sel, _serving(key, problem, sel, {n: r.launch for n, r in runners.items()}, late)
 
     def load_local():
         return _load_stored(key, problem, calls_follow)
@@ -149,11 +150,11 @@ def _ready(sel: Selection, problem: GemmProblem, key: str, build_missing: bool =
         _warn_once(f"kernels: re-tuning {problem.short()}: tuned while {len(sel.pending)} of its candidates were "
                    "being built in the background, which are done now")
         return None
-    if sel.duel is not None and config.duel != "calls":
+    if sel.awaiting_calls and config.duel != "calls":
         _warn_once(f"kernels: re-tuning {problem.short()}: its duel was left to calls (KERNELS_DUEL=calls), which "
                    f"KERNELS_DUEL={config.duel} does not run")
         return None
-    if sel.duel is not None and not calls_follow:
+    if sel.awaiting_calls and not calls_follow:
         return None         # a dynamic hint: no calls will run its duel
     launches = {sel.winner: _loaded(sel, sel.winner, "winner", problem, build_missing)}
     if launches[sel.winner] is None:
@@ -169,7 +170,28 @@ def _ready(sel: Selection, problem: GemmProblem, key: str, build_missing: bool =
             _store.put(key, sel)
         else:
             launches[sel.duel] = challenger
-    return sel, _serving(key, problem, sel, launches)
+    late = _unmeasured_runners(sel, problem) if sel.unmeasured else {}
+    if sel.unmeasured and not late:
+        sel = replace(sel, unmeasured=[], notes=[*sel.notes, f"its {len(sel.unmeasured)} candidate(s) left to the "
+                                                 "calls could not be loaded in this process: not measured here"])
+        _store.put(key, sel)
+    return sel, _serving(key, problem, sel, launches, late)
+
+
+def _unmeasured_runners(sel: Selection, problem: GemmProblem) -> dict:
+    """The runners of a stored selection's unmeasured candidates, loaded (never compiled: those not built here are
+    left out), for the isolated child's measurement only."""
+    by_backend: dict[str, list] = {}
+    for name in sel.unmeasured:
+        by_backend.setdefault(sel.choices[name].backend, []).append(sel.choices[name])
+    runners = {}
+    for name, choices in by_backend.items():
+        try:
+            outcomes = get_backend(name).build(problem, choices)
+        except Exception:  # noqa: BLE001 - what cannot load is not measured here
+            continue
+        runners.update({o.choice.name: o.runner for o in outcomes if o.runner is not None})
+    return runners
 
 
 def _loaded(sel: Selection, name: str, role: str, problem: GemmProblem, build_missing: bool):
@@ -192,25 +214,62 @@ def _loaded(sel: Selection, name: str, role: str, problem: GemmProblem, build_mi
     return outcome.runner.launch
 
 
-def _serving(key: str, problem: GemmProblem, sel: Selection, launches: dict[str, object]):
-    """What serves the problem's calls: the winner's launcher, or, while `sel.duel` is pending, a CallDuel of the
-    winner and that challenger on this device, whose verdict is kept here and in the stores
-    (kernels.dispatch.call_duel)."""
-    if sel.duel is None:
+def _serving(key: str, problem: GemmProblem, sel: Selection, launches: dict[str, object], late: dict | None = None):
+    """What serves the problem's calls: the winner's launcher, or, while the selection awaits its calls, a CallDuel
+    of the winner and its challenger on this device, whose verdict is kept here and in the stores
+    (kernels.dispatch.call_duel). With unmeasured candidates (`late`: their runners), the duel first waits for the
+    isolated child and joins them (`_join_late`)."""
+    if not sel.awaiting_calls:
         return launches[sel.winner]
     device = "cuda" if problem.device == "cuda" else "cpu"
     index = torch.cuda.current_device() if device == "cuda" else None     # the caller entered the tensors' device
-    duel = CallDuel(sel.winner, sel.duel, {n: launches[n] for n in (sel.winner, sel.duel)},
-                    decide=lambda windows, seconds: _duel_verdict(key, problem, sel, duel, windows, seconds),
-                    fail=lambda name, why: _duel_lost(problem, sel, duel, name, why), timer=timer_for(device, index),
-                    windows=windows_for(device),
+    current = {"sel": sel}      # the joined selection replaces it (a new challenger, the child's times)
+    entrants = None
+    if sel.unmeasured:
+        entrants = LateEntrants(ready=lambda: child_is_up(index),
+                                join=lambda: _join_late(key, problem, current, late or {}, duel, index))
+    duel = CallDuel(sel.winner, sel.duel, {n: launches[n] for n in (sel.winner, sel.duel) if n is not None},
+                    decide=lambda windows, seconds: _duel_verdict(key, problem, current["sel"], duel, windows,
+                                                                  seconds),
+                    fail=lambda name, why: _duel_lost(problem, current["sel"], duel, name, why),
+                    timer=timer_for(device, index), windows=windows_for(device),
                     capturing=(lambda: capturing_on(index)) if device == "cuda" else (lambda: False),
                     on_capture=lambda: _warn_once(
-                        f"kernels: {problem.short()} was captured in a CUDA graph while its duel with {sel.duel} ran "
-                        f"on its calls: the graph calls {sel.winner} whatever the verdict. Call it outside a graph "
-                        "until kernels.stats()['duels_pending'] is 0 first, or set KERNELS_DUEL=loop (the duel in "
-                        "the tune)"))
+                        f"kernels: {problem.short()} was captured in a CUDA graph while its duel ran on its calls: "
+                        f"the graph calls {sel.winner} whatever the verdict. Call it outside a graph until "
+                        "kernels.stats()['duels_pending'] is 0 first, or set KERNELS_DUEL=loop (the duel in the "
+                        "tune)"),
+                    late=entrants)
     return duel
+
+
+def _join_late(key: str, problem: GemmProblem, current: dict, runners: dict, duel: CallDuel, index: int | None):
+    """The duel's late entrants, measured in the isolated child now that it is up (kernels.tune.autotune.
+    join_unmeasured): (the challenger, its launch), kept here and in the stores so that a process that ends before
+    the verdict leaves the duel, not the measurement, to the next; or None when no challenger came within reach (the
+    winner is then decided and kept). A fault here keeps the winner, in this process only."""
+    sel = current["sel"]
+    try:
+        with torch.cuda.device(index) if index is not None else contextlib.nullcontext():  # the duel's device
+            joined, runner = join_unmeasured(problem, sel, runners)
+    except Exception as e:  # noqa: BLE001 - the caller's call goes on with the winner
+        _warn_once(f"kernels: the candidates of {problem.short()} left to its calls could not be measured "
+                   f"({type(e).__name__}: {e}); {sel.winner} serves in this process")
+        kept = replace(_decided_copy(sel), unmeasured=[])
+        kept.notes.append("the candidates left to the calls could not be measured here; the winner kept (in this "
+                          "process)")
+        _keep(problem, duel, kept, verdict=False)
+        return None
+    if joined.duel is None:
+        _keep(problem, duel, joined, verdict=False)
+        _persist(key, problem, joined)
+        return None
+    current["sel"] = joined
+    with lock:
+        if (kept := _selections.get(problem)) is None or kept.awaiting_calls:
+            _selections[problem] = joined
+    _persist(key, problem, joined)
+    return joined.duel, runner.launch if runner is not None else duel.launches[joined.duel]
 
 
 def _duel_verdict(key: str, problem: GemmProblem, sel: Selection, duel: CallDuel, windows: list[float],
@@ -256,13 +315,15 @@ def on_duel_settled(callback) -> None:
         _on_settled.append(callback)
 
 
-def _keep(problem: GemmProblem, duel: CallDuel, decided: Selection) -> None:
-    """The verdict in this process: the decided selection replaces a pending one (whichever device's lookup made
-    it), the winner's launcher replaces the CallDuel, and the warm tables are told."""
-    _stats.bump("call_duels")
+def _keep(problem: GemmProblem, duel: CallDuel, decided: Selection, verdict: bool = True) -> None:
+    """The verdict in this process (`verdict`: a duel's; else the winner decided without one): the decided selection
+    replaces a pending one (whichever device's lookup made it), the winner's launcher replaces the CallDuel, and the
+    warm tables are told."""
+    if verdict:
+        _stats.bump("call_duels")
     with lock:
         current = _selections.get(problem)
-        if current is None or current.duel is not None:
+        if current is None or current.awaiting_calls:
             _selections[problem] = decided
         for where, launch in list(_launchers.items()):
             if launch is duel:
@@ -368,13 +429,13 @@ def selection(problem: GemmProblem) -> Selection | None:
 def duels_pending() -> int:
     """How many of this process's selections wait on a duel on calls (kernels.dispatch.call_duel)."""
     with lock:
-        return sum(sel.duel is not None for sel in _selections.values())
+        return sum(sel.awaiting_calls for sel in _selections.values())
 
 
 def aten_winner(problem: GemmProblem) -> bool:
     """Whether the problem's selection in this process picked aten (the C++ table then calls aten itself)."""
     sel = selection(problem)
-    return sel is not None and sel.duel is None and sel.winner_choice.backend == "aten"
+    return sel is not None and not sel.awaiting_calls and sel.winner_choice.backend == "aten"
 
 
 def device_context(t: torch.Tensor):

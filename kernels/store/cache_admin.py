@@ -138,11 +138,18 @@ def _files(folder: Path, suffix: str) -> list[Path]:
         return []
 
 
+def _awaiting(sel) -> str:
+    """What a listed entry still waits for on the calls, if anything."""
+    if sel.unmeasured:
+        return f" ({len(sel.unmeasured)} candidates and the duel pending on calls)"
+    return f" (duel with {sel.duel} pending on calls)" if sel.duel else ""
+
+
 def list_lines() -> list[str]:
     good, bad = entries()
     lines = [f"{e.key_id[:KEY_PREFIX_CHARS]}  {_when(e.selection.created)}  {e.selection.regime:6s}  "
              f"{e.problem_name}  -> {e.selection.winner}"
-             + (f" (duel with {e.selection.duel} pending on calls)" if e.selection.duel else "") for e in good]
+             + _awaiting(e.selection) for e in good]
     if bad:
         lines.append(f"({len(bad)} unreadable or invalid entries: `python -m kernels cache verify`)")
     return lines

@@ -11,6 +11,7 @@ import gc
 import sys
 import time
 import warnings
+from dataclasses import replace
 from importlib import metadata
 from typing import TYPE_CHECKING, Callable
 
@@ -24,14 +25,14 @@ from kernels.core.config import config
 from kernels.core.errors import NoCandidateError
 from kernels.core.problem import GemmProblem
 from kernels.core.progress import status
-from kernels.core.selection import Selection
+from kernels.core.selection import UNMEASURED, Selection
 from kernels.core.version import __version__
 from kernels.measure.timing import user_call
 from kernels.measure.verify import checked_inputs, fresh_timing_sets, verify_launch
 from kernels.space.families import template_tree_hash
 from kernels.tune.build_queue import request as request_build
 from kernels.tune.candidates import Narrowed, fingerprint_extra, narrow
-from kernels.tune.final_round import StageClock, not_verified, select
+from kernels.tune.final_round import StageClock, contenders_of, not_verified, select
 
 if TYPE_CHECKING:
     from backends.base import Backend, Runner
@@ -90,7 +91,8 @@ def _cyclic_gc_paused():
 
 def tune(problem: GemmProblem, backends: tuple[str, ...], *, verify_all: bool = False, defer_duel: bool = False
          ) -> tuple[Selection, dict[str, Runner]]:
-    """Tune one problem; returns the Selection and the runners that passed verification (for dispatch). A bad
+    """Tune one problem; returns the Selection and the runners that passed verification (for dispatch), with those
+    of `Selection.unmeasured` (not verified: for the isolated child's measurement on the calls only). A bad
     setting raises kernels.core.errors.SettingError before anything is built. Only the candidates a Selection's
     readers may run are verified (kernels.tune.final_round.OnDemandCheck); `verify_all` verifies every timed one
     (bench.compare's columns, the perf model's dataset, experiments that re-run candidates). `defer_duel`: a
@@ -161,6 +163,7 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
         _warn_only_matched_nothing(unavailable)
     details: dict[str, dict] = {}
     isolated = {n: r for n, r in runners.items() if r.isolated}
+    unmeasured: list[str] = []
     passed_isolated: dict[str, Runner] = {}
     verified: dict[str, Runner] = {}
 
@@ -179,11 +182,17 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
                 verified[name] = candidates_here[name]
             return why
 
-        def measured_in_child() -> dict:
+        def measured_in_child(may_leave: bool) -> dict:
             """Isolated runners, verified and timed in the child (asked after this process's first pass: the child,
-            started during the build, comes up meanwhile); those that pass are safe to re-time here."""
+            started during the build, comes up meanwhile); those that pass are safe to re-time here. `may_leave`:
+            the caller's calls finish this selection, so where the child is still starting (a process's first tune:
+            seconds of Python and torch) they are left to those calls (Selection.unmeasured) rather than waited for."""
+            if may_leave and not child_is_up(_device_index(device)):
+                unmeasured.extend(isolated)
+                timings.update({n: f"{UNMEASURED}: the isolated child was starting" for n in isolated})
+                return {}
             with clock("isolated"):
-                passed_isolated.update(_measure_isolated(problem, isolated, timings, details, verify_all))
+                passed_isolated.update(measure_isolated(problem, isolated, timings, details, verify_all))
             return {n: (timings[n], user_call(r.launch, sets)) for n, r in passed_isolated.items()}
         outcome = select({n: user_call(r.launch, sets) for n, r in candidates_here.items()}, choices, len(sets),
                          device, config.bench_budget_ms, isolated=measured_in_child if isolated else None,
@@ -201,11 +210,12 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
     sel = Selection(problem=problem, winner=winner, choices=choices, timings=timings, details=details,
                     source="tuned", tune_seconds=time.perf_counter() - start, created=time.time(), notes=notes,
                     stage_seconds={k: round(v, 4) for k, v in clock.seconds.items()}, unavailable=unavailable,
-                    regime=regime, pending=pending, duel=duel)
+                    regime=regime, pending=pending, duel=duel, unmeasured=unmeasured)
     counters.bump("tunes")
     if config.verbose:
         print(sel.table(), file=sys.stderr)
-    return sel, {n: verified[n] for n in (winner, duel) if n is not None}
+    # the unmeasured runners are for the child's measurement only, never run here before it has verified them
+    return sel, {**{n: verified[n] for n in (winner, duel) if n is not None}, **{n: isolated[n] for n in unmeasured}}
 
 
 class NameFilterWarning(UserWarning):
@@ -238,14 +248,24 @@ def _isolated_first(backends: tuple[str, ...]) -> list[str]:
     return sorted(backends, key=lambda name: not isolated(name))
 
 
+def _device_index(device: str) -> int | None:
+    return torch.cuda.current_device() if device == "cuda" else None
+
+
+def child_is_up(device_index: int | None) -> bool:
+    """Whether the isolated child answers without a start now (backends.child_handle.is_up; one is started when
+    none runs). Never waits."""
+    return child_handle.is_up(device_index)
+
+
 def _prestart_child(device: str) -> None:
-    """Start the isolated child now (a Python process, torch, a CUDA context: 5 s on the H100, sixteenth session):
-    paid once per process, it then overlaps the first tune's in-process build and first pass instead of following
-    them."""
-    child_handle.prestart(torch.cuda.current_device() if device == "cuda" else None)
+    """Start the isolated child now (a Python process, torch, a CUDA context: 5 s on the H100, sixteenth session;
+    5.1-5.4 s on an H200 host whose `import torch` takes 3-4 s, thirty-fourth): paid once per process, it then
+    overlaps the first tune's in-process build and first pass instead of following them."""
+    child_handle.prestart(_device_index(device))
 
 
-def _measure_isolated(problem, runners, timings, details, verify_all: bool = False) -> dict[str, Runner]:
+def measure_isolated(problem, runners, timings, details, verify_all: bool = False) -> dict[str, Runner]:
     """Runners whose backend asks for isolation are timed and verified in a child process by that backend, whose
     cutoffs start from this process's fastest first pass (`timings` holds it by now). Only the verified may run
     here; the child leaves unverified those no final round could take (backends.isolated_child)."""
@@ -275,6 +295,35 @@ def _measure_isolated(problem, runners, timings, details, verify_all: bool = Fal
                 timings[runner.choice.name] = timing.median_ms
                 passed[runner.choice.name] = runner
     return passed
+
+
+def join_unmeasured(problem: GemmProblem, sel: Selection, runners: dict[str, Runner]
+                    ) -> tuple[Selection, Runner | None]:
+    """`sel` once its unmeasured candidates (Selection.unmeasured: left to the calls while the isolated child was
+    starting) are measured in the child, which is up by now, as the tune would have: their times or failures
+    recorded, and the challenger chosen again among the verified (the pending one and those the child passed) by the
+    tune's rule (kernels.tune.final_round.contenders_of). The caller's queued GPU work is waited for first, so the
+    child times on an idle GPU. Returns the new selection (its `duel` the challenger; None: the winner is decided) and
+    the challenger's runner where it is one of `runners`."""
+    start = time.perf_counter()
+    if problem.device == "cuda":
+        torch.cuda.synchronize()
+    timings, details = dict(sel.timings), {n: dict(d) for n, d in sel.details.items()}
+    todo = {n: runners[n] for n in sel.unmeasured if n in runners}
+    for name in sel.unmeasured:
+        if name not in todo:
+            timings[name] = "not measured: its binary could not be loaded in this process"
+    passed = measure_isolated(problem, todo, timings, details) if todo else {}
+    found = contenders_of(sel.winner, timings, {*passed, *([sel.duel] if sel.duel else [])})
+    challenger = found[0] if found else None
+    note = (f"steady round: {len(todo)} candidate(s) measured in the isolated child on the caller's calls; "
+            + (f"{challenger} (first pass {timings[challenger] / timings[sel.winner]:.3f}x {sel.winner}'s) duels "
+               f"{sel.winner} there" if challenger else
+               f"none ran: no verified candidate came within reach of {sel.winner}'s first pass"))
+    stages = {**sel.stage_seconds, "isolated_on_calls": round(time.perf_counter() - start, 4)}
+    joined = replace(sel, timings=timings, details=details, unmeasured=[], duel=challenger, notes=[*sel.notes, note],
+                     stage_seconds=stages, created=max(time.time(), sel.created + 1e-3), source="tuned")
+    return joined, passed.get(challenger) if challenger is not None else None
 
 
 def prebuild(problems: list[GemmProblem], backends: tuple[str, ...]) -> dict[str, int]:

@@ -102,7 +102,7 @@ class Outcome:
 
 
 def select(calls: dict[str, Call], choices: dict[str, Choice], n_sets: int, device: str, budget_ms: float, *,
-           isolated: Callable[[], dict[str, tuple[float, Call]]] | None = None,
+           isolated: Callable[[bool], dict[str, tuple[float, Call]]] | None = None,
            timings: dict[str, float | str] | None = None, details: dict[str, dict] | None = None,
            clock: StageClock | None = None, windows: Callable[[dict[str, Call]], WindowClock] | None = None,
            verify: Callable[[str], str | None] | None = None, verify_all: bool = False,
@@ -110,7 +110,9 @@ def select(calls: dict[str, Call], choices: dict[str, Choice], n_sets: int, devi
     """First pass over `calls` (interleaved, `budget_ms` each, the slow ones dropped at TUNE_CUTOFF), then the
     final round over the fastest, the baseline always among them. `isolated`: asked after the first pass, the
     candidates it verified and timed elsewhere (a child process: name -> (first-pass ms, the call here)), which join
-    the final round; asked then so that the child's start-up overlaps this process's first pass. `windows` builds the
+    the final round; asked then so that the child's start-up overlaps this process's first pass. Its argument says
+    whether the caller's calls will finish the selection (`defer_duel` in the steady regime): it may then leave its
+    candidates to them rather than wait for the child (kernels.dispatch.selected). `windows` builds the
     steady round's clock (default: CUDA events on a GPU; tests give a fake chip). `verify`: name -> None when the
     candidate computes the right result, else why not; `calls` are then unverified: the first pass's screen is set
     by a verified candidate, the fastest VERIFIED_TOP are verified before the regime is chosen (all of them with
@@ -133,9 +135,13 @@ def select(calls: dict[str, Call], choices: dict[str, Choice], n_sets: int, devi
         timings[name] = t.median_ms
         details[name] = t.as_dict()
     runnable = {n: c for n, c in calls.items() if n in timed}
+    measured_elsewhere = {}
     if isolated is not None:    # the child's cutoffs start from this process's fastest first pass: a verified one
         checked.fastest({n: timings[n] for n in runnable}, 1)
-    for name, (ms, call) in (isolated() if isolated is not None else {}).items():
+        here = [t for n in runnable if isinstance(t := timings.get(n), float)]
+        steady = windows is not None or (device == "cuda" and bool(here) and min(here) >= STEADY_MIN_MS)
+        measured_elsewhere = isolated(defer_duel and steady)
+    for name, (ms, call) in measured_elsewhere.items():
         timings[name] = ms
         runnable[name] = call
         checked.passed.add(name)        # verified where it was timed
@@ -247,7 +253,7 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
         notes.append("steady round: none ran: every candidate failed verification")
         return None, []
     others = sorted((t, n) for n, t in timings.items() if isinstance(t, float) and n != baseline)
-    contenders = [n for t, n in others if t <= timings[baseline] * (1 + CHALLENGER_WITHIN)]
+    contenders = contenders_of(baseline, timings)
     if not contenders:
         details.setdefault(baseline, {})["final_ms"] = timings[baseline]
         notes.append(f"steady round: none ran: no candidate within {CHALLENGER_WITHIN:.0%} of {baseline}'s first "
@@ -279,6 +285,15 @@ def _steady_pick(timings, choices, calls, make_clock, device, details, notes, cl
     notes.append(f"{why}; regime: {duel_shape(result)} of {result.plan.window_ms:.0f} ms windows (the first half "
                  f"untimed), {result.seconds:.2f} s" + (f"; crashed in it: {', '.join(crashed)}" if crashed else ""))
     return winner, list(result.timings)
+
+
+def contenders_of(baseline: str, timings: dict[str, float | str], among: set[str] | None = None) -> list[str]:
+    """Who may duel the baseline: the timed candidates (`among` them, if given) whose first pass is within
+    CHALLENGER_WITHIN of the baseline's, fastest first."""
+    limit = timings[baseline] * (1 + CHALLENGER_WITHIN)
+    ranked = sorted((t, n) for n, t in timings.items()
+                    if isinstance(t, float) and n != baseline and (among is None or n in among))
+    return [n for t, n in ranked if t <= limit]
 
 
 def _rounds(result: SteadyResult) -> int:

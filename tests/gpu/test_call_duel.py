@@ -63,3 +63,44 @@ def test_a_large_problems_duel_runs_on_its_calls_and_its_verdict_is_stored(isola
     again = selected.selection(decided.problem)
     assert (again.source, again.duel, again.winner) == ("disk", None, decided.winner)
     assert kernels.stats()["tunes"] == tunes and not isinstance(selected.resolved(decided.problem), CallDuel)
+
+
+def test_a_first_tune_leaves_the_childs_candidates_to_the_calls_while_the_child_starts(isolated_cache, monkeypatch):
+    """The process's first tune with isolated candidates (Triton tiles made isolated stand in for CUTLASS's: nvcc
+    builds nothing) and the child held at its start: aten serves, the call after the child is up has the tiles
+    measured there, the fastest verified one duels aten on the calls, and the result stays right throughout."""
+    from backends import child_handle
+    from backends.triton import TritonBackend
+
+    monkeypatch.setattr(fr, "CHALLENGER_WITHIN", 10.0)
+    monkeypatch.setattr(TritonBackend, "isolated", True)
+    kernels.config.backends = ("aten", "triton")
+    kernels.config.preset = "fast"
+    child_handle.close()
+    held = [True]
+    real = child_handle.is_up
+    monkeypatch.setattr(child_handle, "is_up", lambda device=None: False if held[0] else real(device))
+    a, b = _operands(4096, 4096, 4096)
+    ref = (a.double() @ b.double()).float()
+    kernels.mm(a, b)
+    sel = kernels.explain(a, b)
+    assert sel.regime == "steady" and sel.unmeasured and sel.duel is None, sel.table()
+    for _ in range(20):
+        kernels.mm(a, b)
+    held[0] = False
+    assert child_handle.warmed() == "done"
+    worst, slowest, t0 = 0.0, 0.0, time.perf_counter()
+    while kernels.stats()["duels_pending"] and time.perf_counter() - t0 < 30:
+        t1 = time.perf_counter()
+        out = kernels.mm(a, b)
+        slowest = max(slowest, time.perf_counter() - t1)
+        worst = max(worst, float((out.float() - ref).norm() / ref.norm()))
+    decided = kernels.explain(a, b)
+    assert not kernels.stats()["duels_pending"] and not decided.awaiting_calls, decided.table()
+    in_child = [n for n, d in decided.details.items() if d.get("measured_in") == "child"]
+    assert in_child and worst < 1e-2, decided.table()
+    assert any("measured in the isolated child on the caller's calls" in n for n in decided.notes), decided.notes
+    print(f"joined {len(in_child)} in the child, slowest call {slowest:.2f} s "
+          f"(isolated_on_calls {decided.stage_seconds.get('isolated_on_calls')}), winner {decided.winner}: "
+          f"{decided.notes[-1]}")
+    child_handle.close()

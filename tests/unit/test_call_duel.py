@@ -2,14 +2,15 @@
 timer, its verdict against the loop's (measure_duel on a fake chip), the tune's deferral, and the selection's
 `duel` field as the stores read it back."""
 import json
+import threading
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels.core.choice import Choice
-from kernels.core.selection import Selection
-from kernels.dispatch.call_duel import CallDuel, CallWindows, windows_for
+from kernels.core.selection import UNMEASURED, Selection
+from kernels.dispatch.call_duel import CallDuel, CallWindows, LateEntrants, windows_for
 from kernels.measure.steady import SteadyPlan, measure_duel, steady_winner
 from kernels.space.heuristics import GemmConfig
 from kernels.store.schema import problems as selection_problems
@@ -56,7 +57,8 @@ class FakeTimer:
         return out
 
 
-def _duel(ms, timer=None, windows=WINDOWS, wall=None, fails=(), capturing=lambda: False):
+def _duel(ms, timer=None, windows=WINDOWS, wall=None, fails=(), capturing=lambda: False, challenger=TMA.name,
+          late=None):
     """A CallDuel of aten and the tile whose launches record which side served; `ms`: name -> ms per call."""
     timer = timer or FakeTimer()
     timer.ms = ms
@@ -84,8 +86,9 @@ def _duel(ms, timer=None, windows=WINDOWS, wall=None, fails=(), capturing=lambda
         verdicts.append((ATEN.name, why, None))
         return ATEN.name
 
-    duel = CallDuel(ATEN.name, TMA.name, {n: launch(n) for n in (ATEN.name, TMA.name)}, decide=decide, fail=fail,
-                    timer=timer, windows=windows, wall=wall or Wall(), capturing=capturing)
+    launches = {n: launch(n) for n in (ATEN.name, challenger) if n is not None}
+    duel = CallDuel(ATEN.name, challenger, launches, decide=decide, fail=fail, timer=timer, windows=windows,
+                    wall=wall or Wall(), capturing=capturing, late=late(launch) if late else None)
     return duel, served, verdicts
 
 
@@ -383,3 +386,114 @@ def test_a_verdict_replaces_whichever_pending_selection_memory_holds_and_the_due
     assert selected._launchers[(p, 0)] == "tma launch" and selected._launchers[(p, 1)] == "another device's own"
     selected._on_settled.remove(tell)
     assert told and decided.created > first.created
+
+
+# -- late entrants: candidates the isolated child measures once it is up ------------------------------------------
+class Entrants:
+    """LateEntrants whose readiness the test sets; join() hands back the tile (or `joins`' answer)."""
+
+    def __init__(self, joins=TMA.name, raises=False):
+        self.up, self.joined, self.joins, self.raises = False, 0, joins, raises
+
+    def __call__(self, launch):
+        def join():
+            self.joined += 1
+            if self.raises:
+                raise RuntimeError("the child is gone")
+            return None if self.joins is None else (self.joins, launch(self.joins))
+        return LateEntrants(ready=lambda: self.up, join=join)
+
+
+def test_late_entrants_the_baseline_serves_untimed_until_they_join_then_the_windows_start():
+    entrants = Entrants()
+    timer = FakeTimer()
+    duel, served, verdicts = _duel({ATEN.name: 1.0, TMA.name: 0.9}, timer=timer, challenger=None, late=entrants)
+    for _ in range(50):
+        assert duel("a", "b") == ATEN.name
+    assert entrants.joined == 0 and not timer._pending and duel.winner is None
+    entrants.up = True
+    for _ in range(300):
+        duel()
+        if verdicts:
+            break
+    assert entrants.joined == 1 and duel.challenger == TMA.name
+    assert verdicts and verdicts[0][0] == TMA.name and verdicts[0][2] == pytest.approx([1.0, 0.9, 1.0])
+    assert _runs(served[50:]) == [ATEN.name, TMA.name, ATEN.name]
+
+
+def test_late_entrants_that_bring_no_challenger_leave_the_baseline_the_winner():
+    entrants = Entrants(joins=None)
+    duel, served, verdicts = _duel({ATEN.name: 1.0, TMA.name: 0.9}, challenger=TMA.name, late=entrants)
+    entrants.up = True
+    assert duel() == ATEN.name and duel.winner == ATEN.name and entrants.joined == 1
+    assert [duel() for _ in range(20)] == [ATEN.name] * 20 and TMA.name not in served and not verdicts
+
+
+def test_a_join_that_raises_leaves_the_baseline_serving_and_the_call_goes_on():
+    entrants = Entrants(raises=True)
+    duel, served, _ = _duel({ATEN.name: 1.0, TMA.name: 0.9}, challenger=None, late=entrants)
+    entrants.up = True
+    assert duel() == ATEN.name and duel.winner == ATEN.name
+    assert [duel() for _ in range(5)] == [ATEN.name] * 5 and entrants.joined == 1
+
+
+def test_no_join_under_capture():
+    entrants = Entrants()
+    capturing = [True]
+    duel, served, _ = _duel({ATEN.name: 1.0, TMA.name: 0.9}, challenger=None, late=entrants,
+                            capturing=lambda: capturing[0])
+    entrants.up = True
+    assert duel() == ATEN.name and entrants.joined == 0
+    capturing[0] = False
+    duel()
+    assert entrants.joined == 1
+
+
+def test_while_one_call_joins_the_others_get_the_baseline_and_join_nothing():
+    gate, inside = threading.Event(), threading.Event()
+    entrants = Entrants()
+
+    def slow(launch):
+        plain = entrants(launch)
+
+        def join():
+            inside.set()
+            gate.wait(10)
+            return plain.join()
+        return LateEntrants(ready=plain.ready, join=join)
+    duel, served, _ = _duel({ATEN.name: 1.0, TMA.name: 0.9}, challenger=None, late=slow)
+    entrants.up = True
+    worker = threading.Thread(target=duel)
+    worker.start()
+    assert inside.wait(10)
+    assert [duel() for _ in range(5)] == [ATEN.name] * 5        # not blocked behind the join
+    gate.set()
+    worker.join(10)
+    assert entrants.joined == 1 and duel.challenger == TMA.name
+
+
+def test_a_duel_needs_a_challenger_or_late_entrants():
+    with pytest.raises(ValueError, match="challenger"):
+        CallDuel(ATEN.name, None, {ATEN.name: lambda: 0}, decide=lambda w, s: None, fail=lambda n, w: ATEN.name,
+                 timer=FakeTimer(), windows=WINDOWS)
+
+
+def test_unmeasured_candidates_round_trip_and_the_schema_checks_them():
+    cutlass = Choice("cutlass", "cutlass3x_sm90_mm", "bf16", GemmConfig(128, 256, 64, 4, 8))
+    choices = {ATEN.name: ATEN, TMA.name: TMA, cutlass.name: cutlass}
+    sel = Selection(problem=problem(), winner=ATEN.name, choices=choices,
+                    timings={ATEN.name: 0.59, TMA.name: 0.57, cutlass.name: f"{UNMEASURED}: the child was starting"},
+                    regime="steady", duel=TMA.name, unmeasured=[cutlass.name])
+    data = json.loads(json.dumps(sel.to_dict()))
+    assert selection_problems(data) is None
+    back = Selection.from_dict(data, "disk")
+    assert back.unmeasured == [cutlass.name] and back.awaiting_calls
+    assert cutlass.name not in back.failures() and "measured on this problem's calls" in back.table()
+    for bad in ([ATEN.name], [TMA.name], ["cutlass_nope"], [7], cutlass.name):
+        assert selection_problems({**data, "unmeasured": bad}) is not None, bad
+    assert selection_problems({**data, "regime": "burst", "duel": None}) is not None
+    timed = {**data, "timings": {**data["timings"], cutlass.name: 0.5}}
+    assert selection_problems(timed) is not None                    # a measured candidate is not unmeasured
+    with pytest.raises(ValueError, match="unmeasured"):
+        Selection.from_dict({**data, "unmeasured": [ATEN.name]}, "disk")
+    assert not Selection.from_dict({**data, "unmeasured": [], "duel": None}, "disk").awaiting_calls

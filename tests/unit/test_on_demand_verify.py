@@ -288,7 +288,7 @@ def test_finite_values_too_far_off_for_a_float32_norm_are_named_as_such():
 
 
 def test_the_isolated_child_is_asked_after_this_process_fastest_is_verified(monkeypatch):
-    """The child's cutoffs and screen start from this process's fastest first pass (autotune._measure_isolated
+    """The child's cutoffs and screen start from this process's fastest first pass (autotune.measure_isolated
     reads it from `timings`): a wrong one must be a failure there by then."""
     first = {ATEN.name: 0.60, TILES[0].name: 0.30, TILES[1].name: 0.58}
     monkeypatch.setattr(fr, "measure_interleaved", lambda calls, *a, **k: (
@@ -297,7 +297,8 @@ def test_the_isolated_child_is_asked_after_this_process_fastest_is_verified(monk
     timings: dict = {}
     seen = []
 
-    def isolated():
+    def isolated(may_leave: bool):
+        assert not may_leave          # no duel deferred to calls here
         seen.append(min(t for t in timings.values() if isinstance(t, float)))
         return {}
     outcome = fr.select({n: n for n in first}, {c.name: c for c in [ATEN, *TILES]}, 1, "cuda", 40.0,

@@ -261,9 +261,9 @@ def test_the_tuner_hands_the_child_its_fastest_first_pass(monkeypatch):
     monkeypatch.setattr(autotune, "get_backend", lambda name: Isolated())
     runner = SimpleNamespace(choice=SimpleNamespace(backend="cutlass", name="k"))
     timings = {"aten_mm": 0.52, "triton_mm_a": 0.48, "triton_mm_b": "crashed while timing: x"}
-    assert autotune._measure_isolated(None, {"k": runner}, timings, {}) == {}
+    assert autotune.measure_isolated(None, {"k": runner}, timings, {}) == {}
     assert seen["best_ms"] == 0.48 and timings["k"] == "failed: x"
-    autotune._measure_isolated(None, {"k": runner}, {}, {})
+    autotune.measure_isolated(None, {"k": runner}, {}, {})
     assert seen["best_ms"] is None
 
 
