@@ -25,6 +25,13 @@ STDERR_TAIL = 1500
 # parent built), so this only bounds a hung kernel: far above a dozen candidates at KERNELS_BENCH_MS each, with the
 # child's imports and CUDA start
 CHILD_TIMEOUT_S = 300.0
+# Seconds a child may take to answer its warm-up (a Python process, torch, a CUDA context: 5.1-5.4 s on an H200 host,
+# thirty-fourth session) before `start_state` calls it hung, ends it and says so: a caller that does not wait for the
+# start (a first tune leaving the child's candidates to the calls) would otherwise wait on calls for ever
+START_LIMIT_S = 60.0
+# How a result begins when the child gave none for a candidate (it could not start, or died before reaching it): a
+# fault of the child, not of the candidate, which is to be measured again (kernels.tune.autotune)
+NOT_MEASURED = "not measured"
 
 
 class Child:
@@ -35,9 +42,14 @@ class Child:
     def __init__(self, warm: dict | None = None):
         # stderr to a file: a pipe nobody reads while the child works could fill and stall it
         self.stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "backends.isolated_child"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True, bufsize=1,
-                                     cwd=str(REPO_ROOT), env=child_environment())
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "backends.isolated_child"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=self.stderr, text=True, bufsize=1,
+                                         cwd=str(REPO_ROOT), env=child_environment())
+        except BaseException:
+            self.stderr.close()
+            raise
+        self.born = time.monotonic()
         self.lines: queue.Queue = queue.Queue()
         # set by the reader once the child has answered a first request (or ended): from then on a request to it waits
         # for the request, not for a start
@@ -155,19 +167,36 @@ def prestart(device: int | None = None) -> None:
             _child = Child({"warmup": True, "device": device, "cache_dir": str(cache_root())})
 
 
-def is_up(device: int | None = None) -> bool:
-    """Whether this process's child has come up (answered its warm-up, or ended: a request then waits for itself,
-    not for a start of seconds). Never waits: while it starts, False; when none runs, one is started (`prestart`)
-    and False."""
+def start_state(device: int | None = None) -> str:
+    """Where this process's child stands, without waiting and without raising: "up" (it answered its warm-up: a
+    request then waits for itself, not for a start), "starting", or "failed: why" (it could not be started, has exited,
+    or has not come up within START_LIMIT_S: then it is ended, so that a later tune starts a fresh one). When none
+    runs, one is started (`prestart`)."""
     child = _child          # read without the lock: another thread may hold it for a request of seconds
     if child is not None:
-        return child.up.is_set()
-    if lock.acquire(blocking=False):
-        try:
-            prestart(device)
-        finally:
-            lock.release()
-    return False
+        status = child.proc.poll()
+        if status is None and child.up.is_set():
+            return "up"
+        if status is None and time.monotonic() - child.born < START_LIMIT_S:
+            return "starting"
+        if lock.acquire(blocking=False):
+            try:
+                if _child is child:
+                    discard(kill=True)
+            finally:
+                lock.release()
+        if status is not None:
+            return f"failed: the isolated child exited with status {status}"
+        return f"failed: the isolated child did not come up within {START_LIMIT_S:.0f} s"
+    if not lock.acquire(blocking=False):
+        return "starting"       # a request holds the child's lock: it starts one
+    try:
+        prestart(device)
+    except Exception as e:  # noqa: BLE001 - no process to be had (file descriptors, memory): said, not raised
+        return f"failed: the isolated child could not be started ({type(e).__name__}: {e})"
+    finally:
+        lock.release()
+    return "starting"
 
 
 def warmed(timeout_s: float = CHILD_TIMEOUT_S) -> str:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from backends import child_handle, get_backend
-from backends.child_handle import DONE, TAG
+from backends.child_handle import DONE, NOT_MEASURED, TAG
 from kernels.core.cache_root import cache_root
 from kernels.core.choice import Choice
 from kernels.core.config import config
@@ -115,7 +115,7 @@ def run_isolated(backend: str, problem, choices, budget_ms: float, timeout_s: fl
             left = [c for c in remaining if c.name not in results]
             if len(left) == len(remaining):   # no progress at all: the child cannot start; do not loop
                 for c in left:
-                    results[c.name] = f"not measured: {why or 'no answer from the isolated child'}"
+                    results[c.name] = f"{NOT_MEASURED}: {why or 'no answer from the isolated child'}"
                 break
             remaining = left
     return results

@@ -39,8 +39,9 @@ class Selection:
     # which final round chose the winner: "steady" (calls >= 0.1 ms, timed with clocks and power settled) or "burst"
     # (shorter calls, short interleaved samples; kernels.tune.final_round)
     regime: str = "burst"
-    # choices whose binaries were still being built in the background when it was tuned: once they are built (or
-    # failed for good), the selection is stale the same way (backends.base.Backend.settled)
+    # choices whose binaries were still being built in the background when it was tuned, or that the isolated child
+    # could not measure (it could not start): once they are built (or failed for good), the selection is stale the
+    # same way (backends.base.Backend.settled)
     pending: list[str] = field(default_factory=list)
     # a challenger whose steady-regime duel with the winner (the baseline, serving meanwhile) runs on the caller's own
     # calls (KERNELS_DUEL=calls, kernels.dispatch.call_duel); None once decided, or where the tune decided it
@@ -170,8 +171,8 @@ class Selection:
             lines.append(f"   note: {len(self.unmeasured)} candidates are measured on this problem's calls once the "
                          "isolated child is up (it was starting when the problem was tuned)")
         if self.pending:
-            lines.append(f"   note: tuned while {len(self.pending)} candidates were being built in the background; "
-                         "re-tuned with them on a cold lookup once they are built")
+            lines.append(f"   note: tuned while {len(self.pending)} candidates were being built in the background or "
+                         "could not be measured; re-tuned with them on a cold lookup once they are built")
         return "\n".join(lines)
 
 

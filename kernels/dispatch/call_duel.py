@@ -150,8 +150,13 @@ class CallDuel:
         """Join the late entrants once they are ready, on this call (one call at a time; the others meanwhile get
         the baseline)."""
         with self._lock:
-            if self._joining or self._late is None or not self._late.ready():
+            if self._joining or self._late is None:
                 return
+            try:
+                if not self._late.ready():
+                    return
+            except Exception:  # noqa: BLE001 - the join then finds out why, and records it
+                pass
             self._joining = True
         joined = None
         try:

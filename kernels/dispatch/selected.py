@@ -25,7 +25,7 @@ from kernels.measure.steady import plan_for
 from kernels.measure.verify import make_inputs, reference, verify_launch
 from kernels.store.selections import SelectionStore, store_key
 from kernels.store.shared import SharedStore, store_for
-from kernels.tune.autotune import child_is_up, fingerprint, join_unmeasured, tune
+from kernels.tune.autotune import child_state, fingerprint, join_unmeasured, tune
 from kernels.tune.build_queue import request as request_build
 from kernels.tune.final_round import call_duel_result, duel_shape, record_duel
 
@@ -171,16 +171,20 @@ def _ready(sel: Selection, problem: GemmProblem, key: str, build_missing: bool =
         else:
             launches[sel.duel] = challenger
     late = _unmeasured_runners(sel, problem) if sel.unmeasured else {}
-    if sel.unmeasured and not late:
-        sel = replace(sel, unmeasured=[], notes=[*sel.notes, f"its {len(sel.unmeasured)} candidate(s) left to the "
-                                                 "calls could not be loaded in this process: not measured here"])
+    missing = [n for n in sel.unmeasured if n not in late]
+    if missing:     # not built here (a shared entry), or broken: a later cold lookup tunes again once they are built
+        sel = replace(sel, unmeasured=[n for n in sel.unmeasured if n in late],
+                      pending=[*sel.pending, *(n for n in missing if n not in sel.pending)],
+                      notes=[*sel.notes, f"{len(missing)} candidate(s) left to the calls could not be loaded in this "
+                                         "process: measured by a later tune"])
         _store.put(key, sel)
     return sel, _serving(key, problem, sel, launches, late)
 
 
 def _unmeasured_runners(sel: Selection, problem: GemmProblem) -> dict:
-    """The runners of a stored selection's unmeasured candidates, loaded (never compiled: those not built here are
-    left out), for the isolated child's measurement only."""
+    """The runners of a stored selection's unmeasured candidates, loaded as their backends' build does (CUTLASS
+    compiles nothing here unless KERNELS_CUTLASS_BUILD=inline; those that are not built are left out), for the isolated
+    child's measurement only."""
     by_backend: dict[str, list] = {}
     for name in sel.unmeasured:
         by_backend.setdefault(sel.choices[name].backend, []).append(sel.choices[name])
@@ -226,8 +230,9 @@ def _serving(key: str, problem: GemmProblem, sel: Selection, launches: dict[str,
     current = {"sel": sel}      # the joined selection replaces it (a new challenger, the child's times)
     entrants = None
     if sel.unmeasured:
-        entrants = LateEntrants(ready=lambda: child_is_up(index),
-                                join=lambda: _join_late(key, problem, current, late or {}, duel, index))
+        child = _ChildWait(index)
+        entrants = LateEntrants(ready=child.ready,
+                                join=lambda: _join_late(key, problem, current, late or {}, duel, index, child.state))
     duel = CallDuel(sel.winner, sel.duel, {n: launches[n] for n in (sel.winner, sel.duel) if n is not None},
                     decide=lambda windows, seconds: _duel_verdict(key, problem, current["sel"], duel, windows,
                                                                   seconds),
@@ -243,7 +248,20 @@ def _serving(key: str, problem: GemmProblem, sel: Selection, launches: dict[str,
     return duel
 
 
-def _join_late(key: str, problem: GemmProblem, current: dict, runners: dict, duel: CallDuel, index: int | None):
+class _ChildWait:
+    """Late entrants' readiness: the isolated child's state (kernels.tune.autotune.child_state), kept for the join
+    that follows (a child that failed is not asked)."""
+
+    def __init__(self, index: int | None):
+        self.index, self.state = index, "starting"
+
+    def ready(self) -> bool:
+        self.state = child_state(self.index)
+        return self.state != "starting"
+
+
+def _join_late(key: str, problem: GemmProblem, current: dict, runners: dict, duel: CallDuel, index: int | None,
+               child: str):
     """The duel's late entrants, measured in the isolated child now that it is up (kernels.tune.autotune.
     join_unmeasured): (the challenger, its launch), kept here and in the stores so that a process that ends before
     the verdict leaves the duel, not the measurement, to the next; or None when no challenger came within reach (the
@@ -251,7 +269,7 @@ def _join_late(key: str, problem: GemmProblem, current: dict, runners: dict, due
     sel = current["sel"]
     try:
         with torch.cuda.device(index) if index is not None else contextlib.nullcontext():  # the duel's device
-            joined, runner = join_unmeasured(problem, sel, runners)
+            joined, runner = join_unmeasured(problem, sel, runners, child)
     except Exception as e:  # noqa: BLE001 - the caller's call goes on with the winner
         _warn_once(f"kernels: the candidates of {problem.short()} left to its calls could not be measured "
                    f"({type(e).__name__}: {e}); {sel.winner} serves in this process")
@@ -265,8 +283,8 @@ def _join_late(key: str, problem: GemmProblem, current: dict, runners: dict, due
         _persist(key, problem, joined)
         return None
     current["sel"] = joined
-    with lock:
-        if (kept := _selections.get(problem)) is None or kept.awaiting_calls:
+    with lock:      # not after clear_memory_cache: no launcher would run this duel any more
+        if (kept := _selections.get(problem)) is not None and kept.awaiting_calls:
             _selections[problem] = joined
     _persist(key, problem, joined)
     return joined.duel, runner.launch if runner is not None else duel.launches[joined.duel]

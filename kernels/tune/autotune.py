@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from backends import child_handle, get_backend
+from backends.child_handle import NOT_MEASURED
 from backends.isolated_child import Unverified
 from kernels.core import counters
 from kernels.core.choice import NAME_FILTERED
@@ -187,9 +188,14 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
             started during the build, comes up meanwhile); those that pass are safe to re-time here. `may_leave`:
             the caller's calls finish this selection, so where the child is still starting (a process's first tune:
             seconds of Python and torch) they are left to those calls (Selection.unmeasured) rather than waited for."""
-            if may_leave and not child_is_up(_device_index(device)):
+            state = child_state(_device_index(device)) if may_leave else "up"
+            if state == "starting":
                 unmeasured.extend(isolated)
                 timings.update({n: f"{UNMEASURED}: the isolated child was starting" for n in isolated})
+                return {}
+            if state != "up":       # no child to be had: measured by a later tune (Selection.pending)
+                pending.extend(isolated)
+                timings.update({n: f"{NOT_MEASURED}: {state}" for n in isolated})
                 return {}
             with clock("isolated"):
                 passed_isolated.update(measure_isolated(problem, isolated, timings, details, verify_all))
@@ -252,17 +258,20 @@ def _device_index(device: str) -> int | None:
     return torch.cuda.current_device() if device == "cuda" else None
 
 
-def child_is_up(device_index: int | None) -> bool:
-    """Whether the isolated child answers without a start now (backends.child_handle.is_up; one is started when
-    none runs). Never waits."""
-    return child_handle.is_up(device_index)
+def child_state(device_index: int | None) -> str:
+    """"up", "starting" or "failed: why" (backends.child_handle.start_state: one is started when none runs). Never
+    waits, never raises."""
+    return child_handle.start_state(device_index)
 
 
 def _prestart_child(device: str) -> None:
     """Start the isolated child now (a Python process, torch, a CUDA context: 5 s on the H100, sixteenth session;
     5.1-5.4 s on an H200 host whose `import torch` takes 3-4 s, thirty-fourth): paid once per process, it then
     overlaps the first tune's in-process build and first pass instead of following them."""
-    child_handle.prestart(_device_index(device))
+    try:
+        child_handle.prestart(_device_index(device))
+    except Exception:  # noqa: BLE001 - whoever asks the child next finds out why, and records it per candidate
+        pass
 
 
 def measure_isolated(problem, runners, timings, details, verify_all: bool = False) -> dict[str, Runner]:
@@ -280,9 +289,10 @@ def measure_isolated(problem, runners, timings, details, verify_all: bool = Fals
             results = get_backend(name).measure_isolated(problem, group, config.bench_budget_ms, best_ms=best_ms,
                                                          verify_all=verify_all)
         except Exception as e:  # noqa: BLE001
-            results = {r.choice.name: f"isolated measurement failed: {type(e).__name__}: {e}" for r in group}
+            results = {r.choice.name: f"{NOT_MEASURED}: the isolated measurement failed: {type(e).__name__}: {e}"
+                       for r in group}
         for runner in group:
-            res = results.get(runner.choice.name, "no result from isolated measurement")
+            res = results.get(runner.choice.name, f"{NOT_MEASURED}: no result from the isolated child")
             if isinstance(res, str):
                 timings[runner.choice.name] = res
                 continue
@@ -297,32 +307,41 @@ def measure_isolated(problem, runners, timings, details, verify_all: bool = Fals
     return passed
 
 
-def join_unmeasured(problem: GemmProblem, sel: Selection, runners: dict[str, Runner]
+def join_unmeasured(problem: GemmProblem, sel: Selection, runners: dict[str, Runner], child: str = "up"
                     ) -> tuple[Selection, Runner | None]:
     """`sel` once its unmeasured candidates (Selection.unmeasured: left to the calls while the isolated child was
-    starting) are measured in the child, which is up by now, as the tune would have: their times or failures
-    recorded, and the challenger chosen again among the verified (the pending one and those the child passed) by the
-    tune's rule (kernels.tune.final_round.contenders_of). The caller's queued GPU work is waited for first, so the
-    child times on an idle GPU. Returns the new selection (its `duel` the challenger; None: the winner is decided) and
-    the challenger's runner where it is one of `runners`."""
+    starting) are measured in the child, which is up by now (`child`, child_state's word: where it "failed", none is
+    asked), as the tune would have: their times or failures recorded, and the challenger chosen again among the
+    verified (the pending one and those the child passed) by the tune's rule (kernels.tune.final_round.
+    contenders_of). Those the child gave no result for (it could not start or died first, or their binaries did not
+    load here) move to `pending`: a later cold lookup tunes the problem again once they are built. The caller's queued
+    work on its stream is waited for first, so the child times on an idle GPU. Returns the new selection (its `duel`
+    the challenger; None: the winner is decided) and the challenger's runner where it is one of `runners`."""
     start = time.perf_counter()
     if problem.device == "cuda":
-        torch.cuda.synchronize()
+        torch.cuda.current_stream().synchronize()
     timings, details = dict(sel.timings), {n: dict(d) for n, d in sel.details.items()}
     todo = {n: runners[n] for n in sel.unmeasured if n in runners}
     for name in sel.unmeasured:
         if name not in todo:
-            timings[name] = "not measured: its binary could not be loaded in this process"
+            timings[name] = f"{NOT_MEASURED}: its binary could not be loaded in this process"
+    if child != "up":
+        timings.update({n: f"{NOT_MEASURED}: {child}" for n in todo})
+        todo = {}
     passed = measure_isolated(problem, todo, timings, details) if todo else {}
+    left = [n for n in sel.unmeasured if str(timings.get(n)).startswith(NOT_MEASURED)]
     found = contenders_of(sel.winner, timings, {*passed, *([sel.duel] if sel.duel else [])})
     challenger = found[0] if found else None
-    note = (f"steady round: {len(todo)} candidate(s) measured in the isolated child on the caller's calls; "
+    note = (f"steady round: {len(sel.unmeasured) - len(left)} candidate(s) measured in the isolated child on the "
+            "caller's calls"
+            + (f" ({len(left)} not: measured by a later tune)" if left else "") + "; "
             + (f"{challenger} (first pass {timings[challenger] / timings[sel.winner]:.3f}x {sel.winner}'s) duels "
                f"{sel.winner} there" if challenger else
                f"none ran: no verified candidate came within reach of {sel.winner}'s first pass"))
     stages = {**sel.stage_seconds, "isolated_on_calls": round(time.perf_counter() - start, 4)}
     joined = replace(sel, timings=timings, details=details, unmeasured=[], duel=challenger, notes=[*sel.notes, note],
-                     stage_seconds=stages, created=max(time.time(), sel.created + 1e-3), source="tuned")
+                     stage_seconds=stages, created=max(time.time(), sel.created + 1e-3), source="tuned",
+                     pending=[*sel.pending, *(n for n in left if n not in sel.pending)])
     return joined, passed.get(challenger) if challenger is not None else None
 
 

@@ -78,8 +78,8 @@ def test_a_first_tune_leaves_the_childs_candidates_to_the_calls_while_the_child_
     kernels.config.preset = "fast"
     child_handle.close()
     held = [True]
-    real = child_handle.is_up
-    monkeypatch.setattr(child_handle, "is_up", lambda device=None: False if held[0] else real(device))
+    real = child_handle.start_state
+    monkeypatch.setattr(child_handle, "start_state", lambda device=None: "starting" if held[0] else real(device))
     a, b = _operands(4096, 4096, 4096)
     ref = (a.double() @ b.double()).float()
     kernels.mm(a, b)

@@ -4,6 +4,9 @@ child is up, the call after that has them measured there, the fastest verified c
 calls, and the stores hold each step. Through the interpreter, with the one Triton tile KERNELS_ONLY leaves made an
 isolated candidate and the steady regime forced (a CPU problem is never there)."""
 import functools
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -25,15 +28,15 @@ def _flat(fns):
 
 
 class ChildStart:
-    """backends.child_handle.is_up, held at "still starting" until `open()`; then the real answer."""
+    """backends.child_handle.start_state, held at "starting" until `open()`; then the real answer."""
 
     def __init__(self):
         self.held, self.asked = True, 0
-        self.real = child_handle.is_up
+        self.real = child_handle.start_state
 
     def __call__(self, device=None):
         self.asked += 1
-        return False if self.held else self.real(device)
+        return "starting" if self.held else self.real(device)
 
     def open(self):
         self.held = False
@@ -54,7 +57,7 @@ def late(monkeypatch):
     monkeypatch.setattr(autotune, "select", functools.partial(fr.select, windows=_flat))
     monkeypatch.setattr(fr, "CHALLENGER_WITHIN", 1e9)
     start = ChildStart()
-    monkeypatch.setattr(child_handle, "is_up", start)
+    monkeypatch.setattr(child_handle, "start_state", start)
     yield a, b, p, tile, start
     child_handle.close()
 
@@ -133,3 +136,96 @@ def test_a_child_that_dies_at_the_join_leaves_aten_serving(late, monkeypatch):
     _call_until(a, b, p, lambda s: not s.awaiting_calls)
     sel = selected.selection(p)
     assert sel.winner == "aten_mm" and sel.duel is None and sel.timings[tile].startswith("crashed")
+
+
+_popen = subprocess.Popen
+
+
+def _child_runs(monkeypatch, replacement):
+    """The isolated child's command replaced: by a script (`-c`), or by an exception its start raises."""
+    def popen(args, *a, **k):
+        if list(args[1:3]) == ["-m", "backends.isolated_child"]:
+            if isinstance(replacement, BaseException):
+                raise replacement
+            args = [sys.executable, "-c", replacement]
+        return _popen(args, *a, **k)
+    monkeypatch.setattr(subprocess, "Popen", popen)
+
+
+@pytest.fixture
+def real_start(late, monkeypatch):
+    """`late` with the real start_state (the child's start is what the test replaces)."""
+    monkeypatch.setattr(child_handle, "start_state", late[4].real)
+    return late
+
+
+def test_a_child_that_cannot_be_started_leaves_its_candidates_to_a_later_tune(real_start, monkeypatch):
+    a, b, p, tile, _ = real_start
+    _child_runs(monkeypatch, OSError(24, "Too many open files"))
+    assert torch.allclose(kernels.mm(a, b), a @ b, atol=1e-4)      # served, whatever the child does
+    sel = selected.selection(p)
+    assert sel.pending == [tile] and sel.unmeasured == [] and not sel.awaiting_calls
+    assert sel.timings[tile].startswith("not measured: failed: the isolated child could not be started (OSError")
+    assert sel.unavailable == []          # the child's fault, not the backend's: no re-tune for that
+
+
+def test_a_child_that_dies_or_cannot_restart_while_the_calls_wait_moves_them_to_a_later_tune(real_start, monkeypatch):
+    a, b, p, tile, _ = real_start
+    _child_runs(monkeypatch, "import time; time.sleep(60)")         # never answers its warm-up
+    kernels.mm(a, b)
+    assert selected.selection(p).unmeasured == [tile]
+    with child_handle.lock:
+        child_handle.discard(kill=True)                             # gone; and no new one can start
+    _child_runs(monkeypatch, OSError(12, "Cannot allocate memory"))
+    _call_until(a, b, p, lambda s: not s.awaiting_calls, limit=5)
+    sel = selected.selection(p)
+    assert sel.pending == [tile] and sel.winner == "aten_mm" and "could not be started" in sel.timings[tile]
+    stored = selected._store.get(selected.store_key(p, autotune.fingerprint(kernels.config.backends)))
+    assert stored.pending == [tile] and not stored.awaiting_calls    # the next process tunes it again once built
+
+
+def test_a_child_whose_start_hangs_is_ended_after_the_limit_and_the_calls_go_on(real_start, monkeypatch):
+    a, b, p, tile, _ = real_start
+    monkeypatch.setattr(child_handle, "START_LIMIT_S", 1.0)
+    _child_runs(monkeypatch, "import time; time.sleep(60)")
+    kernels.mm(a, b)
+    hung = child_handle.current()
+    assert selected.selection(p).unmeasured == [tile] and hung is not None
+    start = time.perf_counter()
+    while selected.selection(p).awaiting_calls and time.perf_counter() - start < 20:
+        assert torch.allclose(kernels.mm(a, b), a @ b, atol=1e-4)
+    sel = selected.selection(p)
+    assert not sel.awaiting_calls and sel.pending == [tile] and "did not come up within 1 s" in sel.timings[tile]
+    assert hung.proc.poll() is not None                             # ended, not left behind
+
+
+def test_a_clear_during_the_join_brings_no_pending_selection_back(late, monkeypatch):
+    a, b, p, tile, start = late
+    kernels.mm(a, b)
+    real = selected.join_unmeasured
+
+    def join(*args):
+        kernels.clear_memory_cache()          # another thread: a settings change
+        return real(*args)
+    monkeypatch.setattr(selected, "join_unmeasured", join)
+    start.open()
+    kernels.mm(a, b)
+    assert selected.selection(p) is None and kernels.stats()["duels_pending"] == 0
+
+
+def test_a_stored_entry_whose_unmeasured_binaries_are_missing_here_is_tuned_again_once_they_are_built(late, monkeypatch):
+    a, b, p, tile, start = late
+    kernels.mm(a, b)
+    kernels.clear_memory_cache()
+    real_build = TritonBackend.build
+    monkeypatch.setattr(TritonBackend, "build", lambda self, problem, choices: [])       # nothing loads here
+    kernels.mm(a, b)
+    sel = selected.selection(p)
+    assert (sel.unmeasured, sel.pending) == ([], [tile]) and not sel.awaiting_calls
+    monkeypatch.setattr(TritonBackend, "build", real_build)
+    kernels.clear_memory_cache()
+    start.open()
+    with pytest.warns(UserWarning, match="re-tuning"):
+        kernels.mm(a, b)                      # pending and settled (built): tuned again, the child up
+    again = selected.selection(p)
+    assert again.pending == [] and again.details[tile]["measured_in"] == "child"
