@@ -168,8 +168,10 @@ class Selection:
         if self.duel is not None:
             lines.append(f"   note: {self.winner} serves while its duel with {self.duel} runs on this problem's calls")
         if self.unmeasured:
-            lines.append(f"   note: {len(self.unmeasured)} candidates are measured on this problem's calls once the "
-                         "isolated child is up (it was starting when the problem was tuned)")
+            more = len(self.unmeasured) - 3
+            shown = ", ".join(self.unmeasured[:3]) + (f" and {more} more" if more > 0 else "")
+            lines.append(f"   note: {len(self.unmeasured)} candidate(s) are measured on this problem's calls once the "
+                         f"isolated child is up (it was starting when the problem was tuned): {shown}")
         if self.pending:
             lines.append(f"   note: tuned while {len(self.pending)} candidates were being built in the background or "
                          "could not be measured; re-tuned with them on a cold lookup once they are built")
@@ -182,6 +184,8 @@ def _names(data: dict, field_name: str, choices: dict[str, Choice]) -> list[str]
     names = data.get(field_name, [])
     if not isinstance(names, list) or any(not isinstance(n, str) or n not in choices for n in names):
         raise ValueError(f"{field_name} names a choice that is not recorded")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{field_name} names a choice twice")
     return list(names)
 
 

@@ -151,8 +151,8 @@ def _ready(sel: Selection, problem: GemmProblem, key: str, build_missing: bool =
                    "being built in the background, which are done now")
         return None
     if sel.awaiting_calls and config.duel != "calls":
-        _warn_once(f"kernels: re-tuning {problem.short()}: its duel was left to calls (KERNELS_DUEL=calls), which "
-                   f"KERNELS_DUEL={config.duel} does not run")
+        _warn_once(f"kernels: re-tuning {problem.short()}: its final round was left to calls (KERNELS_DUEL=calls), "
+                   f"which KERNELS_DUEL={config.duel} does not run")
         return None
     if sel.awaiting_calls and not calls_follow:
         return None         # a dynamic hint: no calls will run its duel
@@ -278,6 +278,15 @@ def _join_late(key: str, problem: GemmProblem, current: dict, runners: dict, due
                           "process)")
         _keep(problem, duel, kept, verdict=False)
         return None
+    if runner is not None:
+        # the child verified its own load of the binary; the launch that will run here is checked here too, as a
+        # stored challenger is (`_loaded`)
+        why = verify(runner.launch, problem)
+        if why is not None:
+            joined.timings[joined.duel] = f"failed verification in the caller: {why}"
+            joined.notes.append(f"{joined.duel} failed verification in the caller ({why}); "
+                                + (f"{sel.duel} duels instead" if sel.duel else "no duel"))
+            joined.duel, runner = sel.duel, None
     if joined.duel is None:
         _keep(problem, duel, joined, verdict=False)
         _persist(key, problem, joined)

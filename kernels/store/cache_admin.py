@@ -141,7 +141,8 @@ def _files(folder: Path, suffix: str) -> list[Path]:
 def _awaiting(sel) -> str:
     """What a listed entry still waits for on the calls, if anything."""
     if sel.unmeasured:
-        return f" ({len(sel.unmeasured)} candidates and the duel pending on calls)"
+        return (f" ({len(sel.unmeasured)} candidate(s) to measure on calls"
+                + (f", then a duel with {sel.duel} or the fastest of them)" if sel.duel else ", then a duel)"))
     return f" (duel with {sel.duel} pending on calls)" if sel.duel else ""
 
 

@@ -150,14 +150,15 @@ def _problems(data) -> str | None:
     if data.get("regime", "burst") not in ("steady", "burst"):
         return "regime is neither steady nor burst"
     pending = data.get("pending", [])
-    if not (isinstance(pending, list) and all(isinstance(n, str) and n in choices for n in pending)):
-        return "pending is not a list of recorded choices"
+    if not (isinstance(pending, list) and all(isinstance(n, str) and n in choices for n in pending)
+            and len(set(pending)) == len(pending)):
+        return "pending is not a list of distinct recorded choices"
     duel = data.get("duel")
     if duel is not None and not (isinstance(duel, str) and duel in choices and duel != data["winner"]
                                  and isinstance(timings.get(duel), (int, float)) and data.get("regime") == "steady"):
         return "duel is not a timed challenger of a steady-regime selection"
     unmeasured = data.get("unmeasured", [])
-    if not (isinstance(unmeasured, list) and all(isinstance(n, str) and n in choices and n not in (data["winner"], duel)
+    if not (isinstance(unmeasured, list) and len(set(map(str, unmeasured))) == len(unmeasured) and all(isinstance(n, str) and n in choices and n not in (data["winner"], duel)
                                                   and isinstance(timings.get(n), str) for n in unmeasured)
             and (not unmeasured or data.get("regime") == "steady")):
         return "unmeasured is not a list of untimed candidates of a steady-regime selection"

@@ -84,7 +84,7 @@ def test_loop_mode_tunes_a_pending_duel_again_and_runs_it_in_the_tune(steady):
     kernels.clear_memory_cache()
     kernels.config.duel = "loop"
     tunes = kernels.stats()["tunes"]
-    with pytest.warns(UserWarning, match="its duel was left to calls"):
+    with pytest.warns(UserWarning, match="its final round was left to calls"):
         kernels.mm(a, b)
     sel = selected.selection(p)
     assert kernels.stats()["tunes"] == tunes + 1

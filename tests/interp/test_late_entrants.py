@@ -229,3 +229,26 @@ def test_a_stored_entry_whose_unmeasured_binaries_are_missing_here_is_tuned_agai
         kernels.mm(a, b)                      # pending and settled (built): tuned again, the child up
     again = selected.selection(p)
     assert again.pending == [] and again.details[tile]["measured_in"] == "child"
+
+
+def test_the_joined_challenger_is_verified_in_the_caller_before_it_duels(late, monkeypatch):
+    """The child verified its own load; the launch that would run here is checked here too, as a stored challenger
+    is. One that fails there never serves a call."""
+    a, b, p, tile, start = late
+    kernels.mm(a, b)
+    monkeypatch.setattr(selected, "verify", lambda launch, problem: "wrong result: planted")
+    start.open()
+    _call_until(a, b, p, lambda s: not s.awaiting_calls, limit=5)
+    sel = selected.selection(p)
+    assert sel.winner == "aten_mm" and sel.duel is None
+    assert sel.timings[tile] == "failed verification in the caller: wrong result: planted"
+    assert not isinstance(selected.resolved(p), CallDuel)
+
+
+def test_cache_list_and_explain_name_what_awaits_the_calls(late):
+    from kernels.store import cache_admin
+
+    a, b, p, tile, start = late
+    kernels.mm(a, b)
+    assert any("1 candidate(s) to measure on calls, then a duel)" in line for line in cache_admin.list_lines())
+    assert tile in kernels.explain(a, b).table()

@@ -489,11 +489,14 @@ def test_unmeasured_candidates_round_trip_and_the_schema_checks_them():
     back = Selection.from_dict(data, "disk")
     assert back.unmeasured == [cutlass.name] and back.awaiting_calls
     assert cutlass.name not in back.failures() and "measured on this problem's calls" in back.table()
-    for bad in ([ATEN.name], [TMA.name], ["cutlass_nope"], [7], cutlass.name):
+    for bad in ([ATEN.name], [TMA.name], ["cutlass_nope"], [7], cutlass.name, [cutlass.name] * 2):
         assert selection_problems({**data, "unmeasured": bad}) is not None, bad
     assert selection_problems({**data, "regime": "burst", "duel": None}) is not None
     timed = {**data, "timings": {**data["timings"], cutlass.name: 0.5}}
     assert selection_problems(timed) is not None                    # a measured candidate is not unmeasured
     with pytest.raises(ValueError, match="unmeasured"):
         Selection.from_dict({**data, "unmeasured": [ATEN.name]}, "disk")
+    with pytest.raises(ValueError, match="twice"):
+        Selection.from_dict({**data, "unmeasured": [cutlass.name] * 2}, "disk")
+    assert selection_problems({**data, "pending": [cutlass.name] * 2}) is not None
     assert not Selection.from_dict({**data, "unmeasured": [], "duel": None}, "disk").awaiting_calls
