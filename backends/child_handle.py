@@ -30,7 +30,7 @@ CHILD_TIMEOUT_S = 300.0
 # start (a first tune leaving the child's candidates to the calls) would otherwise wait on calls for ever
 START_LIMIT_S = 60.0
 # How a result begins when the child gave none for a candidate (it could not start, or died before reaching it): a
-# fault of the child, not of the candidate, which is to be measured again (kernels.tune.autotune)
+# fault of the child, not of the candidate, recorded as the candidate's failure like any other
 NOT_MEASURED = "not measured"
 
 
@@ -57,6 +57,7 @@ class Child:
         threading.Thread(target=self._read, daemon=True).start()
         # a warm-up request queued at once: the child's CUDA context and libraries come up while the caller works
         self.warming = warm is not None and self._write(warm)
+        self.warm_queued = self.warming       # its start is then bounded by START_LIMIT_S (`start_state`)
 
     def _write(self, request: dict) -> bool:
         try:
@@ -177,14 +178,17 @@ def start_state(device: int | None = None) -> str:
         status = child.proc.poll()
         if status is None and child.up.is_set():
             return "up"
-        if status is None and time.monotonic() - child.born < START_LIMIT_S:
+        # a child started by a request (no warm-up) is up once that request, which its holder bounds, is answered
+        if status is None and (not child.warm_queued or time.monotonic() - child.born < START_LIMIT_S):
             return "starting"
-        if lock.acquire(blocking=False):
-            try:
-                if _child is child:
-                    discard(kill=True)
-            finally:
-                lock.release()
+        if not lock.acquire(blocking=False):
+            return "starting"       # a request holds the child: it finds out, and ends it if need be
+        try:
+            if _child is not child or (child.up.is_set() and child.proc.poll() is None):
+                return "starting"   # replaced or come up meanwhile: asked again on the next call
+            discard(kill=True)
+        finally:
+            lock.release()
         if status is not None:
             return f"failed: the isolated child exited with status {status}"
         return f"failed: the isolated child did not come up within {START_LIMIT_S:.0f} s"
@@ -197,6 +201,11 @@ def start_state(device: int | None = None) -> str:
     finally:
         lock.release()
     return "starting"
+
+
+def serving() -> bool:
+    """Whether a child runs, has come up and has not exited (hold `lock`: then no other thread ends it meanwhile)."""
+    return _child is not None and _child.up.is_set() and _child.proc.poll() is None
 
 
 def warmed(timeout_s: float = CHILD_TIMEOUT_S) -> str:

@@ -46,12 +46,16 @@ def windows_for(device: str) -> CallWindows:
     return CallWindows(plan.window_ms / 1e3, plan.settle_fraction)
 
 
+# What a join returns when the entrants turned out not to be ready after all: the duel waits on, asking again
+NOT_YET = object()
+
+
 @dataclass(frozen=True)
 class LateEntrants:
     """Candidates still to be measured elsewhere before the duel can start (the isolated child, still starting when
     the problem was tuned): `ready()` says, without waiting, whether they can be now; `join()` measures them (the
-    call that runs it waits that long) and returns the duel's challenger and its launch, or None when none came
-    within reach (the baseline has then won)."""
+    call that runs it waits that long) and returns the duel's challenger and its launch, None when none came within
+    reach (the baseline has then won), or NOT_YET."""
     ready: Callable[[], bool]
     join: Callable[[], tuple[str, Callable] | None]
 
@@ -163,17 +167,24 @@ class CallDuel:
             joined = self._late.join()
         except Exception:  # noqa: BLE001 - a join records its own faults; the caller's call goes on regardless
             joined = None
-        finally:        # no challenger (or a join that raised): the baseline has won
+        finally:
             with self._lock:
-                self._joining, self._late = False, None
-                if self.winner is None and joined is None:
-                    self.winner = self.baseline
-                elif self.winner is None:
-                    name, launch = joined
-                    self.challenger, self.order = name, (self.baseline, name, self.baseline)
-                    self.launches[name] = launch
-                    self._directs[name] = getattr(launch, "direct", None)
-                    self._begun = self._wall()
+                self._joining = False
+                if joined is not NOT_YET:
+                    self._joined(joined)
+
+    def _joined(self, joined: tuple[str, Callable] | None) -> None:
+        """The join's outcome (hold the lock): the challenger the windows start with, or none (or a join that
+        raised): the baseline has won."""
+        self._late = None
+        if self.winner is None and joined is None:
+            self.winner = self.baseline
+        elif self.winner is None:
+            name, launch = joined
+            self.challenger, self.order = name, (self.baseline, name, self.baseline)
+            self.launches[name] = launch
+            self._directs[name] = getattr(launch, "direct", None)
+            self._begun = self._wall()
 
     def _turn(self) -> tuple[str, int | None]:
         """Which side serves this call, and its window's index when the call is timed (else None)."""

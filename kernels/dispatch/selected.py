@@ -19,7 +19,7 @@ from kernels.core.errors import NoCandidateError
 from kernels.core.fsutil import load_or_build
 from kernels.core.problem import GemmProblem
 from kernels.core.selection import Selection
-from kernels.dispatch.call_duel import CallDuel, LateEntrants, windows_for
+from kernels.dispatch.call_duel import NOT_YET, CallDuel, LateEntrants, windows_for
 from kernels.measure.call_timer import capturing_on, timer_for
 from kernels.measure.steady import plan_for
 from kernels.measure.verify import make_inputs, reference, verify_launch
@@ -235,7 +235,7 @@ def _serving(key: str, problem: GemmProblem, sel: Selection, launches: dict[str,
                                 join=lambda: _join_late(key, problem, current, late or {}, duel, index, child.state))
     duel = CallDuel(sel.winner, sel.duel, {n: launches[n] for n in (sel.winner, sel.duel) if n is not None},
                     decide=lambda windows, seconds: _duel_verdict(key, problem, current["sel"], duel, windows,
-                                                                  seconds),
+                                                                  seconds, persist=not current.get("local")),
                     fail=lambda name, why: _duel_lost(problem, current["sel"], duel, name, why),
                     timer=timer_for(device, index), windows=windows_for(device),
                     capturing=(lambda: capturing_on(index)) if device == "cuda" else (lambda: False),
@@ -264,12 +264,21 @@ def _join_late(key: str, problem: GemmProblem, current: dict, runners: dict, due
                child: str):
     """The duel's late entrants, measured in the isolated child now that it is up (kernels.tune.autotune.
     join_unmeasured): (the challenger, its launch), kept here and in the stores so that a process that ends before
-    the verdict leaves the duel, not the measurement, to the next; or None when no challenger came within reach (the
-    winner is then decided and kept). A fault here keeps the winner, in this process only."""
+    the verdict leaves the duel, not the measurement, to the next; None when no challenger came within reach (the
+    winner is then decided and kept); NOT_YET when the child has gone meanwhile. A fault here (or a check that could
+    not run its call) keeps the outcome in this process only."""
     sel = current["sel"]
+    why = None
     try:
         with torch.cuda.device(index) if index is not None else contextlib.nullcontext():  # the duel's device
-            joined, runner = join_unmeasured(problem, sel, runners, child)
+            found = join_unmeasured(problem, sel, runners, child)
+            if found is None:
+                return NOT_YET
+            joined, runner = found
+            if runner is not None:
+                # the child verified its own load of the binary; the launch that will run here is checked here too,
+                # as a stored challenger is (`_loaded`)
+                why = verify(runner.launch, problem)
     except Exception as e:  # noqa: BLE001 - the caller's call goes on with the winner
         _warn_once(f"kernels: the candidates of {problem.short()} left to its calls could not be measured "
                    f"({type(e).__name__}: {e}); {sel.winner} serves in this process")
@@ -278,29 +287,31 @@ def _join_late(key: str, problem: GemmProblem, current: dict, runners: dict, due
                           "process)")
         _keep(problem, duel, kept, verdict=False)
         return None
-    if runner is not None:
-        # the child verified its own load of the binary; the launch that will run here is checked here too, as a
-        # stored challenger is (`_loaded`)
-        why = verify(runner.launch, problem)
-        if why is not None:
-            joined.timings[joined.duel] = f"failed verification in the caller: {why}"
-            joined.notes.append(f"{joined.duel} failed verification in the caller ({why}); "
-                                + (f"{sel.duel} duels instead" if sel.duel else "no duel"))
-            joined.duel, runner = sel.duel, None
+    if why is not None:
+        # a crash is the check's call failing here (memory it could not get), not a wrong result: like a challenger
+        # raising on a call (`_duel_lost`), nothing of this process's outcome is stored
+        current["local"] = why.startswith("crashed")
+        joined.timings[joined.duel] = f"failed verification in the caller: {why}"
+        joined.notes.append(f"{joined.duel} failed verification in the caller ({why}); "
+                            + (f"{sel.duel} duels instead" if sel.duel else "no duel"))
+        joined.duel, runner = sel.duel, None
+    persist = not current.get("local")
     if joined.duel is None:
         _keep(problem, duel, joined, verdict=False)
-        _persist(key, problem, joined)
+        if persist:
+            _persist(key, problem, joined)
         return None
     current["sel"] = joined
     with lock:      # not after clear_memory_cache: no launcher would run this duel any more
         if (kept := _selections.get(problem)) is not None and kept.awaiting_calls:
             _selections[problem] = joined
-    _persist(key, problem, joined)
+    if persist:
+        _persist(key, problem, joined)
     return joined.duel, runner.launch if runner is not None else duel.launches[joined.duel]
 
 
 def _duel_verdict(key: str, problem: GemmProblem, sel: Selection, duel: CallDuel, windows: list[float],
-                  seconds: float) -> str | None:
+                  seconds: float, persist: bool = True) -> str | None:
     """The winner once the duel's windows decide it (kernels.tune.final_round.call_duel_result), kept; else None."""
     plan = plan_for("cuda" if problem.device == "cuda" else "cpu")
     result = call_duel_result(sel.winner, sel.duel, windows, plan, seconds)
@@ -311,7 +322,8 @@ def _duel_verdict(key: str, problem: GemmProblem, sel: Selection, duel: CallDuel
     decided.notes.append(f"{why}; regime: {duel_shape(result)} of {plan.window_ms:.0f} ms windows on the caller's "
                          f"calls (the first half untimed), {seconds:.2f} s")
     _keep(problem, duel, decided)
-    _persist(key, problem, decided)
+    if persist:
+        _persist(key, problem, decided)
     return decided.winner
 
 
@@ -350,7 +362,7 @@ def _keep(problem: GemmProblem, duel: CallDuel, decided: Selection, verdict: boo
         _stats.bump("call_duels")
     with lock:
         current = _selections.get(problem)
-        if current is None or current.awaiting_calls:
+        if (current is None and verdict) or (current is not None and current.awaiting_calls):
             _selections[problem] = decided
         for where, launch in list(_launchers.items()):
             if launch is duel:

@@ -193,8 +193,7 @@ def _tune(problem: GemmProblem, backends: tuple[str, ...], on_stage: Callable[[s
                 unmeasured.extend(isolated)
                 timings.update({n: f"{UNMEASURED}: the isolated child was starting" for n in isolated})
                 return {}
-            if state != "up":       # no child to be had: measured by a later tune (Selection.pending)
-                pending.extend(isolated)
+            if state != "up":       # no child to be had: their failure, as when it dies while measuring
                 timings.update({n: f"{NOT_MEASURED}: {state}" for n in isolated})
                 return {}
             with clock("isolated"):
@@ -308,33 +307,38 @@ def measure_isolated(problem, runners, timings, details, verify_all: bool = Fals
 
 
 def join_unmeasured(problem: GemmProblem, sel: Selection, runners: dict[str, Runner], child: str = "up"
-                    ) -> tuple[Selection, Runner | None]:
+                    ) -> tuple[Selection, Runner | None] | None:
     """`sel` once its unmeasured candidates (Selection.unmeasured: left to the calls while the isolated child was
     starting) are measured in the child, which is up by now (`child`, child_state's word: where it "failed", none is
     asked), as the tune would have: their times or failures recorded, and the challenger chosen again among the
     verified (the pending one and those the child passed) by the tune's rule (kernels.tune.final_round.
-    contenders_of). Those the child gave no result for (it could not start or died first, or their binaries did not
-    load here) move to `pending`: a later cold lookup tunes the problem again once they are built. The caller's queued
+    contenders_of). Those whose binaries did not load here move to `pending` (a later cold lookup tunes the problem
+    again once they are built); those the child gave no result for (it failed) fail, as in a tune. The caller's queued
     work on its stream is waited for first, so the child times on an idle GPU. Returns the new selection (its `duel`
-    the challenger; None: the winner is decided) and the challenger's runner where it is one of `runners`."""
+    the challenger; None: the winner is decided) and the challenger's runner where it is one of `runners`; None when
+    the child, up when asked, has been ended since (another thread's fault): to be asked again."""
     start = time.perf_counter()
-    if problem.device == "cuda":
-        torch.cuda.current_stream().synchronize()
     timings, details = dict(sel.timings), {n: dict(d) for n, d in sel.details.items()}
     todo = {n: runners[n] for n in sel.unmeasured if n in runners}
-    for name in sel.unmeasured:
-        if name not in todo:
-            timings[name] = f"{NOT_MEASURED}: its binary could not be loaded in this process"
+    left = [n for n in sel.unmeasured if n not in todo]
+    for name in left:
+        timings[name] = f"{NOT_MEASURED}: its binary could not be loaded in this process"
     if child != "up":
         timings.update({n: f"{NOT_MEASURED}: {child}" for n in todo})
         todo = {}
-    passed = measure_isolated(problem, todo, timings, details) if todo else {}
-    left = [n for n in sel.unmeasured if str(timings.get(n)).startswith(NOT_MEASURED)]
+    with child_handle.lock:     # held through the measurement: no other thread ends the child in between
+        if todo and not child_handle.serving():
+            return None
+        if problem.device == "cuda":
+            torch.cuda.current_stream().synchronize()
+        passed = measure_isolated(problem, todo, timings, details) if todo else {}
     found = contenders_of(sel.winner, timings, {*passed, *([sel.duel] if sel.duel else [])})
     challenger = found[0] if found else None
-    note = (f"steady round: {len(sel.unmeasured) - len(left)} candidate(s) measured in the isolated child on the "
-            "caller's calls"
-            + (f" ({len(left)} not: measured by a later tune)" if left else "") + "; "
+    unanswered = [n for n in sel.unmeasured if n not in left and str(timings.get(n)).startswith(NOT_MEASURED)]
+    note = (f"steady round: {len(sel.unmeasured) - len(left) - len(unanswered)} candidate(s) measured in the "
+            "isolated child on the caller's calls"
+            + (f" ({len(left)} not loaded here: measured by a later tune)" if left else "")
+            + (f" ({len(unanswered)} not measured: the child failed)" if unanswered else "") + "; "
             + (f"{challenger} (first pass {timings[challenger] / timings[sel.winner]:.3f}x {sel.winner}'s) duels "
                f"{sel.winner} there" if challenger else
                f"none ran: no verified candidate came within reach of {sel.winner}'s first pass"))

@@ -159,17 +159,27 @@ def real_start(late, monkeypatch):
     return late
 
 
-def test_a_child_that_cannot_be_started_leaves_its_candidates_to_a_later_tune(real_start, monkeypatch):
+def _tunes_again(a, b) -> bool:
+    """Whether a fresh lookup (another process) tunes the problem again."""
+    kernels.clear_memory_cache()
+    tunes = kernels.stats()["tunes"]
+    kernels.mm(a, b)
+    return kernels.stats()["tunes"] > tunes
+
+
+def test_a_child_that_cannot_be_started_fails_its_candidates_and_the_call_is_served(real_start, monkeypatch):
     a, b, p, tile, _ = real_start
     _child_runs(monkeypatch, OSError(24, "Too many open files"))
     assert torch.allclose(kernels.mm(a, b), a @ b, atol=1e-4)      # served, whatever the child does
     sel = selected.selection(p)
-    assert sel.pending == [tile] and sel.unmeasured == [] and not sel.awaiting_calls
+    assert sel.pending == [] and sel.unmeasured == [] and not sel.awaiting_calls
     assert sel.timings[tile].startswith("not measured: failed: the isolated child could not be started (OSError")
     assert sel.unavailable == []          # the child's fault, not the backend's: no re-tune for that
+    assert not _tunes_again(a, b)         # stored as a failure, as a child dying in a tune is: no re-tune loop
 
 
-def test_a_child_that_dies_or_cannot_restart_while_the_calls_wait_moves_them_to_a_later_tune(real_start, monkeypatch):
+def test_a_child_that_dies_or_cannot_restart_while_the_calls_wait_fails_them_and_the_calls_go_on(real_start,
+                                                                                                    monkeypatch):
     a, b, p, tile, _ = real_start
     _child_runs(monkeypatch, "import time; time.sleep(60)")         # never answers its warm-up
     kernels.mm(a, b)
@@ -179,9 +189,10 @@ def test_a_child_that_dies_or_cannot_restart_while_the_calls_wait_moves_them_to_
     _child_runs(monkeypatch, OSError(12, "Cannot allocate memory"))
     _call_until(a, b, p, lambda s: not s.awaiting_calls, limit=5)
     sel = selected.selection(p)
-    assert sel.pending == [tile] and sel.winner == "aten_mm" and "could not be started" in sel.timings[tile]
+    assert sel.pending == [] and sel.winner == "aten_mm" and "could not be started" in sel.timings[tile]
     stored = selected._store.get(selected.store_key(p, autotune.fingerprint(kernels.config.backends)))
-    assert stored.pending == [tile] and not stored.awaiting_calls    # the next process tunes it again once built
+    assert not stored.awaiting_calls and stored.timings[tile] == sel.timings[tile]
+    assert not _tunes_again(a, b)
 
 
 def test_a_child_whose_start_hangs_is_ended_after_the_limit_and_the_calls_go_on(real_start, monkeypatch):
@@ -195,7 +206,7 @@ def test_a_child_whose_start_hangs_is_ended_after_the_limit_and_the_calls_go_on(
     while selected.selection(p).awaiting_calls and time.perf_counter() - start < 20:
         assert torch.allclose(kernels.mm(a, b), a @ b, atol=1e-4)
     sel = selected.selection(p)
-    assert not sel.awaiting_calls and sel.pending == [tile] and "did not come up within 1 s" in sel.timings[tile]
+    assert not sel.awaiting_calls and sel.pending == [] and "did not come up within 1 s" in sel.timings[tile]
     assert hung.proc.poll() is not None                             # ended, not left behind
 
 
@@ -252,3 +263,47 @@ def test_cache_list_and_explain_name_what_awaits_the_calls(late):
     kernels.mm(a, b)
     assert any("1 candidate(s) to measure on calls, then a duel)" in line for line in cache_admin.list_lines())
     assert tile in kernels.explain(a, b).table()
+
+
+def test_a_check_in_the_caller_that_cannot_run_keeps_the_outcome_in_this_process(late, monkeypatch):
+    """Its call failing (memory it could not get) is not a wrong result: nothing of it is stored, and the next
+    process joins the candidates again."""
+    a, b, p, tile, start = late
+    kernels.mm(a, b)
+    monkeypatch.setattr(selected, "verify", lambda launch, problem: "crashed: OutOfMemoryError: planted")
+    start.open()
+    _call_until(a, b, p, lambda s: not s.awaiting_calls, limit=5)
+    assert selected.selection(p).timings[tile].startswith("failed verification in the caller: crashed")
+    stored = selected._store.get(selected.store_key(p, autotune.fingerprint(kernels.config.backends)))
+    assert stored.unmeasured == [tile]
+
+
+def test_a_clear_during_a_join_that_finds_no_challenger_brings_nothing_back(late, monkeypatch):
+    a, b, p, tile, start = late
+    kernels.mm(a, b)
+    real = selected.join_unmeasured
+
+    def join(*args):
+        kernels.clear_memory_cache()
+        return real(*args)
+    monkeypatch.setattr(selected, "join_unmeasured", join)
+    monkeypatch.setattr(selected, "verify", lambda launch, problem: "wrong result: planted")     # no duel follows
+    start.open()
+    kernels.mm(a, b)
+    assert selected.selection(p) is None and kernels.stats()["duels_pending"] == 0
+
+
+def test_a_child_gone_between_ready_and_join_is_waited_for_again(late, monkeypatch):
+    """Another thread ended the child after this call saw it up: the join asks again later rather than start a
+    child inside the caller's call."""
+    a, b, p, tile, start = late
+    kernels.mm(a, b)
+    start.open()
+    gone = [True]
+    real = child_handle.serving
+    monkeypatch.setattr(child_handle, "serving", lambda: False if gone[0] else real())
+    kernels.mm(a, b)
+    assert selected.selection(p).unmeasured == [tile] and isinstance(selected.resolved(p), CallDuel)
+    gone[0] = False
+    _call_until(a, b, p, lambda s: not s.unmeasured, limit=5)
+    assert selected.selection(p).details[tile]["measured_in"] == "child"

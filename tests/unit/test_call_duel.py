@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from kernels.core.choice import Choice
 from kernels.core.selection import UNMEASURED, Selection
-from kernels.dispatch.call_duel import CallDuel, CallWindows, LateEntrants, windows_for
+from kernels.dispatch.call_duel import NOT_YET, CallDuel, CallWindows, LateEntrants, windows_for
 from kernels.measure.steady import SteadyPlan, measure_duel, steady_winner
 from kernels.space.heuristics import GemmConfig
 from kernels.store.schema import problems as selection_problems
@@ -500,3 +500,17 @@ def test_unmeasured_candidates_round_trip_and_the_schema_checks_them():
         Selection.from_dict({**data, "unmeasured": [cutlass.name] * 2}, "disk")
     assert selection_problems({**data, "pending": [cutlass.name] * 2}) is not None
     assert not Selection.from_dict({**data, "unmeasured": [], "duel": None}, "disk").awaiting_calls
+
+
+def test_a_join_that_is_not_ready_after_all_is_asked_again():
+    entrants = Entrants()
+    answers = [NOT_YET]
+
+    def late(launch):
+        plain = entrants(launch)
+        return LateEntrants(ready=plain.ready, join=lambda: answers.pop(0) if answers else plain.join())
+    duel, served, _ = _duel({ATEN.name: 1.0, TMA.name: 0.9}, challenger=None, late=late)
+    entrants.up = True
+    assert duel() == ATEN.name and duel.winner is None and duel.challenger is None
+    duel()
+    assert duel.challenger == TMA.name and entrants.joined == 1
