@@ -224,7 +224,7 @@ def test_a_clear_during_the_join_brings_no_pending_selection_back(late, monkeypa
     assert selected.selection(p) is None and kernels.stats()["duels_pending"] == 0
 
 
-def test_a_stored_entry_whose_unmeasured_binaries_are_missing_here_is_tuned_again_once_they_are_built(late, monkeypatch):
+def test_a_stored_entry_whose_unmeasured_binaries_are_missing_is_tuned_again_once_built(late, monkeypatch):
     a, b, p, tile, start = late
     kernels.mm(a, b)
     kernels.clear_memory_cache()
