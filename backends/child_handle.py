@@ -59,6 +59,10 @@ class Child:
         self.warming = warm is not None and self._write(warm)
         self.warm_queued = self.warming       # its start is then bounded by START_LIMIT_S (`start_state`)
 
+    def serving(self) -> bool:
+        """Up (a first request answered) and not exited."""
+        return self.up.is_set() and self.proc.poll() is None
+
     def _write(self, request: dict) -> bool:
         try:
             self.proc.stdin.write(json.dumps(request) + "\n")
@@ -161,7 +165,7 @@ def prestart(device: int | None = None) -> None:
     """Start this process's child now, so its start-up (a Python process, torch) overlaps what the caller does next
     rather than the first isolated tune (a tuning worker calls this first thing). A warm-up request is queued at
     once: with a CUDA `device` the child also brings up its context and libraries there (`warmed` waits for that,
-    `is_up` tells without waiting)."""
+    `start_state` tells without waiting)."""
     global _child
     with lock:
         if _child is None:
@@ -175,16 +179,17 @@ def start_state(device: int | None = None) -> str:
     runs, one is started (`prestart`)."""
     child = _child          # read without the lock: another thread may hold it for a request of seconds
     if child is not None:
-        status = child.proc.poll()
-        if status is None and child.up.is_set():
-            return "up"
+        # `up` is also set at the end of its output, so a child that exits is seen once `up` is (no waitpid a call)
         # a child started by a request (no warm-up) is up once that request, which its holder bounds, is answered
-        if status is None and (not child.warm_queued or time.monotonic() - child.born < START_LIMIT_S):
+        if not child.up.is_set() and (not child.warm_queued or time.monotonic() - child.born < START_LIMIT_S):
             return "starting"
+        if child.serving():
+            return "up"
+        status = child.proc.poll()
         if not lock.acquire(blocking=False):
             return "starting"       # a request holds the child: it finds out, and ends it if need be
         try:
-            if _child is not child or (child.up.is_set() and child.proc.poll() is None):
+            if _child is not child or child.serving():
                 return "starting"   # replaced or come up meanwhile: asked again on the next call
             discard(kill=True)
         finally:
@@ -205,7 +210,7 @@ def start_state(device: int | None = None) -> str:
 
 def serving() -> bool:
     """Whether a child runs, has come up and has not exited (hold `lock`: then no other thread ends it meanwhile)."""
-    return _child is not None and _child.up.is_set() and _child.proc.poll() is None
+    return _child is not None and _child.serving()
 
 
 def warmed(timeout_s: float = CHILD_TIMEOUT_S) -> str:

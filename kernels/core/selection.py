@@ -39,9 +39,9 @@ class Selection:
     # which final round chose the winner: "steady" (calls >= 0.1 ms, timed with clocks and power settled) or "burst"
     # (shorter calls, short interleaved samples; kernels.tune.final_round)
     regime: str = "burst"
-    # choices whose binaries were still being built in the background when it was tuned, or that the isolated child
-    # could not measure (it could not start): once they are built (or failed for good), the selection is stale the
-    # same way (backends.base.Backend.settled)
+    # choices whose binaries were still being built in the background when it was tuned, or that were left to the
+    # calls and could not be loaded where it was resumed: once they are built (or failed for good), the selection is
+    # stale the same way (backends.base.Backend.settled)
     pending: list[str] = field(default_factory=list)
     # a challenger whose steady-regime duel with the winner (the baseline, serving meanwhile) runs on the caller's own
     # calls (KERNELS_DUEL=calls, kernels.dispatch.call_duel); None once decided, or where the tune decided it

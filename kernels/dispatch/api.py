@@ -729,7 +729,8 @@ def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None, *, b
 
 def stats() -> dict[str, int]:
     """Counters since process start: compiles, artifact loads, benchmarks, tunes, memory/disk hits, cpu fallbacks;
-    and `duels_pending`: the problems whose duel on calls (KERNELS_DUEL=calls) is running now, not a counter."""
+    and `duels_pending`: the problems whose final round runs on their calls now (KERNELS_DUEL=calls: a duel, or
+    candidates still to measure), not a counter."""
     snap = _stats.snapshot()
     snap["duels_pending"] = selected.duels_pending()
     snap["memory_hits"] = (_memory_hits[0] + _scaled.memory_hits[0]

@@ -158,8 +158,9 @@ def _problems(data) -> str | None:
                                  and isinstance(timings.get(duel), (int, float)) and data.get("regime") == "steady"):
         return "duel is not a timed challenger of a steady-regime selection"
     unmeasured = data.get("unmeasured", [])
-    if not (isinstance(unmeasured, list) and len(set(map(str, unmeasured))) == len(unmeasured) and all(isinstance(n, str) and n in choices and n not in (data["winner"], duel)
-                                                  and isinstance(timings.get(n), str) for n in unmeasured)
-            and (not unmeasured or data.get("regime") == "steady")):
-        return "unmeasured is not a list of untimed candidates of a steady-regime selection"
+    if not (isinstance(unmeasured, list)
+            and all(isinstance(n, str) and n in choices and n not in (data["winner"], duel)
+                    and isinstance(timings.get(n), str) for n in unmeasured)
+            and len(set(unmeasured)) == len(unmeasured) and (not unmeasured or data.get("regime") == "steady")):
+        return "unmeasured is not a list of distinct untimed candidates of a steady-regime selection"
     return None

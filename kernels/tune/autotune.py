@@ -312,17 +312,14 @@ def join_unmeasured(problem: GemmProblem, sel: Selection, runners: dict[str, Run
     starting) are measured in the child, which is up by now (`child`, child_state's word: where it "failed", none is
     asked), as the tune would have: their times or failures recorded, and the challenger chosen again among the
     verified (the pending one and those the child passed) by the tune's rule (kernels.tune.final_round.
-    contenders_of). Those whose binaries did not load here move to `pending` (a later cold lookup tunes the problem
-    again once they are built); those the child gave no result for (it failed) fail, as in a tune. The caller's queued
-    work on its stream is waited for first, so the child times on an idle GPU. Returns the new selection (its `duel`
-    the challenger; None: the winner is decided) and the challenger's runner where it is one of `runners`; None when
-    the child, up when asked, has been ended since (another thread's fault): to be asked again."""
+    contenders_of). `runners` holds every unmeasured one (the dispatch moves those that do not load to `pending`
+    before); those the child gives no result for (it failed) fail, as in a tune. The caller's queued work on its
+    stream is waited for first, so the child times on an idle GPU. Returns the new selection (its `duel` the
+    challenger; None: the winner is decided) and the challenger's runner where it is one of `runners`; None when the
+    child, up when asked, has been ended since (another thread's fault): to be asked again."""
     start = time.perf_counter()
     timings, details = dict(sel.timings), {n: dict(d) for n, d in sel.details.items()}
-    todo = {n: runners[n] for n in sel.unmeasured if n in runners}
-    left = [n for n in sel.unmeasured if n not in todo]
-    for name in left:
-        timings[name] = f"{NOT_MEASURED}: its binary could not be loaded in this process"
+    todo = {n: runners[n] for n in sel.unmeasured}
     if child != "up":
         timings.update({n: f"{NOT_MEASURED}: {child}" for n in todo})
         todo = {}
@@ -334,18 +331,15 @@ def join_unmeasured(problem: GemmProblem, sel: Selection, runners: dict[str, Run
         passed = measure_isolated(problem, todo, timings, details) if todo else {}
     found = contenders_of(sel.winner, timings, {*passed, *([sel.duel] if sel.duel else [])})
     challenger = found[0] if found else None
-    unanswered = [n for n in sel.unmeasured if n not in left and str(timings.get(n)).startswith(NOT_MEASURED)]
-    note = (f"steady round: {len(sel.unmeasured) - len(left) - len(unanswered)} candidate(s) measured in the "
-            "isolated child on the caller's calls"
-            + (f" ({len(left)} not loaded here: measured by a later tune)" if left else "")
-            + (f" ({len(unanswered)} not measured: the child failed)" if unanswered else "") + "; "
+    unanswered = [n for n in sel.unmeasured if str(timings.get(n)).startswith(NOT_MEASURED)]
+    note = (f"steady round: {len(sel.unmeasured) - len(unanswered)} candidate(s) measured in the isolated child on "
+            "the caller's calls" + (f" ({len(unanswered)} not measured: the child failed)" if unanswered else "") + "; "
             + (f"{challenger} (first pass {timings[challenger] / timings[sel.winner]:.3f}x {sel.winner}'s) duels "
                f"{sel.winner} there" if challenger else
                f"none ran: no verified candidate came within reach of {sel.winner}'s first pass"))
     stages = {**sel.stage_seconds, "isolated_on_calls": round(time.perf_counter() - start, 4)}
     joined = replace(sel, timings=timings, details=details, unmeasured=[], duel=challenger, notes=[*sel.notes, note],
-                     stage_seconds=stages, created=max(time.time(), sel.created + 1e-3), source="tuned",
-                     pending=[*sel.pending, *(n for n in left if n not in sel.pending)])
+                     stage_seconds=stages, created=max(time.time(), sel.created + 1e-3), source="tuned")
     return joined, passed.get(challenger) if challenger is not None else None
 
 
