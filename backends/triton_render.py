@@ -145,7 +145,12 @@ def _template(name: str) -> jinja2.Template:
 
 
 def render(spec: TritonKernelSpec) -> str:
-    return _template(spec.template_file).render(kernel_name=spec.kernel_name, **dict(spec.render_vars))
+    return render_file(spec.template_file, spec.kernel_name, **dict(spec.render_vars))
+
+
+def render_file(template_file: str, kernel_name: str, **render_vars) -> str:
+    """The module source of one template under templates/triton (a GEMM family's or a fused block's)."""
+    return _template(template_file).render(kernel_name=kernel_name, **render_vars)
 
 
 def build_key(source: str, spec: TritonKernelSpec, target: str, triton_version: str) -> str:

@@ -15,11 +15,14 @@ from torch import nn
 import kernels
 
 VARIANTS = ("eager", "compile", "max-autotune", "patch", "patch+compile")
+# kernels.patch(model, fuse=False): only the nn.Linear layers through kernels (what the fused blocks add is patch's
+# time against this one's)
+LINEAR_ONLY = "patch-linear"
 # forward only, at M <= CUDAGRAPH_MAX_TOKENS, behind --cudagraphs: the launch cost is what they remove
 # patch+compile+cudagraphs: torch.compile(mode="reduce-overhead") over the patched model (kernels' ops inside the
 # CUDA-graph trees, Inductor's fusions around them)
 CUDAGRAPH_VARIANTS = ("max-autotune+cudagraphs", "patch+cudagraph", "patch+compile+cudagraphs")
-ALL_VARIANTS = VARIANTS + CUDAGRAPH_VARIANTS
+ALL_VARIANTS = VARIANTS + (LINEAR_ONLY,) + CUDAGRAPH_VARIANTS
 CUDAGRAPH_MAX_TOKENS = 16
 CUDAGRAPH_TREE_CALLS = 3      # warm-up, record, replay: max-autotune+cudagraphs' first call until it replays
 MODES = ("fwd", "fwdbwd")
@@ -130,7 +133,7 @@ def build_variant(name: str, base: nn.Module, x: torch.Tensor, mode: str) -> Var
             raise VariantError(f"{name} needs a CUDA device")
     module = copy.deepcopy(base)
     if name.startswith("patch"):
-        module = kernels.patch(module)
+        module = kernels.patch(module, fuse=name != LINEAR_ONLY)
     fn: Callable = module
     if name in ("compile", "patch+compile"):
         fn = torch.compile(module)

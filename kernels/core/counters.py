@@ -2,7 +2,8 @@
 
 Pass-throughs (calls `kernels.enabled()` or a patched nn.Linear handed to torch unchanged because the library does
 not serve them) are counted in total (`passthroughs`) and per reason: the snapshot carries one
-`"passthrough:<reason>"` entry per reason seen (e.g. "passthrough:dtype=float64"), so `kernels.stats()` shows both."""
+`"passthrough:<reason>"` entry per reason seen (e.g. "passthrough:dtype=float64"), so `kernels.stats()` shows both. kernels.patch's fused blocks that declined after their first-call check are
+counted the same way (`fused_declined`, `"fused_declined:<block>:<why>"`)."""
 from __future__ import annotations
 
 import threading
@@ -27,12 +28,16 @@ class Stats:
     store_waits: int = 0         # lookups that waited for another machine's tune of the same problem
     store_errors: int = 0        # shared store operations that failed (the lookup went on locally)
     call_duels: int = 0          # duels decided on the caller's calls (KERNELS_DUEL=calls)
+    fused_blocks: int = 0        # kernels.patch's fused blocks (RMSNorm, gated MLP) whose first-call check passed
+    fused_declined: int = 0      # ... whose check failed: their own forward serves (reasons: fused_declined:*)
 
 
 PASSTHROUGH_PREFIX = "passthrough:"
+FUSED_DECLINED_PREFIX = "fused_declined:"
 
 _stats = Stats()
 _reasons: dict[str, int] = {}      # pass-through reason -> calls
+_declined: dict[str, int] = {}     # "<block>:<why>" -> fused blocks declined
 _lock = threading.Lock()
 
 
@@ -48,10 +53,18 @@ def passthrough(reason: str) -> None:
         _reasons[reason] = _reasons.get(reason, 0) + 1
 
 
+def fused_declined(reason: str) -> None:
+    """One patched block whose first-call check failed, and why ("rmsnorm:differs")."""
+    with _lock:
+        _stats.fused_declined += 1
+        _declined[reason] = _declined.get(reason, 0) + 1
+
+
 def snapshot() -> dict[str, int]:
     with _lock:
         snap = asdict(_stats)
         snap.update((PASSTHROUGH_PREFIX + reason, n) for reason, n in sorted(_reasons.items()))
+        snap.update((FUSED_DECLINED_PREFIX + reason, n) for reason, n in sorted(_declined.items()))
         return snap
 
 
@@ -60,3 +73,4 @@ def reset() -> None:
     with _lock:
         _stats = Stats()
         _reasons.clear()
+        _declined.clear()

@@ -1,4 +1,5 @@
-"""`kernels.patch(model)`: every nn.Linear of a model computes through kernels.linear; `kernels.unpatch(model)`
+"""`kernels.patch(model)`: every nn.Linear of a model computes through kernels.linear, and its RMSNorm and gated-MLP
+blocks through fused kernels (kernels.dispatch.fused; `fuse=False` leaves them alone); `kernels.unpatch(model)`
 undoes it exactly.
 
 How: an instance-level `forward` (a functools.partial of `_linear_forward` bound to the layer: picklable and
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.core.errors import InputTypeError
-from kernels.dispatch import api
+from kernels.dispatch import api, fused
 from kernels.dispatch.mode import INPUT_ERRORS, count_passthrough, dense, linear_unserved
 
 
@@ -47,20 +48,26 @@ def _check_model(model, what: str) -> None:
         raise InputTypeError(f"kernels.{what}: model must be a torch.nn.Module, got {type(model).__name__}")
 
 
-def patch(model: nn.Module) -> nn.Module:
-    """Route every nn.Linear in `model` (itself included) through kernels.linear; returns `model`. Idempotent."""
+def patch(model: nn.Module, *, fuse: bool = True) -> nn.Module:
+    """Route every nn.Linear in `model` (itself included) through kernels.linear; with `fuse`, also run its RMSNorm
+    and SiLU-gated MLP blocks through fused kernels, each once its first call agrees with its own forward
+    (kernels.dispatch.fused). Returns `model`. Idempotent."""
     _check_model(model, "patch")
+    if not isinstance(fuse, bool):
+        raise InputTypeError(f"kernels.patch: fuse must be True or False, got {fuse!r}")
     for module in model.modules():
         if (isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
                 and "forward" not in module.__dict__):
             module.forward = functools.partial(_linear_forward, module)
+    if fuse:
+        fused.patch_blocks(model)
     return model
 
 
 def unpatch(model: nn.Module) -> nn.Module:
-    """Undo kernels.patch on every layer of `model`: each forward is nn.Linear's again. Returns `model`."""
+    """Undo kernels.patch on every layer of `model`: each forward is its class's again. Returns `model`."""
     _check_model(model, "unpatch")
     for module in model.modules():
-        if _is_patched(module):
+        if _is_patched(module) or fused.is_fused_forward(module.__dict__.get("forward")):
             del module.forward
     return model

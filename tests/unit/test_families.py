@@ -7,6 +7,7 @@ import pytest
 from backends import triton_templates
 from kernels.core.problem import OPS
 from kernels.space import families
+from backends.fused_triton import FUSED_TEMPLATES
 from kernels.space.families import FAMILIES, TEMPLATES_ROOT
 
 
@@ -25,7 +26,9 @@ def test_every_family_resolves(family):
 
 
 def test_every_kernel_file_belongs_to_a_family():
+    """... or to a fused block of kernels.patch (backends.fused_triton)"""
     used = {rel for f in FAMILIES for rel in f.kernel_files}
+    used |= {f"triton/{name}" for name in FUSED_TEMPLATES.values()}
     on_disk = {p.relative_to(TEMPLATES_ROOT).as_posix() for p in TEMPLATES_ROOT.rglob("*.jinja")}
     assert on_disk - used == set(), f"kernel files no family renders: {sorted(on_disk - used)}"
 

@@ -1,0 +1,236 @@
+"""Fused blocks for `kernels.patch`: the memory-bound code between a llama-style model's GEMMs, in one kernel each.
+
+Eager PyTorch runs an RMSNorm as about eight kernels over the activations (fp32 casts, square, mean, rsqrt, two
+products) and a SiLU-gated MLP's `silu(gate(x)) * up(x)` as two, each reading and writing the whole (M, intermediate)
+tensor; their backwards read and write it again several times. In a training step of a llama-7B layer at M = 4096
+that traffic is a tenth of the step (torch.compile's 1.12x over eager comes from fusing it). Here:
+- an RMSNorm module computes through one Triton kernel (forward) and one (backward: dx, and dweight from per-program
+  partial sums), and
+- a gated MLP's `silu(g) * u` through one kernel each way, its three projections still through kernels.linear.
+
+Which modules: recognised by structure, then checked on their first call. An RMSNorm is a module whose class name
+says RMSNorm, with no children, one parameter `weight` (1-D) and its epsilon in `eps` or `variance_epsilon` (llama,
+Mistral, Qwen, torch.nn.RMSNorm); a gated MLP has nn.Linear children named gate/up/down, gate_proj/up_proj/down_proj
+or w1/w3/w2 whose sizes chain. Nothing about the module's forward is assumed: its first call runs the module's own
+forward as well, and the fused path serves from then on only if the two agree within the dtype's rounding (a
+Gemma-style `(1 + weight)` norm or a GELU-gated MLP disagrees and keeps its own forward, counted in kernels.stats()
+as `fused_declined:<block>:differs`). Calls the fused kernels do not take (other dtypes, a CPU tensor without the
+Triton interpreter, extra arguments, a weight on another device, fewer than FUSE_MIN_ELEMENTS on a GPU, where the
+step is host-bound) run the module's own forward.
+
+Under torch.compile the module's own forward is what gets traced: Inductor fuses this code itself, and better, with
+the neighbours (residual adds) that a module boundary hides from us. A call captured in a CUDA graph before the
+module's first check runs its own forward (the check needs results on the host).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from backends import fused_triton
+from kernels.core import counters
+from kernels.core.config import interpret_mode
+
+# a gated MLP's projections, by the names llama-family code gives them: (gate, up, down)
+MLP_NAMES = (("gate", "up", "down"), ("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
+EPS_NAMES = ("eps", "variance_epsilon")
+SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# the first call's check: the fused result within this many of the dtype's units of rounding (relative to the largest
+# reference value, so that values near zero do not decide) of the module's own. Both sides round the same steps; they
+# differ where an exp or rsqrt rounds differently (1 unit, seen on CPU), and a different computation (a (1 + weight)
+# norm, another activation) differs by far more than this.
+CHECK_UNITS = 4
+# a CUDA call on fewer elements of x (rows x hidden) runs the module's own forward: there the step is bound by the host,
+# and one fused block's Python and Triton launch cost more host time than eager's several small kernels do (H200, llama
+# layer forward at M = 128, hidden 4096, all three blocks fused: 0.875x eager, against 1.14x at M = 2048; thirty-fifth
+# session). 2^20 is M = 256 at hidden 4096.
+FUSE_MIN_ELEMENTS = 1 << 20
+
+
+@dataclass
+class BlockState:
+    """One patched module's fused state: 'unchecked' until its first call, then 'fused' or 'declined'."""
+    block: str                     # "rmsnorm" | "gated_mlp"
+    verdict: str = "unchecked"
+    names: tuple[str, str, str] | None = None      # a gated MLP's (gate, up, down) attribute names
+
+
+class _RMSNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, weight, eps):
+        y, rstd = fused_triton.rmsnorm_forward(x2, weight, eps)
+        ctx.save_for_backward(x2, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight, rstd = ctx.saved_tensors
+        dx, dweight = fused_triton.rmsnorm_backward(dy.contiguous(), x2, weight, rstd)
+        return dx, (dweight if ctx.needs_input_grad[1] else None), None
+
+
+class _SwiGLUFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, g, u):
+        ctx.save_for_backward(g, u)
+        return fused_triton.swiglu_forward(g, u)
+
+    @staticmethod
+    def backward(ctx, dh):
+        g, u = ctx.saved_tensors
+        return fused_triton.swiglu_backward(dh.contiguous(), g, u)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """llama's RMSNorm of x (..., N) with weight (N,), through the fused kernels (differentiable)."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    return _RMSNormFn.apply(rows, weight, eps).view(x.shape)
+
+
+def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """silu(g) * u for g, u of one shape, through the fused kernels (differentiable)."""
+    return _SwiGLUFn.apply(g.contiguous(), u.contiguous())
+
+
+# -- recognition ---------------------------------------------------------------------------------------------------
+def _eps_of(module: nn.Module):
+    for name in EPS_NAMES:
+        value = getattr(module, name, False)
+        if value is None or (isinstance(value, float) and value >= 0):
+            return name
+    return None
+
+
+def _is_rmsnorm(module: nn.Module) -> bool:
+    params = dict(module.named_parameters(recurse=False))
+    weight = params.get("weight")
+    return ("rmsnorm" in type(module).__name__.lower() and not any(True for _ in module.children())
+            and set(params) == {"weight"} and weight.dim() == 1 and _eps_of(module) is not None
+            and len(getattr(module, "normalized_shape", (1,))) == 1)
+
+
+def _mlp_names(module: nn.Module) -> tuple[str, str, str] | None:
+    children = dict(module.named_children())
+    for names in MLP_NAMES:
+        gate, up, down = (children.get(n) for n in names)
+        if all(isinstance(m, nn.Linear) for m in (gate, up, down)) \
+                and gate.weight.shape == up.weight.shape and down.weight.shape[1] == gate.weight.shape[0]:
+            return names
+    return None
+
+
+def fusable(module: nn.Module) -> BlockState | None:
+    """The fused state to patch `module` with, or None when it is not a block this module fuses."""
+    if "forward" in module.__dict__:        # someone's own override (or ours): left alone
+        return None
+    if _is_rmsnorm(module):
+        return BlockState("rmsnorm")
+    names = _mlp_names(module)
+    return None if names is None else BlockState("gated_mlp", names=names)
+
+
+def is_fused_forward(forward) -> bool:
+    return isinstance(forward, functools.partial) and forward.func is _fused_forward
+
+
+def patch_blocks(model: nn.Module) -> None:
+    for module in model.modules():
+        state = fusable(module)
+        if state is not None:
+            module.forward = functools.partial(_fused_forward, module, state)
+
+
+# -- calls ---------------------------------------------------------------------------------------------------------
+def _tracing() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def _runs_here(t: torch.Tensor) -> bool:
+    """The fused kernels run on this tensor's device: a GPU, or CPU through the Triton interpreter."""
+    return interpret_mode() == (t.device.type == "cpu") and t.device.type in ("cuda", "cpu")
+
+
+def _input_servable(x) -> bool:
+    return (type(x) is torch.Tensor and x.dtype in SERVED_DTYPES and x.layout is torch.strided and x.dim() >= 1
+            and x.numel() >= (FUSE_MIN_ELEMENTS if x.is_cuda else 1) and _runs_here(x))
+
+
+def _servable(module, state, x) -> bool:
+    if not _input_servable(x):
+        return False
+    if state.block == "rmsnorm":
+        weight = module.weight
+        return weight.dtype is x.dtype and weight.device == x.device and x.shape[-1] == weight.shape[0] \
+            <= fused_triton.MAX_ROW
+    weight = getattr(module, state.names[0]).weight
+    return weight.dtype is x.dtype and weight.device == x.device
+
+
+def _eps(module, x) -> float:
+    eps = getattr(module, _eps_of(module))
+    return torch.finfo(x.dtype).eps if eps is None else float(eps)
+
+
+def _fused(module, state, x):
+    if state.block == "rmsnorm":
+        return rms_norm(x, module.weight, _eps(module, x))
+    gate, up, down = (getattr(module, n) for n in state.names)
+    return down(silu_mul(gate(x), up(x)))
+
+
+def _agrees(fused: torch.Tensor, own) -> bool:
+    if not isinstance(own, torch.Tensor) or own.shape != fused.shape or own.dtype != fused.dtype:
+        return False
+    scale = float(own.detach().abs().max()) if own.numel() else 0.0
+    unit = torch.finfo(own.dtype).eps
+    close = torch.isclose(fused.detach().float(), own.detach().float(), rtol=CHECK_UNITS * unit,
+                          atol=CHECK_UNITS * unit * scale)
+    return bool(close.all())
+
+
+def _check(module, state, x):
+    """The first call: the module's own forward and the fused path on the same input; the verdict is kept."""
+    own_forward = type(module).forward
+    with torch.no_grad():
+        own = own_forward(module, x)
+        try:
+            fused = _fused(module, state, x)
+        except Exception as e:  # noqa: BLE001 - a fused kernel that fails leaves the module as it was
+            fused = None
+            failure = f"{state.block}:failed:{type(e).__name__}"
+    if fused is None:
+        state.verdict = "declined"
+        counters.fused_declined(failure)
+        return own if not torch.is_grad_enabled() else own_forward(module, x)
+    if not _agrees(fused, own):
+        state.verdict = "declined"
+        counters.fused_declined(f"{state.block}:differs")
+        return own if not torch.is_grad_enabled() else own_forward(module, x)
+    state.verdict = "fused"
+    counters.bump("fused_blocks")
+    return fused if not torch.is_grad_enabled() else _fused(module, state, x)
+
+
+def _fused_forward(module, state: BlockState, x, *args, **kwargs):
+    if args or kwargs or state.verdict == "declined" or _tracing() or not _servable(module, state, x):
+        return type(module).forward(module, x, *args, **kwargs)
+    if state.verdict == "fused":
+        try:
+            return _fused(module, state, x)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a fused call that fails (a new width's compile, ...) is the module's
+            state.verdict = "declined"
+            counters.fused_declined(f"{state.block}:failed:{type(e).__name__}")
+            return type(module).forward(module, x)
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        return type(module).forward(module, x)
+    return _check(module, state, x)
+
+
+__all__ = ["BlockState", "fusable", "is_fused_forward", "patch_blocks", "rms_norm", "silu_mul"]

@@ -1,0 +1,291 @@
+"""kernels.patch's fused blocks (kernels.dispatch.fused) on CPU through the Triton interpreter: the RMSNorm and
+silu(g) * u kernels against eager forward and backward, which modules are recognised, the first-call check that
+declines a look-alike computing something else, patch / unpatch round trips, torch.compile tracing the module's own
+forward, and a short training run equal to torch's."""
+import copy
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernels
+from backends import fused_triton
+from bench.model_def import build_model, model_input
+from kernels.core.config import interpret_mode
+from kernels.core.errors import InputTypeError
+from kernels.dispatch import fused
+from kernels.dispatch.fused import rms_norm, silu_mul
+
+pytestmark = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
+
+
+@pytest.fixture(autouse=True)
+def aten_products(monkeypatch):
+    """the products through aten (these tests are about the blocks between them)"""
+    monkeypatch.setenv("KERNELS_BACKENDS", "aten")
+    kernels.config.reset()
+
+
+def eager_norm(x, weight, eps=1e-6):
+    h = x.float()
+    return (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def grads(fn, inputs, grad):
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*leaves)
+    out.backward(grad)
+    return out, [t.grad for t in leaves]
+
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=4e-3, atol=4e-3),
+       torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
+
+
+def assert_close(value, reference, dtype, scale=1.0):
+    tol = TOL[dtype]
+    torch.testing.assert_close(value.float(), reference.float(), rtol=tol["rtol"], atol=tol["atol"] * scale)
+
+
+# -- the kernels ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_rms_norm_forward_and_backward_match_eager(dtype):
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 40, dtype=dtype) * 2            # 3-D, a width that is not a power of two
+    weight = (1 + 0.1 * torch.randn(40)).to(dtype)
+    grad = torch.randn(2, 5, 40, dtype=dtype)
+    out, (dx, dw) = grads(lambda a, b: rms_norm(a, b, 1e-6), (x, weight), grad)
+    ref, (rdx, rdw) = grads(eager_norm, (x, weight), grad)
+    assert out.shape == ref.shape and out.dtype is dtype
+    assert_close(out, ref, dtype, scale=4)
+    assert_close(dx, rdx, dtype, scale=4)
+    assert_close(dw, rdw, dtype, scale=16)
+
+
+def test_rms_norm_of_a_non_contiguous_input():
+    torch.manual_seed(0)
+    x = torch.randn(24, 9).t()                            # (9, 24), column stride 9
+    weight = torch.rand(24) + 0.5
+    grad = torch.randn(9, 24)
+    out, (dx, dw) = grads(lambda a, b: rms_norm(a, b, 1e-5), (x, weight), grad)
+    ref, (rdx, rdw) = grads(lambda a, b: eager_norm(a, b, 1e-5), (x, weight), grad)
+    assert_close(out, ref, torch.float32)
+    assert_close(dx, rdx, torch.float32)
+    assert_close(dw, rdw, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_silu_mul_forward_and_backward_match_eager(dtype):
+    torch.manual_seed(0)
+    g, u = torch.randn(3, 4, 37, dtype=dtype) * 3, torch.randn(3, 4, 37, dtype=dtype)
+    grad = torch.randn(3, 4, 37, dtype=dtype)
+    out, (dg, du) = grads(silu_mul, (g, u), grad)
+    ref, (rdg, rdu) = grads(lambda a, b: F.silu(a) * b, (g, u), grad)
+    assert_close(out, ref, dtype, scale=4)
+    assert_close(dg, rdg, dtype, scale=8)
+    assert_close(du, rdu, dtype, scale=4)
+
+
+# -- modules -------------------------------------------------------------------------------------------------------
+class GemmaNorm(nn.Module):
+    """Looks like an RMSNorm to the recognition, scales by (1 + weight): the first-call check must decline it."""
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.eps = 1e-6
+        self.weight = nn.Parameter(torch.zeros(hidden))
+
+    def forward(self, x):
+        h = x.float()
+        return (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight.float())).to(x.dtype)
+
+
+GemmaNorm.__name__ = "GemmaRMSNorm"
+
+
+class GeluMLP(nn.Module):
+    """A gated MLP by its names, GELU-gated: the check must decline it."""
+
+    def __init__(self, hidden, inner):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(hidden, inner, bias=False), nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+class SwiGLU(nn.Module):
+    """torchtitan's names: w1 gate, w3 up, w2 down."""
+
+    def __init__(self, hidden, inner):
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(hidden, inner, bias=False), nn.Linear(hidden, inner, bias=False)
+        self.w2 = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def fused_counts():
+    snap = kernels.stats()
+    return snap["fused_blocks"], {k: v for k, v in snap.items() if k.startswith("fused_declined:")}
+
+
+def test_a_patched_decoder_stack_fuses_its_blocks_and_matches_eager_forward_and_grads():
+    base = build_model(32, 48, 2, 8, "fp32", "cpu")
+    x = model_input(6, 32, "fp32", "cpu")
+    eager, patched = copy.deepcopy(base), kernels.patch(copy.deepcopy(base))
+    blocks, declined = fused_counts()
+    results = []
+    for model in (eager, patched):
+        xi = x.clone().requires_grad_()
+        out = model(xi)
+        out.square().sum().backward()
+        results.append((out, xi.grad, {n: p.grad for n, p in model.named_parameters()}))
+    assert fused_counts() == (blocks + 6, declined)          # per layer: two norms and the MLP
+    (out_e, dx_e, grads_e), (out_p, dx_p, grads_p) = results
+    assert_close(out_p, out_e, torch.float32, scale=10)
+    assert_close(dx_p, dx_e, torch.float32, scale=100)
+    for name in grads_e:
+        assert_close(grads_p[name], grads_e[name], torch.float32, scale=100)
+    with torch.no_grad():                                       # warm: no more checks
+        patched(x)
+    assert fused_counts() == (blocks + 6, declined)
+
+
+def test_recognised_blocks_by_structure():
+    model = nn.ModuleDict({"norm": nn.RMSNorm(16, eps=None), "mlp": SwiGLU(16, 24), "ln": nn.LayerNorm(16),
+                           "plain": nn.Sequential(nn.Linear(16, 16), nn.SiLU()),
+                           "bad_mlp": nn.ModuleDict({"gate": nn.Linear(16, 24), "up": nn.Linear(16, 20),
+                                                     "down": nn.Linear(24, 16)})})
+    kernels.patch(model)
+    patched = {name for name, m in model.named_modules() if fused.is_fused_forward(m.__dict__.get("forward"))}
+    assert patched == {"norm", "mlp"}      # LayerNorm, a Sequential, an MLP whose sizes do not chain: left alone
+
+
+def test_torch_rms_norm_and_torchtitan_names_fuse_and_agree():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.RMSNorm(16, eps=None), SwiGLU(16, 24))
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        reference = model(x)
+        blocks, declined = fused_counts()
+        kernels.patch(model)
+        out = model(x)
+    assert fused_counts() == (blocks + 2, declined)
+    assert_close(out, reference, torch.float32, scale=10)
+
+
+def test_look_alikes_that_compute_something_else_are_declined_by_the_first_call():
+    torch.manual_seed(0)
+    model = nn.Sequential(GemmaNorm(16), GeluMLP(16, 24))
+    with torch.no_grad():
+        model[0].weight.normal_()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        reference = model(x)
+        blocks, declined = fused_counts()
+        kernels.patch(model)
+        first, second = model(x), model(x)
+    blocks_after, declined_after = fused_counts()
+    assert blocks_after == blocks
+    assert {k: v - declined.get(k, 0) for k, v in declined_after.items()} == {
+        "fused_declined:rmsnorm:differs": 1, "fused_declined:gated_mlp:differs": 1}
+    assert torch.equal(first, reference) and torch.equal(second, reference)
+
+
+def test_a_fused_kernel_that_fails_on_the_first_call_leaves_the_module_its_own_forward(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel")
+
+    monkeypatch.setattr(fused_triton, "rmsnorm_forward", broken)
+    norm = nn.RMSNorm(8, eps=1e-6)
+    x = torch.randn(3, 8, requires_grad=True)
+    reference = norm(x)
+    kernels.patch(norm)
+    out = norm(x)
+    out.sum().backward()
+    assert torch.equal(out, reference) and x.grad is not None
+    assert fused_counts()[1].get("fused_declined:rmsnorm:failed:RuntimeError", 0) >= 1
+
+
+def test_a_fused_kernel_that_fails_on_a_later_call_hands_that_call_and_the_next_to_the_module(monkeypatch):
+    norm = kernels.patch(nn.RMSNorm(8, eps=1e-6))
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        norm(x)
+        assert fused.is_fused_forward(norm.__dict__["forward"]) and norm.forward.args[1].verdict == "fused"
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("compile failed")
+
+        monkeypatch.setattr(fused_triton, "rmsnorm_forward", broken)
+        before = fused_counts()[1].get("fused_declined:rmsnorm:failed:RuntimeError", 0)
+        out = norm(x)
+        assert norm.forward.args[1].verdict == "declined"
+        assert fused_counts()[1]["fused_declined:rmsnorm:failed:RuntimeError"] == before + 1
+        torch.testing.assert_close(out, nn.RMSNorm.forward(norm, x), rtol=0, atol=0)
+
+
+def test_calls_the_kernels_do_not_take_run_the_modules_own_forward():
+    norm = kernels.patch(nn.RMSNorm(8, eps=1e-6))
+    blocks, declined = fused_counts()
+    with torch.no_grad():
+        for x in (torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 8).to(torch.bfloat16), torch.zeros(0, 8)):
+            out = norm(x)          # fp64; a bf16 input with an fp32 weight (the module's own promotes); empty
+            torch.testing.assert_close(out, nn.RMSNorm.forward(norm, x), rtol=0, atol=0)
+    assert fused_counts() == (blocks, declined)
+
+
+def test_patch_arguments_round_trip_and_copies():
+    model = build_model(16, 24, 1, 8, "fp32", "cpu")
+    with pytest.raises(InputTypeError, match="fuse"):
+        kernels.patch(model, fuse="yes")
+    kernels.patch(model, fuse=False)
+    assert not any(fused.is_fused_forward(m.__dict__.get("forward")) for m in model.modules())
+    kernels.unpatch(model)
+    kernels.patch(kernels.patch(model))
+    fused_forwards = [m for m in model.modules() if fused.is_fused_forward(m.__dict__.get("forward"))]
+    assert len(fused_forwards) == 3
+    x = model_input(4, 16, "fp32", "cpu")
+    with torch.no_grad():
+        out = model(x)
+        copied = copy.deepcopy(model)
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        assert torch.equal(copied(x), out) and torch.equal(loaded(x), out)
+    kernels.unpatch(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_torch_compile_traces_the_modules_own_forward_in_one_graph():
+    model = kernels.patch(build_model(16, 24, 1, 8, "fp32", "cpu"))
+    x = model_input(4, 16, "fp32", "cpu")
+    with torch.no_grad():
+        eager = model(x)
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+
+
+def test_training_with_fused_blocks_follows_torchs_loss_curve():
+    base = build_model(16, 24, 1, 8, "fp32", "cpu")
+    x = model_input(6, 16, "fp32", "cpu", seed=3)
+    target = torch.randn_like(x)
+    curves = []
+    for model in (copy.deepcopy(base), kernels.patch(copy.deepcopy(base))):
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        losses = []
+        for _ in range(8):
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), target)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        curves.append(losses)
+    assert curves[0][-1] < curves[0][0]
+    torch.testing.assert_close(torch.tensor(curves[1]), torch.tensor(curves[0]), rtol=1e-4, atol=1e-5)
