@@ -44,10 +44,10 @@ SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # norm, another activation) differs by far more than this.
 CHECK_UNITS = 4
 # a CUDA call on fewer elements of x (rows x hidden) runs the module's own forward: there the step is bound by the host,
-# and one fused block's Python and Triton launch cost more host time than eager's several small kernels do (H200, llama
-# layer forward at M = 128, hidden 4096, all three blocks fused: 0.875x eager, against 1.14x at M = 2048; thirty-fifth
-# session). 2^20 is M = 256 at hidden 4096.
-FUSE_MIN_ELEMENTS = 1 << 20
+# and a fused block's Python and Triton launch cost more host time than eager's several small kernels do. H200, llama
+# layer forward (hidden 4096, 2 rounds; thirty-fifth session): fused at M = 256 / 512 0.80 / 0.99x eager where the
+# linear layers alone ran 0.98 / 1.04x; at M = 2048 1.12-1.14x against 0.97-1.00x. 2^22 is M = 1024 at hidden 4096.
+FUSE_MIN_ELEMENTS = 1 << 22
 
 
 @dataclass
