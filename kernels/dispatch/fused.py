@@ -34,6 +34,7 @@ from backends import fused_triton
 from kernels.core import counters
 from kernels.core.config import interpret_mode
 
+_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: False)
 # a gated MLP's projections, by the names llama-family code gives them: (gate, up, down)
 MLP_NAMES = (("gate", "up", "down"), ("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 EPS_NAMES = ("eps", "variance_epsilon")
@@ -163,12 +164,10 @@ def _input_servable(x) -> bool:
 def _servable(module, state, x) -> bool:
     if not _input_servable(x):
         return False
-    if state.block == "rmsnorm":
-        weight = module.weight
-        return weight.dtype is x.dtype and weight.device == x.device and x.shape[-1] == weight.shape[0] \
-            <= fused_triton.MAX_ROW
-    weight = getattr(module, state.names[0]).weight
-    return weight.dtype is x.dtype and weight.device == x.device
+    weight = module.weight if state.block == "rmsnorm" else getattr(module, state.names[0]).weight
+    if weight.dtype is not x.dtype or weight.device != x.device or _functorch_wrapped(x) or _functorch_wrapped(weight):
+        return False        # torch.func's transforms wrap tensors: the Functions here have no batching rule
+    return state.block != "rmsnorm" or x.shape[-1] == weight.shape[0] <= fused_triton.MAX_ROW
 
 
 def _eps(module, x) -> float:

@@ -240,6 +240,27 @@ def test_calls_the_kernels_do_not_take_run_the_modules_own_forward():
     assert fused_counts() == (blocks, declined)
 
 
+def test_torch_func_transforms_get_the_modules_own_forward(monkeypatch):
+    """(a wrapped tensor has no storage for a kernel launch on a GPU; the interpreter would read it)"""
+    model = build_model(16, 24, 1, 8, "fp32", "cpu")
+    x = model_input(4, 16, "fp32", "cpu")
+    params = {n: p.detach() for n, p in model.named_parameters()}
+
+    def loss(p):
+        return torch.func.functional_call(model, p, (x,)).square().sum()
+
+    reference = torch.func.grad(loss)(params)
+    kernels.patch(model)
+    with torch.no_grad():
+        model(x)                      # the blocks checked and fused for plain calls
+    fused_calls = []
+    monkeypatch.setattr(fused, "_fused", lambda *a: fused_calls.append(a) or pytest.fail("fused under torch.func"))
+    patched = torch.func.grad(loss)(params)
+    assert fused_calls == []
+    for name in reference:
+        torch.testing.assert_close(patched[name], reference[name], rtol=1e-4, atol=1e-4)
+
+
 def test_patch_arguments_round_trip_and_copies():
     model = build_model(16, 24, 1, 8, "fp32", "cpu")
     with pytest.raises(InputTypeError, match="fuse"):
