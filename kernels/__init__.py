@@ -7,7 +7,7 @@
     y = kernels.linear(x, weight, bias, activation="gelu")     # nn.Linear's layout, epilogue fused
     kernels.explain(a, b).winner
     c = kernels.mm(x, w, dynamic="m")   # M varies: one winner per size hint, each new M served by one of them
-    kernels.patch(model)            # every nn.Linear through kernels.linear (kernels.unpatch(model) undoes it)
+    kernels.patch(model)            # every nn.Linear through kernels.linear, RMSNorm / SwiGLU blocks fused (unpatch)
     with kernels.enabled(): ...     # torch.mm / matmul / F.linear / addmm inside go through kernels
     with kernels.record("trace.jsonl"): ...   # the problems met inside, for `python -m kernels tune trace.jsonl`
     kernels.preload()               # at startup: load and verify every stored winner of this GPU now

@@ -728,7 +728,8 @@ def explain(a: torch.Tensor, b: torch.Tensor, op: str = "mm", dynamic=None, *, b
 
 
 def stats() -> dict[str, int]:
-    """Counters since process start: compiles, artifact loads, benchmarks, tunes, memory/disk hits, cpu fallbacks;
+    """Counters since process start: compiles, artifact loads, benchmarks, tunes, memory/disk hits, cpu fallbacks,
+    pass-throughs and kernels.patch's fused blocks (each with its reasons);
     and `duels_pending`: the problems whose final round runs on their calls now (KERNELS_DUEL=calls: a duel, or
     candidates still to measure), not a counter."""
     snap = _stats.snapshot()
