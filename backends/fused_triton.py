@@ -8,6 +8,7 @@ The functions take and return torch tensors; they check nothing the caller (kern
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -21,7 +22,7 @@ from kernels.core.cache_root import cache_root
 from kernels.core.fsutil import atomic_write_text
 
 FUSED_TEMPLATES = {"rmsnorm": "rmsnorm.py.jinja", "swiglu": "swiglu.py.jinja"}    # under templates/triton
-MAX_ROW = 65536            # RMSNorm keeps one row in registers: wider rows are not served
+MAX_ROW = 16384            # RMSNorm keeps one row in registers: wider rows are not served (run on the GPU to 11008)
 _ELEMENTWISE_BLOCK = 1024
 
 
@@ -50,6 +51,14 @@ def _programs(device: torch.device) -> int:
     return 4
 
 
+def _on_device_of(t: torch.Tensor):
+    """Triton launches on the current device's stream: a tensor on another GPU makes its device current around the
+    launch (a model split over GPUs calls blocks on each)."""
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
 def _row_launch(width: int) -> tuple[int, int]:
     block = triton_block(width)
     return block, 16 if block >= 8192 else 8 if block >= 2048 else 4
@@ -66,8 +75,9 @@ def rmsnorm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[
     rstd = torch.empty((rows,), dtype=torch.float32, device=x.device)
     if rows:
         block, warps = _row_launch(width)
-        kernels_of("rmsnorm").forward[(rows,)](x, weight, y, rstd, x.stride(0), y.stride(0), width, float(eps),
-                                               BLOCK=block, num_warps=warps)
+        with _on_device_of(x):
+            kernels_of("rmsnorm").forward[(rows,)](x, weight, y, rstd, x.stride(0), y.stride(0), width, float(eps),
+                                                   BLOCK=block, num_warps=warps)
     return y, rstd
 
 
@@ -80,9 +90,10 @@ def rmsnorm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     partial = torch.zeros((programs, width), dtype=torch.float32, device=x.device)
     if rows:
         block, warps = _row_launch(width)
-        kernels_of("rmsnorm").backward[(programs,)](dy, x, weight, rstd, dx, partial, dy.stride(0), x.stride(0),
-                                                    dx.stride(0), rows, width, math.ceil(rows / programs),
-                                                    BLOCK=block, num_warps=warps)
+        with _on_device_of(x):
+            kernels_of("rmsnorm").backward[(programs,)](dy, x, weight, rstd, dx, partial, dy.stride(0), x.stride(0),
+                                                        dx.stride(0), rows, width, math.ceil(rows / programs),
+                                                        BLOCK=block, num_warps=warps)
     return dx, partial.sum(0).to(weight.dtype)
 
 
@@ -90,8 +101,9 @@ def swiglu_forward(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     h = torch.empty_like(g)
     numel = g.numel()
     if numel:
-        kernels_of("swiglu").forward[(triton_cdiv(numel, _ELEMENTWISE_BLOCK),)](g, u, h, numel,
-                                                                                 BLOCK=_ELEMENTWISE_BLOCK)
+        with _on_device_of(g):
+            kernels_of("swiglu").forward[(triton_cdiv(numel, _ELEMENTWISE_BLOCK),)](g, u, h, numel,
+                                                                                     BLOCK=_ELEMENTWISE_BLOCK)
     return h
 
 
@@ -99,8 +111,9 @@ def swiglu_backward(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor) -> tuple
     dg, du = torch.empty_like(g), torch.empty_like(u)
     numel = g.numel()
     if numel:
-        kernels_of("swiglu").backward[(triton_cdiv(numel, _ELEMENTWISE_BLOCK),)](dh, g, u, dg, du, numel,
-                                                                                  BLOCK=_ELEMENTWISE_BLOCK)
+        with _on_device_of(g):
+            kernels_of("swiglu").backward[(triton_cdiv(numel, _ELEMENTWISE_BLOCK),)](dh, g, u, dg, du, numel,
+                                                                                      BLOCK=_ELEMENTWISE_BLOCK)
     return dg, du
 
 

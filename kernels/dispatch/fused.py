@@ -25,9 +25,10 @@ module's first check runs its own forward (the check needs results on the host).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from backends import fused_triton
@@ -53,10 +54,14 @@ FUSE_MIN_ELEMENTS = 1 << 22
 
 @dataclass
 class BlockState:
-    """One patched module's fused state: 'unchecked' until its first call, then 'fused' or 'declined'."""
+    """One patched module's fused state: a verdict per (training mode, dtype) met, 'fused' or 'declined', each from
+    the first call in that mode and dtype (a forward may use self.training: dropout; or round by dtype)."""
     block: str                     # "rmsnorm" | "gated_mlp"
-    verdict: str = "unchecked"
     names: tuple[str, str, str] | None = None      # a gated MLP's (gate, up, down) attribute names
+    verdicts: dict = field(default_factory=dict)   # (training, dtype) -> "fused" | "declined"
+
+    def verdict(self, training: bool, dtype: torch.dtype) -> str:
+        return self.verdicts.get((training, dtype), "unchecked")
 
 
 class _RMSNormFn(torch.autograd.Function):
@@ -64,11 +69,15 @@ class _RMSNormFn(torch.autograd.Function):
     def forward(ctx, x2, weight, eps):
         y, rstd = fused_triton.rmsnorm_forward(x2, weight, eps)
         ctx.save_for_backward(x2, weight, rstd)
+        ctx.eps = eps
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x2, weight, rstd = ctx.saved_tensors
+        if torch.is_grad_enabled():         # create_graph: a backward autograd can differentiate again
+            return (*_differentiable_grads(lambda a, w: eager_rms_norm(a, w, ctx.eps), (x2, weight), dy,
+                                           ctx.needs_input_grad[:2]), None)
         dx, dweight = fused_triton.rmsnorm_backward(dy.contiguous(), x2, weight, rstd)
         return dx, (dweight if ctx.needs_input_grad[1] else None), None
 
@@ -82,7 +91,24 @@ class _SwiGLUFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dh):
         g, u = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            return _differentiable_grads(lambda a, b: F.silu(a) * b, (g, u), dh, ctx.needs_input_grad)
         return fused_triton.swiglu_backward(dh.contiguous(), g, u)
+
+
+def eager_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The computation the RMSNorm kernels fuse, in torch ops (llama's rounding)."""
+    h = x.float()
+    return (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def _differentiable_grads(forward, inputs, grad, needed) -> tuple:
+    """The grads of forward(*inputs) through torch's own ops, themselves differentiable (a double backward: gradient
+    penalties, Hessian-vector products)."""
+    wanted = [t for t, need in zip(inputs, needed) if need]
+    with torch.enable_grad():
+        found = iter(torch.autograd.grad(forward(*inputs), wanted, grad, create_graph=True))
+    return tuple(next(found) if need else None for need in needed)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -115,20 +141,33 @@ def _eps_of(module: nn.Module):
     return None
 
 
+def _has_state(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False))
+
+
 def _is_rmsnorm(module: nn.Module) -> bool:
     params = dict(module.named_parameters(recurse=False))
     weight = params.get("weight")
     return ("rmsnorm" in type(module).__name__.lower() and not any(True for _ in module.children())
-            and set(params) == {"weight"} and weight.dim() == 1 and _eps_of(module) is not None
+            and set(params) == {"weight"} and not any(True for _ in module.buffers(recurse=False))
+            and weight.dim() == 1 and _eps_of(module) is not None
             and len(getattr(module, "normalized_shape", (1,))) == 1)
 
 
 def _mlp_names(module: nn.Module) -> tuple[str, str, str] | None:
+    """The (gate, up, down) names of a gated MLP: the three nn.Linear children and nothing else with state (no
+    parameter, buffer or dropout of the MLP's own; an activation module may sit beside them)."""
+    if _has_state(module):
+        return None
     children = dict(module.named_children())
     for names in MLP_NAMES:
         gate, up, down = (children.get(n) for n in names)
-        if all(isinstance(m, nn.Linear) for m in (gate, up, down)) \
-                and gate.weight.shape == up.weight.shape and down.weight.shape[1] == gate.weight.shape[0]:
+        if not (all(isinstance(m, nn.Linear) for m in (gate, up, down))
+                and gate.weight.shape == up.weight.shape and down.weight.shape[1] == gate.weight.shape[0]):
+            continue
+        others = [m for n, m in children.items() if n not in names]
+        if all(not isinstance(m, nn.modules.dropout._DropoutNd) and not any(True for _ in m.parameters())
+               and not any(True for _ in m.buffers()) for m in others):
             return names
     return None
 
@@ -156,7 +195,7 @@ def patch_blocks(model: nn.Module) -> None:
 
 # -- calls ---------------------------------------------------------------------------------------------------------
 def _tracing() -> bool:
-    return torch.compiler.is_compiling()
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
 def _runs_here(t: torch.Tensor) -> bool:
@@ -172,15 +211,22 @@ def _input_servable(x) -> bool:
 def _servable(module, state, x) -> bool:
     if not _input_servable(x):
         return False
-    weight = module.weight if state.block == "rmsnorm" else getattr(module, state.names[0]).weight
-    if weight.dtype is not x.dtype or weight.device != x.device or _functorch_wrapped(x) or _functorch_wrapped(weight):
-        return False        # torch.func's transforms wrap tensors: the Functions here have no batching rule
-    return state.block != "rmsnorm" or x.shape[-1] == weight.shape[0] <= fused_triton.MAX_ROW
+    if state.block == "rmsnorm":
+        weight = module.weight
+        fits = x.shape[-1] == weight.shape[0] <= fused_triton.MAX_ROW and weight.stride(0) == 1
+    else:
+        weight = getattr(module, state.names[0]).weight
+        fits = x.shape[-1] == weight.shape[1]
+    # torch.func's transforms wrap tensors: the Functions here have no batching rule
+    return (fits and weight.dtype is x.dtype and weight.device == x.device and not _functorch_wrapped(x)
+            and not _functorch_wrapped(weight))
 
 
 def _eps(module, x) -> float:
+    """The module's epsilon; None (torch.nn.RMSNorm's default) is float32's machine epsilon, the type it computes in
+    for every dtype served here."""
     eps = getattr(module, _eps_of(module))
-    return torch.finfo(x.dtype).eps if eps is None else float(eps)
+    return torch.finfo(torch.float32).eps if eps is None else float(eps)
 
 
 def _fused(module, state, x):
@@ -191,53 +237,79 @@ def _fused(module, state, x):
 
 
 def _agrees(fused: torch.Tensor, own) -> bool:
+    """Each element of the fused result within CHECK_UNITS of the dtype's rounding of its own value plus its row's
+    RMS (so that one large value or one row does not loosen the rest); non-finite values where the module's are."""
     if not isinstance(own, torch.Tensor) or own.shape != fused.shape or own.dtype != fused.dtype:
         return False
-    scale = float(own.detach().abs().max()) if own.numel() else 0.0
-    unit = torch.finfo(own.dtype).eps
-    close = torch.isclose(fused.detach().float(), own.detach().float(), rtol=CHECK_UNITS * unit,
-                          atol=CHECK_UNITS * unit * scale)
-    return bool(close.all())
+    f, o = fused.detach().float(), own.detach().float()
+    finite = torch.isfinite(o)
+    if not torch.equal(finite, torch.isfinite(f)):
+        return False
+    if not bool(((f == o) | (torch.isnan(f) & torch.isnan(o)))[~finite].all()):
+        return False
+    rows_o = torch.where(finite, o, 0.0).reshape(-1, o.shape[-1] if o.dim() else 1)
+    rows_f = torch.where(finite, f, 0.0).reshape(rows_o.shape)
+    rms = rows_o.square().mean(-1, keepdim=True).sqrt()
+    tol = CHECK_UNITS * torch.finfo(own.dtype).eps * (rows_o.abs() + rms)
+    return bool(((rows_f - rows_o).abs() <= tol).all())
 
 
-def _check(module, state, x):
-    """The first call: the module's own forward and the fused path on the same input; the verdict is kept."""
-    own_forward = type(module).forward
+def _probe_agrees(module, state, x) -> bool:
+    """An RMSNorm is also checked on unit-normal rows of the library's own, so that the caller's first batch
+    (its scale, an outlier) cannot decide alone. (A gated MLP is not: its products would be tuned for the probe.)"""
+    if state.block != "rmsnorm":
+        return True
+    gen = torch.Generator(device=x.device).manual_seed(0)
+    probe = torch.randn((8, x.shape[-1]), generator=gen, device=x.device, dtype=torch.float32).to(x.dtype)
+    return _agrees(_fused(module, state, probe), type(module).forward(module, probe))
+
+
+def _decline(module, state, x, key, why: str, own=None):
+    state.verdicts[key] = "declined"
+    counters.fused_declined(f"{state.block}:{why}")
+    return own if own is not None else type(module).forward(module, x)
+
+
+def _check(module, state, x, key):
+    """The first call in this mode and dtype: the module's own forward (without grad) and the fused path as the call
+    needs it, on the same input; the verdict is kept for the key."""
     with torch.no_grad():
-        own = own_forward(module, x)
-        try:
-            fused = _fused(module, state, x)
-        except Exception as e:  # noqa: BLE001 - a fused kernel that fails leaves the module as it was
-            fused = None
-            failure = f"{state.block}:failed:{type(e).__name__}"
-    if fused is None:
-        state.verdict = "declined"
-        counters.fused_declined(failure)
-        return own if not torch.is_grad_enabled() else own_forward(module, x)
-    if not _agrees(fused, own):
-        state.verdict = "declined"
-        counters.fused_declined(f"{state.block}:differs")
-        return own if not torch.is_grad_enabled() else own_forward(module, x)
-    state.verdict = "fused"
+        own = type(module).forward(module, x)          # raises what the module raises: no verdict then
+    try:
+        fused = _fused(module, state, x)
+        with torch.no_grad():
+            agrees = _agrees(fused, own) and _probe_agrees(module, state, x)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a fused kernel that fails leaves the module as it was
+        return _decline(module, state, x, key, f"failed:{type(e).__name__}",
+                        own=None if torch.is_grad_enabled() else own)
+    if not agrees:
+        return _decline(module, state, x, key, "differs", own=None if torch.is_grad_enabled() else own)
+    state.verdicts[key] = "fused"
     counters.bump("fused_blocks")
-    return fused if not torch.is_grad_enabled() else _fused(module, state, x)
+    return fused
 
 
-def _fused_forward(module, state: BlockState, x, *args, **kwargs):
-    if args or kwargs or state.verdict == "declined" or _tracing() or not _servable(module, state, x):
-        return type(module).forward(module, x, *args, **kwargs)
-    if state.verdict == "fused":
+def _fused_forward(module, state: BlockState, *args, **kwargs):
+    if _tracing() or kwargs or len(args) != 1 or not _servable(module, state, args[0]):
+        return type(module).forward(module, *args, **kwargs)
+    x = args[0]
+    key = (module.training, x.dtype)
+    verdict = state.verdicts.get(key, "unchecked")
+    if verdict == "declined":
+        return type(module).forward(module, x)
+    if verdict == "fused":
         try:
             return _fused(module, state, x)
         except torch.OutOfMemoryError:
             raise
-        except Exception as e:  # noqa: BLE001 - a fused call that fails (a new width's compile, ...) is the module's
-            state.verdict = "declined"
-            counters.fused_declined(f"{state.block}:failed:{type(e).__name__}")
-            return type(module).forward(module, x)
+        except Exception as e:  # noqa: BLE001 - a fused call that fails (a new width's compile, ...): if the
+            own = type(module).forward(module, x)       # module's own forward fails too, that error is the caller's
+            return _decline(module, state, x, key, f"failed:{type(e).__name__}", own=own)
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
         return type(module).forward(module, x)
-    return _check(module, state, x)
+    return _check(module, state, x, key)
 
 
 __all__ = ["BlockState", "fusable", "is_fused_forward", "patch_blocks", "rms_norm", "silu_mul"]

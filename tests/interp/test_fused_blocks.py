@@ -12,7 +12,7 @@ from torch import nn
 
 import kernels
 from backends import fused_triton
-from bench.model_def import build_model, model_input
+from bench.model_def import GatedMLP, RMSNorm, build_model, model_input
 from kernels.core.config import interpret_mode
 from kernels.core.errors import InputTypeError
 from kernels.dispatch import fused
@@ -217,7 +217,8 @@ def test_a_fused_kernel_that_fails_on_a_later_call_hands_that_call_and_the_next_
     x = torch.randn(3, 8)
     with torch.no_grad():
         norm(x)
-        assert fused.is_fused_forward(norm.__dict__["forward"]) and norm.forward.args[1].verdict == "fused"
+        state = norm.forward.args[1]
+        assert fused.is_fused_forward(norm.__dict__["forward"]) and state.verdict(True, torch.float32) == "fused"
 
         def broken(*args, **kwargs):
             raise RuntimeError("compile failed")
@@ -225,7 +226,7 @@ def test_a_fused_kernel_that_fails_on_a_later_call_hands_that_call_and_the_next_
         monkeypatch.setattr(fused_triton, "rmsnorm_forward", broken)
         before = fused_counts()[1].get("fused_declined:rmsnorm:failed:RuntimeError", 0)
         out = norm(x)
-        assert norm.forward.args[1].verdict == "declined"
+        assert state.verdict(True, torch.float32) == "declined"
         assert fused_counts()[1]["fused_declined:rmsnorm:failed:RuntimeError"] == before + 1
         torch.testing.assert_close(out, nn.RMSNorm.forward(norm, x), rtol=0, atol=0)
 
@@ -310,3 +311,145 @@ def test_training_with_fused_blocks_follows_torchs_loss_curve():
         curves.append(losses)
     assert curves[0][-1] < curves[0][0]
     torch.testing.assert_close(torch.tensor(curves[1]), torch.tensor(curves[0]), rtol=1e-4, atol=1e-5)
+
+
+# -- what a review found (thirty-fifth session) ---------------------------------------------------------------------
+def test_torch_rms_norm_default_eps_is_float32s_for_half_inputs_at_any_scale():
+    norm = nn.RMSNorm(64, eps=None).to(torch.bfloat16)
+    x = torch.randn(6, 64).to(torch.bfloat16)
+    kernels.patch(norm)
+    with torch.no_grad():
+        norm(x)                                                  # checked on unit-scale rows
+        for scale in (1.0, 0.1, 0.02):
+            small = (torch.randn(6, 64) * scale).to(torch.bfloat16)
+            torch.testing.assert_close(norm(small).float(), nn.RMSNorm.forward(norm, small).float(), rtol=2e-2,
+                                       atol=2e-2)
+
+
+class DropoutMLP(nn.Module):
+    def __init__(self, hidden, inner, dropout_child: bool):
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(hidden, inner), nn.Linear(hidden, inner), nn.Linear(inner, hidden)
+        self.drop = nn.Dropout(0.5) if dropout_child else None
+        self.p = 0.5
+
+    def forward(self, x):
+        h = F.silu(self.gate(x)) * self.up(x)
+        h = self.drop(h) if self.drop is not None else F.dropout(h, self.p, self.training)
+        return self.down(h)
+
+
+class GainMLP(SwiGLU):
+    def __init__(self, hidden, inner):
+        super().__init__(hidden, inner)
+        self.gain = nn.Parameter(torch.ones(()))
+
+    def forward(self, x):
+        return super().forward(x) * self.gain
+
+
+class BufferNorm(nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.eps, self.weight = 1e-6, nn.Parameter(torch.ones(hidden))
+        self.register_buffer("scale", torch.ones(()))
+
+    def forward(self, x):
+        return eager_norm(x, self.weight, self.eps) * self.scale
+
+
+BufferNorm.__name__ = "ScaledRMSNorm"
+
+
+def test_blocks_with_state_beyond_their_projections_or_weight_are_not_patched():
+    model = nn.ModuleDict({"dropout_child": DropoutMLP(8, 12, True), "gain": GainMLP(8, 12),
+                           "buffer_norm": BufferNorm(8), "plain": DropoutMLP(8, 12, False)})
+    kernels.patch(model)
+    patched = {name for name, m in model.named_modules() if fused.is_fused_forward(m.__dict__.get("forward"))}
+    assert patched == {"plain"}
+
+
+def test_a_verdict_holds_for_its_training_mode_only():
+    """A block checked in eval mode and fused there is checked again in training mode, where its forward (dropout)
+    computes something else and is declined."""
+    torch.manual_seed(0)
+    mlp = kernels.patch(DropoutMLP(8, 12, False)).eval()
+    x = torch.randn(64, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(x), DropoutMLP.forward(mlp, x), rtol=1e-5, atol=1e-5)
+        state = mlp.forward.args[1]
+        assert state.verdict(False, torch.float32) == "fused"
+        mlp.train()
+        dropped = mlp(torch.ones(64, 8))
+    assert state.verdict(True, torch.float32) == "declined"
+    with torch.no_grad():
+        eval_out = mlp.eval()(torch.ones(64, 8))
+    assert not torch.equal(dropped, eval_out)                   # dropout applied in training
+
+
+def test_one_outlier_does_not_let_a_look_alike_pass_the_check():
+    torch.manual_seed(0)
+    norm = GemmaNorm(64).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight[3] = 100.0
+    mlp = GeluMLP(16, 24).to(torch.bfloat16)
+    x = torch.randn(6, 64).to(torch.bfloat16)
+    xm = torch.randn(6, 16)
+    xm[2] *= 30
+    kernels.patch(norm)
+    kernels.patch(mlp)
+    with torch.no_grad():
+        norm(x)
+        mlp(xm.to(torch.bfloat16))
+    assert norm.forward.args[1].verdict(True, torch.bfloat16) == "declined"
+    assert mlp.forward.args[1].verdict(True, torch.bfloat16) == "declined"
+
+
+def test_the_check_compares_non_finite_values_in_place():
+    inf = float("inf")
+    assert not fused._agrees(torch.tensor([11.0, -5.0, inf]), torch.tensor([1.0, 2.0, inf]))
+    assert not fused._agrees(torch.tensor([1.0, 2.0, inf]), torch.tensor([1.0, 2.0, -inf]))
+    assert fused._agrees(torch.tensor([1.0, 2.0, inf, float("nan")]), torch.tensor([1.0, 2.0, inf, float("nan")]))
+
+
+def test_a_double_backward_through_fused_blocks_matches_eager():
+    """A gradient penalty: the grads of a grad norm (a norm and an MLP: CPU attention has no double backward)."""
+    torch.manual_seed(0)
+    base = nn.Sequential(RMSNorm(16), GatedMLP(16, 24))
+    x = torch.randn(4, 16)
+    results = []
+    for model in (copy.deepcopy(base), kernels.patch(copy.deepcopy(base))):
+        with torch.no_grad():
+            model(x)
+        xi = x.clone().requires_grad_()
+        (gx,) = torch.autograd.grad(model(xi).square().sum(), xi, create_graph=True)
+        gx.square().sum().backward()
+        results.append({n: p.grad for n, p in model.named_parameters()})
+    for name in results[0]:
+        torch.testing.assert_close(results[1][name], results[0][name], rtol=1e-4, atol=1e-4)
+
+
+def test_keyword_inputs_strided_weights_and_jit_trace_run_the_modules_own_forward():
+    torch.manual_seed(0)
+    norm = kernels.patch(nn.RMSNorm(8, eps=1e-6))
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        assert torch.equal(norm(x=x), nn.RMSNorm.forward(norm, x))
+        strided = kernels.patch(nn.RMSNorm(8, eps=1e-6))
+        strided.weight = nn.Parameter(torch.randn(16)[::2])
+        assert strided.weight.stride(0) == 2
+        torch.testing.assert_close(strided(x), nn.RMSNorm.forward(strided, x), rtol=0, atol=0)
+        traced = torch.jit.trace(norm, x)
+    torch.testing.assert_close(traced(x), nn.RMSNorm.forward(norm, x), rtol=1e-6, atol=1e-6)
+
+
+def test_a_call_the_module_itself_refuses_leaves_no_verdict_and_the_first_call_runs_it_twice():
+    mlp = kernels.patch(SwiGLU(8, 12))
+    with pytest.raises(RuntimeError):
+        mlp(torch.randn(3, 9))                     # wrong width: the module's own error, nothing decided
+    assert mlp.forward.args[1].verdicts == {}
+    calls = []
+    mlp.w1.register_forward_hook(lambda *a: calls.append(1))
+    x = torch.randn(3, 8, requires_grad=True)
+    mlp(x).sum().backward()
+    assert mlp.forward.args[1].verdict(True, torch.float32) == "fused" and len(calls) == 2 and x.grad is not None
