@@ -96,3 +96,11 @@ def served(fn) -> int:
     before = api._fast.module.hits() if api._fast.module is not None else 0
     fn()
     return api._fast.module.hits() - before
+
+
+def output_and_grads(fn, inputs, grad):
+    """fn(*inputs) on fresh leaf copies of `inputs`, backward with `grad`: (output, [each input's grad])."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*leaves)
+    out.backward(grad)
+    return out, [t.grad for t in leaves]

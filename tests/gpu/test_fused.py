@@ -10,7 +10,8 @@ import torch.nn.functional as F
 import kernels
 from bench.model_def import build_model, model_input
 from kernels.dispatch import fused
-from kernels.dispatch.fused import rms_norm, silu_mul
+from kernels.dispatch.fused import eager_rms_norm, rms_norm, silu_mul
+from tests.helpers import output_and_grads
 
 
 @pytest.fixture(autouse=True)
@@ -25,15 +26,7 @@ def _rel(value, reference):
 
 
 def _eager_norm(x, weight, eps=1e-6):
-    h = x.float()
-    return (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
-
-
-def _grads(fn, inputs, grad):
-    leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    out = fn(*leaves)
-    out.backward(grad)
-    return out, [t.grad for t in leaves]
+    return eager_rms_norm(x, weight, eps)
 
 
 @pytest.mark.gpu
@@ -44,8 +37,8 @@ def test_rms_norm_matches_eager(dtype, m, width):
     x = torch.randn(m, width, device="cuda", dtype=dtype) * 2
     weight = (1 + 0.1 * torch.randn(width, device="cuda")).to(dtype)
     grad = torch.randn(m, width, device="cuda", dtype=dtype)
-    out, (dx, dw) = _grads(lambda a, b: rms_norm(a, b, 1e-6), (x, weight), grad)
-    ref, (rdx, rdw) = _grads(_eager_norm, (x, weight), grad)
+    out, (dx, dw) = output_and_grads(lambda a, b: rms_norm(a, b, 1e-6), (x, weight), grad)
+    ref, (rdx, rdw) = output_and_grads(_eager_norm, (x, weight), grad)
     tol = 1e-2 if dtype is torch.bfloat16 else 2e-3
     assert _rel(out, ref) < tol and _rel(dx, rdx) < 2 * tol and _rel(dw, rdw) < 2 * tol
 
@@ -56,8 +49,8 @@ def test_silu_mul_matches_eager(dtype):
     torch.manual_seed(0)
     g, u = (torch.randn(333, 11008, device="cuda", dtype=dtype) * 3 for _ in range(2))
     grad = torch.randn_like(g)
-    out, (dg, du) = _grads(silu_mul, (g, u), grad)
-    ref, (rdg, rdu) = _grads(lambda a, b: F.silu(a) * b, (g, u), grad)
+    out, (dg, du) = output_and_grads(silu_mul, (g, u), grad)
+    ref, (rdg, rdu) = output_and_grads(lambda a, b: F.silu(a) * b, (g, u), grad)
     tol = 1e-2 if dtype is torch.bfloat16 else 2e-3
     assert _rel(out, ref) < tol and _rel(dg, rdg) < 2 * tol and _rel(du, rdu) < 2 * tol
 

@@ -16,7 +16,8 @@ from bench.model_def import GatedMLP, RMSNorm, build_model, model_input
 from kernels.core.config import interpret_mode
 from kernels.core.errors import InputTypeError
 from kernels.dispatch import fused
-from kernels.dispatch.fused import rms_norm, silu_mul
+from kernels.dispatch.fused import eager_rms_norm, rms_norm, silu_mul
+from tests.helpers import output_and_grads
 
 pytestmark = pytest.mark.skipif(not interpret_mode(), reason="needs TRITON_INTERPRET=1 (set on machines without CUDA)")
 
@@ -29,15 +30,7 @@ def aten_products(monkeypatch):
 
 
 def eager_norm(x, weight, eps=1e-6):
-    h = x.float()
-    return (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
-
-
-def grads(fn, inputs, grad):
-    leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    out = fn(*leaves)
-    out.backward(grad)
-    return out, [t.grad for t in leaves]
+    return eager_rms_norm(x, weight, eps)
 
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=4e-3, atol=4e-3),
@@ -56,8 +49,8 @@ def test_rms_norm_forward_and_backward_match_eager(dtype):
     x = torch.randn(2, 5, 40, dtype=dtype) * 2            # 3-D, a width that is not a power of two
     weight = (1 + 0.1 * torch.randn(40)).to(dtype)
     grad = torch.randn(2, 5, 40, dtype=dtype)
-    out, (dx, dw) = grads(lambda a, b: rms_norm(a, b, 1e-6), (x, weight), grad)
-    ref, (rdx, rdw) = grads(eager_norm, (x, weight), grad)
+    out, (dx, dw) = output_and_grads(lambda a, b: rms_norm(a, b, 1e-6), (x, weight), grad)
+    ref, (rdx, rdw) = output_and_grads(eager_norm, (x, weight), grad)
     assert out.shape == ref.shape and out.dtype is dtype
     assert_close(out, ref, dtype, scale=4)
     assert_close(dx, rdx, dtype, scale=4)
@@ -69,8 +62,8 @@ def test_rms_norm_of_a_non_contiguous_input():
     x = torch.randn(24, 9).t()                            # (9, 24), column stride 9
     weight = torch.rand(24) + 0.5
     grad = torch.randn(9, 24)
-    out, (dx, dw) = grads(lambda a, b: rms_norm(a, b, 1e-5), (x, weight), grad)
-    ref, (rdx, rdw) = grads(lambda a, b: eager_norm(a, b, 1e-5), (x, weight), grad)
+    out, (dx, dw) = output_and_grads(lambda a, b: rms_norm(a, b, 1e-5), (x, weight), grad)
+    ref, (rdx, rdw) = output_and_grads(lambda a, b: eager_norm(a, b, 1e-5), (x, weight), grad)
     assert_close(out, ref, torch.float32)
     assert_close(dx, rdx, torch.float32)
     assert_close(dw, rdw, torch.float32)
@@ -81,8 +74,8 @@ def test_silu_mul_forward_and_backward_match_eager(dtype):
     torch.manual_seed(0)
     g, u = torch.randn(3, 4, 37, dtype=dtype) * 3, torch.randn(3, 4, 37, dtype=dtype)
     grad = torch.randn(3, 4, 37, dtype=dtype)
-    out, (dg, du) = grads(silu_mul, (g, u), grad)
-    ref, (rdg, rdu) = grads(lambda a, b: F.silu(a) * b, (g, u), grad)
+    out, (dg, du) = output_and_grads(silu_mul, (g, u), grad)
+    ref, (rdg, rdu) = output_and_grads(lambda a, b: F.silu(a) * b, (g, u), grad)
     assert_close(out, ref, dtype, scale=4)
     assert_close(dg, rdg, dtype, scale=8)
     assert_close(du, rdu, dtype, scale=4)
