@@ -51,7 +51,7 @@ def _check_model(model, what: str) -> None:
 def patch(model: nn.Module, *, fuse: bool = True) -> nn.Module:
     """Route every nn.Linear in `model` (itself included) through kernels.linear; with `fuse`, also run its RMSNorm
     and SiLU-gated MLP blocks through fused kernels, each once its first call agrees with its own forward
-    (kernels.dispatch.fused). Returns `model`. Idempotent."""
+    (kernels.dispatch.fused); `fuse=False` leaves (or makes) them unfused. Returns `model`. Idempotent."""
     _check_model(model, "patch")
     if not isinstance(fuse, bool):
         raise InputTypeError(f"kernels.patch: fuse must be True or False, got {fuse!r}")
@@ -61,6 +61,10 @@ def patch(model: nn.Module, *, fuse: bool = True) -> nn.Module:
             module.forward = functools.partial(_linear_forward, module)
     if fuse:
         fused.patch_blocks(model)
+    else:       # fuse=False on a model patched with fusion before: its blocks compute their own forward again
+        for module in model.modules():
+            if fused.is_fused_forward(module.__dict__.get("forward")):
+                del module.forward
     return model
 
 

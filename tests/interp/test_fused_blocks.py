@@ -274,6 +274,9 @@ def test_patch_arguments_round_trip_and_copies():
         buffer.seek(0)
         loaded = torch.load(buffer, weights_only=False)
         assert torch.equal(copied(x), out) and torch.equal(loaded(x), out)
+    kernels.patch(model, fuse=False)            # the blocks unfused again, the linear layers still routed
+    assert not any(fused.is_fused_forward(m.__dict__.get("forward")) for m in model.modules())
+    assert sum("forward" in m.__dict__ for m in model.modules()) == 5
     kernels.unpatch(model)
     assert all("forward" not in m.__dict__ for m in model.modules())
 
