@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from backends import fused_triton
@@ -36,6 +37,10 @@ from kernels.core import counters
 from kernels.core.config import interpret_mode
 
 _functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: False)
+# errors that are not the fused path's to handle: out of memory (the module's own forward would not fare better), and
+# non-reentrant activation checkpointing's early stop of a recomputation (raised from its saved-tensor hook)
+_PROPAGATED = (torch.OutOfMemoryError,) + tuple(
+    e for e in (getattr(torch.utils.checkpoint, "_StopRecomputationError", None),) if isinstance(e, type))
 # a gated MLP's projections, by the names llama-family code gives them: (gate, up, down)
 MLP_NAMES = (("gate", "up", "down"), ("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 EPS_NAMES = ("eps", "variance_epsilon")
@@ -254,14 +259,17 @@ def _agrees(fused: torch.Tensor, own) -> bool:
     return bool(((rows_f - rows_o).abs() <= tol).all())
 
 
-def _probe_agrees(module, state, x) -> bool:
-    """An RMSNorm is also checked on unit-normal rows of the library's own, so that the caller's first batch
-    (its scale, an outlier) cannot decide alone. (A gated MLP is not: its products would be tuned for the probe.)"""
-    if state.block != "rmsnorm":
-        return True
+def _probe(module, state, x) -> torch.Tensor:
+    """Input of the library's own for the check, so that the caller's first batch cannot decide alone (a batch of
+    zeros, of tiny or huge values, or with an outlier cannot tell SiLU from GELU, or w from 1 + w). An RMSNorm gets 8
+    unit-normal rows. A gated MLP gets normal values of x's own shape (its products are tuned for that shape already,
+    not for a new one), scaled so that the gate's output has unit RMS, where the activations differ most."""
     gen = torch.Generator(device=x.device).manual_seed(0)
-    probe = torch.randn((8, x.shape[-1]), generator=gen, device=x.device, dtype=torch.float32).to(x.dtype)
-    return _agrees(_fused(module, state, probe), type(module).forward(module, probe))
+    if state.block == "rmsnorm":
+        return torch.randn((8, x.shape[-1]), generator=gen, device=x.device).to(x.dtype)
+    probe = torch.randn(x.shape, generator=gen, device=x.device).to(x.dtype)
+    gate_rms = getattr(module, state.names[0])(probe).float().square().mean().sqrt()
+    return (probe.float() / gate_rms.clamp_min(1e-6)).to(x.dtype)
 
 
 def _decline(module, state, x, key, why: str, own=None):
@@ -271,24 +279,26 @@ def _decline(module, state, x, key, why: str, own=None):
 
 
 def _check(module, state, x, key):
-    """The first call in this mode and dtype: the module's own forward (without grad) and the fused path as the call
-    needs it, on the same input; the verdict is kept for the key."""
+    """The first call in this mode and dtype: the module's own forward and the fused path, both without grad, on the
+    call's input and on a probe; then the call's result by the path chosen, once, with grad if the call needs it (so
+    that a recomputation, under activation checkpointing, saves the same tensors as this call did)."""
     with torch.no_grad():
         own = type(module).forward(module, x)          # raises what the module raises: no verdict then
-    try:
-        fused = _fused(module, state, x)
-        with torch.no_grad():
-            agrees = _agrees(fused, own) and _probe_agrees(module, state, x)
-    except torch.OutOfMemoryError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a fused kernel that fails leaves the module as it was
-        return _decline(module, state, x, key, f"failed:{type(e).__name__}",
-                        own=None if torch.is_grad_enabled() else own)
-    if not agrees:
-        return _decline(module, state, x, key, "differs", own=None if torch.is_grad_enabled() else own)
+        try:
+            probe = _probe(module, state, x)
+            agrees = (_agrees(_fused(module, state, x), own)
+                      and _agrees(_fused(module, state, probe), type(module).forward(module, probe)))
+        except _PROPAGATED:
+            raise
+        except Exception as e:  # noqa: BLE001 - a fused kernel that fails leaves the module as it was
+            failure = f"failed:{type(e).__name__}"
+        else:
+            failure = None if agrees else "differs"
+    if failure is not None:
+        return _decline(module, state, x, key, failure, own=None if torch.is_grad_enabled() else own)
     state.verdicts[key] = "fused"
     counters.bump("fused_blocks")
-    return fused
+    return _fused(module, state, x)
 
 
 def _fused_forward(module, state: BlockState, *args, **kwargs):
@@ -302,7 +312,7 @@ def _fused_forward(module, state: BlockState, *args, **kwargs):
     if verdict == "fused":
         try:
             return _fused(module, state, x)
-        except torch.OutOfMemoryError:
+        except _PROPAGATED:
             raise
         except Exception as e:  # noqa: BLE001 - a fused call that fails (a new width's compile, ...): if the
             own = type(module).forward(module, x)       # module's own forward fails too, that error is the caller's
