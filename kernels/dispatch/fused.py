@@ -9,14 +9,16 @@ that traffic is a tenth of the step (torch.compile's 1.12x over eager comes from
 - a gated MLP's `silu(g) * u` through one kernel each way, its three projections still through kernels.linear.
 
 Which modules: recognised by structure, then checked on their first call. An RMSNorm is a module whose class name
-says RMSNorm, with no children, one parameter `weight` (1-D) and its epsilon in `eps` or `variance_epsilon` (llama,
-Mistral, Qwen, torch.nn.RMSNorm); a gated MLP has nn.Linear children named gate/up/down, gate_proj/up_proj/down_proj
-or w1/w3/w2 whose sizes chain. Nothing about the module's forward is assumed: its first call runs the module's own
-forward as well, and the fused path serves from then on only if the two agree within the dtype's rounding (a
-Gemma-style `(1 + weight)` norm or a GELU-gated MLP disagrees and keeps its own forward, counted in kernels.stats()
-as `fused_declined:<block>:differs`). Calls the fused kernels do not take (other dtypes, a CPU tensor without the
-Triton interpreter, extra arguments, a weight on another device, fewer than FUSE_MIN_ELEMENTS on a GPU, where the
-step is host-bound) run the module's own forward.
+says RMSNorm, with no children or buffers, one parameter `weight` (1-D) and its epsilon in `eps` or `variance_epsilon`
+(llama, Mistral, Qwen, torch.nn.RMSNorm); a gated MLP has nn.Linear children named gate/up/down,
+gate_proj/up_proj/down_proj or w1/w3/w2 whose sizes chain, and no other state (no parameter, buffer or dropout of its
+own). Nothing about the module's forward is assumed: the first call in each training mode and dtype runs the module's
+own forward beside the fused path, on the call's input and on a probe of the library's own, and the fused path serves
+that mode and dtype only if they agree within the dtype's rounding (a Gemma-style `(1 + weight)` norm or a GELU-gated
+MLP disagrees and keeps its own forward, counted in kernels.stats() as `fused_declined:<block>:differs`). Calls the
+fused kernels do not take (other dtypes, a CPU tensor without the Triton interpreter, keyword or extra arguments, a
+weight on another device or strided, torch.func's transforms, torch.jit.trace, fewer than FUSE_MIN_ELEMENTS on a GPU,
+where the step is host-bound) run the module's own forward. A double backward runs through torch's ops.
 
 Under torch.compile the module's own forward is what gets traced: Inductor fuses this code itself, and better, with
 the neighbours (residual adds) that a module boundary hides from us. A call captured in a CUDA graph before the
