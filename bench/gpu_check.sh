@@ -38,6 +38,8 @@
 #   bash bench/gpu_check.sh issue28    issue 28's GPU tests (every Triton family's epilogue, the tuned linear, patch
 #                                      forward/backward, torch.compile, enabled(), CUDA graphs; CUTLASS epilogues),
 #                                      then the warm host cost of linear / patched nn.Linear against F.linear
+#   bash bench/gpu_check.sh fused      kernels.patch's fused blocks: their GPU tests, each block against eager, the llama
+#                                      layer forward + backward (M=4096) and forward (M=1024-8192) with and without them
 #   bash bench/gpu_check.sh issue30    issue 30: the fp8 GPU tests (Triton families; CUTLASS's with ISSUE30_CUTLASS_TESTS),
 #                                      the warm host cost of kernels.scaled_mm, optionally `kernels tune` of
 #                                      experiments/issue30_problems.csv (ISSUE30_PRETUNE=1), then bench.sustained --set
@@ -105,6 +107,17 @@ issue27)
   rm -rf "$KERNELS_CACHE_DIR/selections"
   KERNELS_CUTLASS_BUILD=off timeout 80 python3 -m experiments.new_problem_cost > "$OUT/new_problem_cost.jsonl" 2>&1
   cut -c1-160 "$OUT/new_problem_cost.jsonl"
+  ;;
+fused)
+  # kernels.patch's fused blocks: their GPU tests, each block alone against eager, then the llama layer with and
+  # without them (forward + backward at M=4096, forward at M=1024,2048,8192; aten,triton,padded; 2 rounds)
+  export KERNELS_CACHE_DIR=/tmp/kernels_fused; rm -rf "$KERNELS_CACHE_DIR"
+  gpu_tests 120 tests/gpu/test_fused.py | tee "$OUT/pytest_fused.txt"
+  timeout 90 python3 -m experiments.fused_blocks --m 1024,4096 --json "$OUT/fused_blocks.jsonl" 2>&1 | tee "$OUT/fused_blocks.txt"
+  KERNELS_BACKENDS=aten,triton,padded timeout 160 python3 -m bench.model --mode fwdbwd --tokens 4096 \
+    --variants eager,patch,patch-linear --json "$OUT/model_fused_fwdbwd.jsonl" --quiet 2>&1 | tail -12
+  KERNELS_BACKENDS=aten,triton,padded timeout 160 python3 -m bench.model --mode fwd --tokens 1024,2048,8192 \
+    --variants eager,patch,patch-linear --json "$OUT/model_fused_fwd.jsonl" --quiet 2>&1 | tail -16
   ;;
 issue28)
   export KERNELS_CACHE_DIR=/tmp/kernels_issue28; rm -rf "$KERNELS_CACHE_DIR"
