@@ -62,6 +62,9 @@ _functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorc
 _matmul_precision = torch.get_float32_matmul_precision
 _grad_enabled = torch.is_grad_enabled
 _compiling = torch.compiler.is_compiling      # Dynamo folds it to True while tracing: the branch is in the graph
+# torch.jit.trace records torch ops, not launches: a traced call takes the custom op (recorded as one node) as a
+# compiled one does; checked after _compiling, so Dynamo never meets it
+_jit_tracing = torch._C._is_tracing
 
 
 def _fast_key(op: str, a, b) -> tuple:
@@ -78,7 +81,7 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dyn
     one winner per size hint, each new shape served by one of them (see kernels.dispatch.dynamic).
     Differentiable, and traced by torch.compile as the custom op kernels::mm (kernels.dispatch.ops). Under
     torch.autocast the operands are cast as torch's autocast casts torch.mm's (out= calls, like torch.mm's, are not)."""
-    if _compiling():
+    if _compiling() or _jit_tracing():
         return _traced("mm", *_autocast(a, b) if out is None else (a, b), out)
     if out is None and _any_autocast():
         a, b = _autocast(a, b)
@@ -104,7 +107,7 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dyn
 def int_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, dynamic=None) -> torch.Tensor:
     """a @ b for 2-D int8 tensors, exact, with an int32 result. `dynamic` as for mm."""
     # mirrors mm() line for line on purpose: a shared helper would add a Python call to every warm call
-    if _compiling():
+    if _compiling() or _jit_tracing():
         return _traced("int_mm", a, b, out)
     if _fast_call is not None and out is None and dynamic is None:
         result = _fast_call(1, a, b)
@@ -134,7 +137,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     Differentiable, and traced by torch.compile as the custom op kernels::linear (kernels.dispatch.ops); under
     autograd the activation is not fused (torch applies it, so autograd differentiates it): fusion is for
     inference. Under torch.autocast x, weight and bias are cast as torch's autocast casts F.linear's."""
-    if _compiling():
+    if _compiling() or _jit_tracing():
         return _traced_linear(*_autocast(x, weight, bias), activation)
     if _any_autocast():
         x, weight, bias = _autocast(x, weight, bias)
@@ -491,7 +494,7 @@ def _routed_linear(x, weight, bias, activation):
     """kernels::linear while traced, an eager autograd.Function otherwise (same products, without the op's dispatch
     cost); when autograd needs the result and there is an activation, the product runs without it and the
     activation is torch's (autograd saves what it needs and differentiates it): fusion is for inference."""
-    product = _custom.linear if _compiling() else _custom.eager_linear
+    product = _custom.linear if _compiling() or _jit_tracing() else _custom.eager_linear
     if activation and _needs_grad(x, weight, bias):
         return _activate(product(x, weight, bias, None), activation)
     return product(x, weight, bias, activation)

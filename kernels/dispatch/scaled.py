@@ -66,7 +66,7 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
               out: torch.Tensor | None = None) -> torch.Tensor:
     """(a @ b) * scale_a * scale_b (+ bias) for fp8 a, b with fp32 scales per tensor or row-wise, as
     torch._scaled_mm computes it, with the fastest verified kernel for this problem."""
-    if _compiling():
+    if _compiling() or torch._C._is_tracing():    # traced (Dynamo or torch.jit.trace): torch's own op in the graph
         return torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, out=out)
     if _fast_call is not None and out is None:
         result = _fast_call(a, b, scale_a, scale_b, bias, out_dtype)

@@ -153,3 +153,20 @@ def test_importing_kernels_registers_nothing():
             "print(hasattr(torch.ops.kernels, 'mm'), hasattr(torch.ops.kernels, 'linear'))")
     proc = run_python(code, env={"KERNELS_FASTPATH": "off"}, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "False False", proc.stdout + proc.stderr[-3000:]
+
+
+def test_torch_jit_trace_records_the_custom_ops_and_replays_them():
+    """torch.jit.trace records torch ops, not kernel launches: a traced call is the custom op (one node), so the
+    traced module computes on new inputs (it raised inside the tuner, on sizes the tracer hands as tensors)."""
+    block, model = Block(), kernels.patch(torch.nn.Sequential(torch.nn.Linear(16, 12), torch.nn.ReLU()))
+    x, later = torch.randn(2, 3, 16), torch.randn(2, 3, 16)
+    with torch.no_grad():
+        traced_block = torch.jit.trace(block, (x,), check_trace=False)
+        traced_model = torch.jit.trace(model, (x,), check_trace=False)
+        ints = torch.jit.trace(kernels.int_mm, (torch.ones(32, 32, dtype=torch.int8),) * 2, check_trace=False)
+        torch.testing.assert_close(traced_block(later), eager_reference(block, later), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(traced_model(later), F.relu(F.linear(later, model[0].weight, model[0].bias)),
+                                   rtol=1e-4, atol=1e-4)
+    a8, b8 = torch.randint(-8, 8, (32, 32), dtype=torch.int8), torch.randint(-8, 8, (32, 32), dtype=torch.int8)
+    assert torch.equal(ints(a8, b8), a8.int() @ b8.int())
+    assert "kernels::mm" in str(traced_block.graph) and "kernels::int_mm" in str(ints.graph)
