@@ -401,6 +401,19 @@ def test_one_outlier_does_not_let_a_look_alike_pass_the_check():
     assert mlp.forward.args[1].verdict(True, torch.bfloat16) == "declined"
 
 
+def test_the_check_reads_every_block_of_rows(monkeypatch):
+    monkeypatch.setattr(fused, "CHECK_CHUNK", 8)                # 2 rows of 4 a block
+    own = torch.randn(7, 4)
+    assert fused._agrees(own.clone(), own)
+    for row in (0, 3, 6):
+        off = own.clone()
+        off[row, 1] += 1.0
+        assert not fused._agrees(off, own)
+    nan_late = own.clone()
+    nan_late[6, 0] = float("nan")
+    assert not fused._agrees(nan_late, own)
+
+
 def test_the_check_compares_non_finite_values_in_place():
     inf = float("inf")
     assert not fused._agrees(torch.tensor([11.0, -5.0, inf]), torch.tensor([1.0, 2.0, inf]))
