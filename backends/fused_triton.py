@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 
 import torch
 
@@ -20,6 +19,7 @@ from backends.triton_render import render_file
 from backends.triton_worker import load_kernel
 from kernels.core.cache_root import cache_root
 from kernels.core.fsutil import atomic_write_text
+from kernels.space.heuristics import cdiv, next_pow2
 
 FUSED_TEMPLATES = {"rmsnorm": "rmsnorm.py.jinja", "swiglu": "swiglu.py.jinja"}    # under templates/triton
 MAX_ROW = 16384            # RMSNorm keeps one row in registers: wider rows are not served (run on the GPU to 11008)
@@ -60,12 +60,8 @@ def _on_device_of(t: torch.Tensor):
 
 
 def _row_launch(width: int) -> tuple[int, int]:
-    block = triton_block(width)
+    block = next_pow2(width)
     return block, 16 if block >= 8192 else 8 if block >= 2048 else 4
-
-
-def triton_block(width: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(1, width))))
 
 
 def rmsnorm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,7 +88,7 @@ def rmsnorm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         block, warps = _row_launch(width)
         with _on_device_of(x):
             kernels_of("rmsnorm").backward[(programs,)](dy, x, weight, rstd, dx, partial, dy.stride(0), x.stride(0),
-                                                        dx.stride(0), rows, width, math.ceil(rows / programs),
+                                                        dx.stride(0), rows, width, cdiv(rows, programs),
                                                         BLOCK=block, num_warps=warps)
     return dx, partial.sum(0).to(weight.dtype)
 
@@ -102,7 +98,7 @@ def swiglu_forward(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     numel = g.numel()
     if numel:
         with _on_device_of(g):
-            kernels_of("swiglu").forward[(triton_cdiv(numel, _ELEMENTWISE_BLOCK),)](g, u, h, numel,
+            kernels_of("swiglu").forward[(cdiv(numel, _ELEMENTWISE_BLOCK),)](g, u, h, numel,
                                                                                      BLOCK=_ELEMENTWISE_BLOCK)
     return h
 
@@ -112,13 +108,9 @@ def swiglu_backward(dh: torch.Tensor, g: torch.Tensor, u: torch.Tensor) -> tuple
     numel = g.numel()
     if numel:
         with _on_device_of(g):
-            kernels_of("swiglu").backward[(triton_cdiv(numel, _ELEMENTWISE_BLOCK),)](dh, g, u, dg, du, numel,
+            kernels_of("swiglu").backward[(cdiv(numel, _ELEMENTWISE_BLOCK),)](dh, g, u, dg, du, numel,
                                                                                       BLOCK=_ELEMENTWISE_BLOCK)
     return dg, du
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 __all__ = ["FUSED_TEMPLATES", "MAX_ROW", "kernels_of", "rmsnorm_backward", "rmsnorm_forward", "swiglu_backward",

@@ -1,7 +1,8 @@
 """The fused blocks of kernels.patch (kernels.dispatch.fused) against eager, one block at a time on the GPU: llama's
 RMSNorm on (M, hidden) and the gated MLP's silu(g) * u on (M, intermediate), forward and forward + backward, each in
-a back-to-back loop of --seconds (the GPU's time per call from CUDA events over the loop), eager and fused alternated
-for --rounds; and the largest difference of the fused result (and grads) from eager's, relative to eager's largest.
+a back-to-back loop of --seconds (bench.sustained's loop: ms per call from CUDA events over its timed tail), eager
+and fused alternated for --rounds; and the largest difference of the fused result (and grads) from eager's, relative
+to eager's largest.
 
     python -m experiments.fused_blocks                    # M 2048, 4096, 8192; hidden 4096, intermediate 11008, bf16
     python -m experiments.fused_blocks --m 4096 --json out.jsonl
@@ -16,6 +17,7 @@ import json
 import torch
 import torch.nn.functional as F
 
+from bench.sustained import alternate
 from kernels.dispatch.fused import eager_rms_norm, rms_norm, silu_mul
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -23,24 +25,6 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 def eager_silu_mul(g, u):
     return F.silu(g) * u
-
-
-def _loop_ms(step, seconds: float) -> float:
-    """Mean GPU ms per step over a loop of about `seconds` (its length from a first timed call)."""
-    step()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    step()
-    end.record()
-    end.synchronize()
-    calls = max(10, int(seconds * 1000.0 / max(start.elapsed_time(end), 1e-3)))
-    start.record()
-    for _ in range(calls):
-        step()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
 
 
 def _rel(value, reference) -> float:
@@ -97,12 +81,10 @@ def main(argv=None) -> None:
         for block, (inputs, eager, fused) in _cases(m, args.hidden, args.intermediate, DTYPES[args.dtype]).items():
             diff = _difference(eager, fused, inputs)
             for mode in ("fwd", "fwdbwd"):
-                steps = {"eager": _step(eager, inputs, mode == "fwdbwd"), "fused": _step(fused, inputs,
-                                                                                         mode == "fwdbwd")}
-                times = {name: [] for name in steps}
-                for _ in range(args.rounds):
-                    for name, step in steps.items():
-                        times[name].append(_loop_ms(step, args.seconds))
+                steps = {name: _step(fn, inputs, mode == "fwdbwd") for name, fn in (("eager", eager),
+                                                                                     ("fused", fused))}
+                times = alternate({name: (lambda _, step=step: step()) for name, step in steps.items()}, 1,
+                                  args.rounds, args.seconds)
                 best = {name: min(ts) for name, ts in times.items()}
                 row = {"block": block, "m": m, "mode": mode, "eager_ms": best["eager"], "fused_ms": best["fused"],
                        "speedup": best["eager"] / best["fused"], "rounds": times, "difference": diff,

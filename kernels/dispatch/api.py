@@ -58,7 +58,7 @@ _AUTOCAST_DEVICES = ("cuda", "cpu")       # where kernels runs; torch.is_autocas
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled",
                         lambda: torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"))
 # torch.func's transforms (vmap, grad, jacrev) hand ops wrappers without storage: kernels has no batching rule
-_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: False)
+functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: False)
 _matmul_precision = torch.get_float32_matmul_precision
 _grad_enabled = torch.is_grad_enabled
 _compiling = torch.compiler.is_compiling      # Dynamo folds it to True while tracing: the branch is in the graph
@@ -466,7 +466,7 @@ def _check_settings() -> None:
 def _under_functorch(*tensors) -> bool:
     """Whether a torch.func transform wraps an operand: then the call is torch's (which batches and differentiates
     it), counted as a pass-through. (The warm paths never match such a call: it has no data pointer to key on.)"""
-    if any(isinstance(t, torch.Tensor) and _functorch_wrapped(t) for t in tensors):
+    if any(isinstance(t, torch.Tensor) and functorch_wrapped(t) for t in tensors):
         _stats.passthrough("functorch")
         return True
     return False

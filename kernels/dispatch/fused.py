@@ -37,8 +37,8 @@ from torch import nn
 from backends import fused_triton
 from kernels.core import counters
 from kernels.core.config import interpret_mode
+from kernels.dispatch.api import functorch_wrapped
 
-_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: False)
 # errors that are not the fused path's to handle: out of memory (the module's own forward would not fare better), and
 # non-reentrant activation checkpointing's early stop of a recomputation (raised from its saved-tensor hook)
 _PROPAGATED = (torch.OutOfMemoryError,) + tuple(
@@ -226,11 +226,11 @@ def _servable(module, state, x) -> bool:
         weight = getattr(module, state.names[0]).weight
         fits = x.shape[-1] == weight.shape[1]
     # torch.func's transforms wrap tensors: the Functions here have no batching rule
-    return (fits and weight.dtype is x.dtype and weight.device == x.device and not _functorch_wrapped(x)
-            and not _functorch_wrapped(weight))
+    return (fits and weight.dtype is x.dtype and weight.device == x.device and not functorch_wrapped(x)
+            and not functorch_wrapped(weight))
 
 
-def _eps(module, x) -> float:
+def _eps(module) -> float:
     """The module's epsilon; None (torch.nn.RMSNorm's default) is float32's machine epsilon, the type it computes in
     for every dtype served here."""
     eps = getattr(module, _eps_of(module))
@@ -239,7 +239,7 @@ def _eps(module, x) -> float:
 
 def _fused(module, state, x):
     if state.block == "rmsnorm":
-        return rms_norm(x, module.weight, _eps(module, x))
+        return rms_norm(x, module.weight, _eps(module))
     gate, up, down = (getattr(module, n) for n in state.names)
     return down(silu_mul(gate(x), up(x)))
 
@@ -315,7 +315,7 @@ def _fused_forward(module, state: BlockState, *args, **kwargs):
         return type(module).forward(module, *args, **kwargs)
     x = args[0]
     key = (module.training, x.dtype)
-    verdict = state.verdicts.get(key, "unchecked")
+    verdict = state.verdict(*key)
     if verdict == "declined":
         return type(module).forward(module, x)
     if verdict == "fused":
