@@ -90,6 +90,22 @@ class CompiledHandle:
 
         return run_on_its_device
 
+    def grid_launcher(self):
+        """launch(grid_x, *args) on the current stream through Triton's C launcher, the grid given per call (a
+        kernel whose programs follow the call's rows), or None where Triton's own path must launch it: a launch hook
+        is installed, the kernel needs global scratch, or this Triton's launcher layout is not one we know."""
+        direct = None if launch_hooks_installed() else _direct_launch(self.kernel)
+        if direct is None or direct[3]:
+            return None
+        c_launch, coop, pdl, _ = direct
+        function, packed = self.kernel.function, self.kernel.packed_metadata
+        raw_stream, dev = torch._C._cuda_getCurrentRawStream, self.device_index
+
+        def launch(grid_x: int, *args) -> None:
+            c_launch(grid_x, 1, 1, raw_stream(dev), function, coop, pdl, None, None, packed, None, None, None, *args)
+
+        return launch
+
     def _bind(self, grid: tuple[int, int, int]) -> Run:
         kernel, dev = self.kernel, self.device_index
         gx, gy, gz = grid

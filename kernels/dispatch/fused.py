@@ -53,23 +53,28 @@ SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # norm, another activation) differs by far more than this.
 CHECK_UNITS = 4
 CHECK_CHUNK = 1 << 22          # elements of the outputs compared at a time (a first call's extra memory stays bounded)
-# a CUDA call on fewer elements of x (rows x hidden) runs the module's own forward: there the step is bound by the host,
-# and a fused block's Python and Triton launch cost more host time than eager's several small kernels do. H200, llama
-# layer forward (hidden 4096, 2 rounds; thirty-fifth session): fused at M = 256 / 512 0.80 / 0.99x eager where the
-# linear layers alone ran 0.98 / 1.04x; at M = 2048 1.12-1.14x against 0.97-1.00x. 2^22 is M = 1024 at hidden 4096.
+# a CUDA call with grad on fewer elements of x (rows x hidden) runs the module's own forward: there the step is bound by
+# the host, and a fused block's autograd Function (forward and backward in Python) costs more host time than eager's
+# several small kernels do. H200, llama layer forward (hidden 4096, 2 rounds; thirty-fifth session): fused at M = 256 /
+# 512 0.80 / 0.99x eager where the linear layers alone ran 0.98 / 1.04x; at M = 2048 1.12-1.14x against 0.97-1.00x.
+# 2^22 is M = 1024 at hidden 4096.
 FUSE_MIN_ELEMENTS = 1 << 22
+# the same for a call without grad (inference): its warm path is a compiled launch, no autograd node (thirty-sixth
+# session, H200, M = 16-1024: a fused RMSNorm's host time below eager's eight kernels' at every M measured)
+FUSE_MIN_ELEMENTS_NO_GRAD = 1
 
 
 @dataclass
 class BlockState:
-    """One patched module's fused state: a verdict per (training mode, dtype) met, 'fused' or 'declined', each from
-    the first call in that mode and dtype (a forward may use self.training: dropout; or round by dtype)."""
+    """One patched module's fused state: a verdict per (training mode, dtype, on a GPU) met, 'fused' or 'declined',
+    each from the first call in that mode and dtype on that kind of device (a forward may use self.training: dropout;
+    or round by dtype)."""
     block: str                     # "rmsnorm" | "gated_mlp"
     names: tuple[str, str, str] | None = None      # a gated MLP's (gate, up, down) attribute names
-    verdicts: dict = field(default_factory=dict)   # (training, dtype) -> "fused" | "declined"
+    verdicts: dict = field(default_factory=dict)   # (training, dtype, is_cuda) -> "fused" | "declined"
 
-    def verdict(self, training: bool, dtype: torch.dtype) -> str:
-        return self.verdicts.get((training, dtype), "unchecked")
+    def verdict(self, training: bool, dtype: torch.dtype, is_cuda: bool = False) -> str:
+        return self.verdicts.get((training, dtype, is_cuda), "unchecked")
 
 
 class _RMSNormFn(torch.autograd.Function):
@@ -121,23 +126,26 @@ def _differentiable_grads(forward, inputs, grad, needed) -> tuple:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """llama's RMSNorm of x (..., N) with weight (N,), through the fused kernels (differentiable)."""
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return _RMSNormFn.apply(_rows(x), weight, eps).view(x.shape)
+    if x.is_contiguous():                   # no autograd node, no view: a warm call's host time is the step's
+        return fused_triton.rmsnorm_forward(x, weight, eps, keep_rstd=False)[0]
+    return fused_triton.rmsnorm_forward(_rows(x), weight, eps, keep_rstd=False)[0].view(x.shape)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x (..., N) as rows (M, N) with a unit column stride: a view where the strides allow, else a copy."""
     rows = x.reshape(-1, x.shape[-1])
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    if _needs_grad(x, weight):
-        return _RMSNormFn.apply(rows, weight, eps).view(x.shape)
-    return fused_triton.rmsnorm_forward(rows, weight, eps)[0].view(x.shape)    # no autograd node: less host time
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
 def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """silu(g) * u for g, u of one shape, through the fused kernels (differentiable)."""
-    if _needs_grad(g, u):
+    if g.shape != u.shape:
+        raise ValueError(f"silu_mul: g and u must have one shape, got {tuple(g.shape)} and {tuple(u.shape)}")
+    if torch.is_grad_enabled() and (g.requires_grad or u.requires_grad):
         return _SwiGLUFn.apply(g.contiguous(), u.contiguous())
     return fused_triton.swiglu_forward(g.contiguous(), u.contiguous())
-
-
-def _needs_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 # -- recognition ---------------------------------------------------------------------------------------------------
@@ -211,23 +219,39 @@ def _runs_here(t: torch.Tensor) -> bool:
     return interpret_mode() == (t.device.type == "cpu") and t.device.type in ("cuda", "cpu")
 
 
-def _input_servable(x) -> bool:
-    return (type(x) is torch.Tensor and x.dtype in SERVED_DTYPES and x.layout is torch.strided and x.dim() >= 1
-            and x.numel() >= (FUSE_MIN_ELEMENTS if x.is_cuda else 1) and _runs_here(x))
+def _weight(module, state):
+    """The weight the kernels take beside x (the norm's; the gate projection's for an MLP), or None when the module
+    is no longer the block it was patched as (a parameter removed, a projection replaced by something else)."""
+    if state.block == "rmsnorm":
+        return module._parameters.get("weight")
+    children = module._modules
+    gate, up, down = (children.get(n) for n in state.names)
+    if isinstance(gate, nn.Linear) and isinstance(up, nn.Linear) and isinstance(down, nn.Linear):
+        return gate._parameters.get("weight")
+    return None
 
 
 def _servable(module, state, x) -> bool:
-    if not _input_servable(x):
+    """Whether this call can take the fused path, checked on every call (the module's own forward otherwise): on a
+    warm call this is most of the fused path's host time, which is the step's at small M."""
+    if not (type(x) is torch.Tensor and x.dtype in SERVED_DTYPES and x.layout is torch.strided and x.dim() >= 1):
         return False
+    weight = _weight(module, state)
+    if weight is None or weight.dtype is not x.dtype or weight.device != x.device:
+        return False
+    if x.is_cuda:
+        grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+        if x.numel() < (FUSE_MIN_ELEMENTS if grad else FUSE_MIN_ELEMENTS_NO_GRAD):
+            return False
+    elif not x.numel():
+        return False
+    width = x.shape[-1]
     if state.block == "rmsnorm":
-        weight = module.weight
-        fits = x.shape[-1] == weight.shape[0] <= fused_triton.MAX_ROW and weight.stride(0) == 1
+        fits = weight.dim() == 1 and width == weight.shape[0] <= fused_triton.MAX_ROW and weight.stride(0) == 1
     else:
-        weight = getattr(module, state.names[0]).weight
-        fits = x.shape[-1] == weight.shape[1]
+        fits = width == weight.shape[1]
     # torch.func's transforms wrap tensors: the Functions here have no batching rule
-    return (fits and weight.dtype is x.dtype and weight.device == x.device and not functorch_wrapped(x)
-            and not functorch_wrapped(weight))
+    return fits and not functorch_wrapped(x) and not functorch_wrapped(weight)
 
 
 def _eps(module) -> float:
@@ -239,8 +263,9 @@ def _eps(module) -> float:
 
 def _fused(module, state, x):
     if state.block == "rmsnorm":
-        return rms_norm(x, module.weight, _eps(module))
-    gate, up, down = (getattr(module, n) for n in state.names)
+        return rms_norm(x, module._parameters["weight"], _eps(module))
+    children = module._modules
+    gate, up, down = (children[n] for n in state.names)
     return down(silu_mul(gate(x), up(x)))
 
 
@@ -311,13 +336,11 @@ def _check(module, state, x, key):
 
 
 def _fused_forward(module, state: BlockState, *args, **kwargs):
-    if _tracing() or kwargs or len(args) != 1 or not _servable(module, state, args[0]):
+    if kwargs or len(args) != 1 or _tracing() or not _servable(module, state, args[0]):
         return type(module).forward(module, *args, **kwargs)
     x = args[0]
-    key = (module.training, x.dtype)
-    verdict = state.verdict(*key)
-    if verdict == "declined":
-        return type(module).forward(module, x)
+    key = (module.training, x.dtype, x.is_cuda)
+    verdict = state.verdicts.get(key)
     if verdict == "fused":
         try:
             return _fused(module, state, x)
@@ -326,7 +349,7 @@ def _fused_forward(module, state: BlockState, *args, **kwargs):
         except Exception as e:  # noqa: BLE001 - a fused call that fails (a new width's compile, ...): if the
             own = type(module).forward(module, x)       # module's own forward fails too, that error is the caller's
             return _decline(module, state, x, key, f"failed:{type(e).__name__}", own=own)
-    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+    if verdict is not None or not _runs_here(x) or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
         return type(module).forward(module, x)
     return _check(module, state, x, key)
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import kernels
 from bench.model_def import build_model, model_input
+from backends import fused_triton
 from kernels.dispatch import fused
 from kernels.dispatch.fused import eager_rms_norm, rms_norm, silu_mul
 from tests.helpers import output_and_grads
@@ -19,6 +20,7 @@ def aten_only(monkeypatch):
     """the GEMMs through aten: these tests are about the blocks between them; and small inputs fused too"""
     kernels.config.backends = ("aten",)
     monkeypatch.setattr(fused, "FUSE_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(fused, "FUSE_MIN_ELEMENTS_NO_GRAD", 1)
 
 
 def _rel(value, reference):
@@ -74,15 +76,35 @@ def test_patched_layer_fuses_its_blocks_and_matches_eager_grads():
 
 
 @pytest.mark.gpu
-def test_small_inputs_on_a_gpu_run_the_modules_own_forward(monkeypatch):
-    monkeypatch.setattr(fused, "FUSE_MIN_ELEMENTS", 1 << 20)
+@pytest.mark.parametrize("grad", [False, True])
+def test_small_inputs_on_a_gpu_run_the_modules_own_forward(monkeypatch, grad):
+    monkeypatch.setattr(fused, "FUSE_MIN_ELEMENTS" if grad else "FUSE_MIN_ELEMENTS_NO_GRAD", 1 << 20)
     model = kernels.patch(build_model(1024, 2816, 1, 128, "bf16", "cuda"))
     before = kernels.stats()["fused_blocks"]
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         model(model_input(64, 1024, "bf16", "cuda"))           # 64 x 1024 elements: below the floor, not fused
         assert kernels.stats()["fused_blocks"] == before
         model(model_input(1024, 1024, "bf16", "cuda"))         # 2^20: fused
     assert kernels.stats()["fused_blocks"] == before + 3
+
+
+@pytest.mark.gpu
+def test_compiled_launches_serve_aligned_misaligned_and_batched_rows():
+    """The warm path's binaries (backends.fused_triton): one per specialisation, here an aligned and a misaligned x,
+    a 3-D input served without a view, and silu * u, each against eager; launched through Triton's C launcher."""
+    torch.manual_seed(0)
+    weight = (1 + 0.1 * torch.randn(4096, device="cuda")).to(torch.bfloat16)
+    base = torch.randn(64, 4096 + 8, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        for x in (base[:, :4096], base[:, 1:4097], torch.randn(2, 33, 4096, device="cuda", dtype=torch.bfloat16)):
+            out = rms_norm(x, weight, 1e-6)
+            assert out.shape == x.shape and _rel(out, _eager_norm(x, weight)) < 1e-2
+        g, u = torch.randn(2, 3, 11008, device="cuda", dtype=torch.bfloat16).unbind(0)[:2]
+        assert _rel(silu_mul(g, u), F.silu(g) * u) < 1e-2
+    launches = [v for k, v in fused_triton._compiled.items() if k[1] == torch.cuda.current_device()]
+    assert launches and all(v is not None for v in launches)     # triton 3.5-3.6: the C launcher's layout is known
+    aligned = {key[-1][0][1] for key in fused_triton._compiled if key[0] is fused_triton.RMSNORM_FORWARD}
+    assert aligned == {True, False}
 
 
 @pytest.mark.gpu
