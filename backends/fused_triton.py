@@ -87,8 +87,11 @@ class FusedKernel:
     divisible: tuple[int, ...] = ()
 
 
-RMSNORM_FORWARD = FusedKernel("rmsnorm", "forward", keyed=(4, 5, 6))         # stride_x, stride_y, N
-RMSNORM_BACKWARD = FusedKernel("rmsnorm", "backward", keyed=(6, 7, 8, 10))   # the three row strides, N
+# the row width N is keyed (BLOCK follows it); row strides only as multiples of 16 or not: any stride a caller's
+# view has must not make a binary of its own (the cache would grow with each, and a new one under a CUDA-graph
+# capture would load a module there)
+RMSNORM_FORWARD = FusedKernel("rmsnorm", "forward", keyed=(6,), divisible=(4, 5))
+RMSNORM_BACKWARD = FusedKernel("rmsnorm", "backward", keyed=(10,), divisible=(6, 7, 8))
 SWIGLU_FORWARD = FusedKernel("swiglu", "forward", divisible=(3,))            # numel
 SWIGLU_BACKWARD = FusedKernel("swiglu", "backward", divisible=(5,))
 
@@ -138,9 +141,12 @@ def binary(kernel: FusedKernel, args: tuple, consts: tuple, warps: int, target):
 
 
 def _compile(kernel: FusedKernel, args: tuple, consts: tuple, warps: int, device: torch.device):
-    """launch(grid_x, *args) through Triton's C launcher for a binary compiled for `args`, or None where this
-    Triton's launcher is one we do not know (its JIT launches the kernel then)."""
+    """launch(grid_x, *args) through Triton's C launcher for a binary compiled for `args`, or None where Triton's JIT
+    launches the kernel: this Triton's launcher is one we do not know, or a dtype is not one compiled here (fp64)."""
     import triton
+
+    if any(isinstance(a, torch.Tensor) and a.dtype not in _TRITON_TYPES for a in args):
+        return None
 
     with torch.cuda.device(device):
         compiled = binary(kernel, args, consts, warps, triton.runtime.driver.active.get_current_target())
@@ -166,11 +172,17 @@ def _launch(kernel: FusedKernel, grid_x: int, args: tuple, consts: tuple, warps:
 
 def rmsnorm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float,
                     keep_rstd: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(y, rstd) for x (..., N) whose rows are evenly strided (contiguous, or 2-D with a unit column stride), weight
-    (N,): y as x's dtype and shape, rstd fp32 (rows,), or None without `keep_rstd` (a call without grad)."""
+    """(y, rstd) for x (..., N), contiguous or 2-D rows with a unit column stride, and weight (N,): y as x's dtype and
+    shape, rstd fp32 (rows,), or None without `keep_rstd` (a call without grad)."""
     width = x.shape[-1]
     rows = x.numel() // width if width else 0
-    stride = x.stride(-2) if x.dim() > 1 else width
+    if x.is_contiguous():
+        stride = width          # not x.stride(-2): a size-1 dim's stride is anything in a contiguous tensor
+    elif x.dim() == 2 and x.stride(1) == 1:
+        stride = x.stride(0)
+    else:
+        raise ValueError(f"rmsnorm_forward: x must be contiguous or 2-D rows with a unit column stride, got shape "
+                         f"{tuple(x.shape)} strides {x.stride()}")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rstd = torch.empty((rows,), dtype=torch.float32, device=x.device) if keep_rstd else None
     if rows:

@@ -55,12 +55,14 @@ CHECK_UNITS = 4
 CHECK_CHUNK = 1 << 22          # elements of the outputs compared at a time (a first call's extra memory stays bounded)
 # a CUDA call with grad on fewer elements of x (rows x hidden) runs the module's own forward: there the step is bound by
 # the host, and a fused block's autograd Function (forward and backward in Python) costs more host time than eager's
-# several small kernels do. H200, llama layer forward (hidden 4096, 2 rounds; thirty-fifth session): fused at M = 256 /
-# 512 0.80 / 0.99x eager where the linear layers alone ran 0.98 / 1.04x; at M = 2048 1.12-1.14x against 0.97-1.00x.
-# 2^22 is M = 1024 at hidden 4096.
+# several small kernels do. H200, llama layer forward + backward (hidden 4096, 3 rounds; thirty-sixth session, compiled
+# launches, no floor): fused 0.93 / 1.01 / 1.10x eager at M = 256 / 1024 / 2048 where the linear layers alone ran
+# 1.04 / 1.00 / 1.00x. 2^22 is M = 1024 at hidden 4096.
 FUSE_MIN_ELEMENTS = 1 << 22
-# the same for a call without grad (inference): its warm path is a compiled launch, no autograd node (thirty-sixth
-# session, H200, M = 16-1024: a fused RMSNorm's host time below eager's eight kernels' at every M measured)
+# the same for a call without grad (inference): its warm path is a compiled launch and no autograd node. H200, llama
+# layer forward (4 rounds; thirty-sixth session): fused 1.15 / 1.41 / 1.02 / 1.15 / 1.47 / 1.15x eager at M = 1 / 16 /
+# 128 / 256 / 512 / 1024 where the linear layers alone ran 0.85-1.00x; a patched RMSNorm's host time 38-42 us per
+# call against eager's 96-103 (M = 16, 128).
 FUSE_MIN_ELEMENTS_NO_GRAD = 1
 
 
@@ -72,8 +74,9 @@ class BlockState:
     block: str                     # "rmsnorm" | "gated_mlp"
     names: tuple[str, str, str] | None = None      # a gated MLP's (gate, up, down) attribute names
     verdicts: dict = field(default_factory=dict)   # (training, dtype, is_cuda) -> "fused" | "declined"
+    children: tuple = ()           # a gated MLP's children when its verdicts were reached (one replaced: checked again)
 
-    def verdict(self, training: bool, dtype: torch.dtype, is_cuda: bool = False) -> str:
+    def verdict(self, training: bool, dtype: torch.dtype, is_cuda: bool) -> str:
         return self.verdicts.get((training, dtype, is_cuda), "unchecked")
 
 
@@ -240,7 +243,8 @@ def _servable(module, state, x) -> bool:
     if weight is None or weight.dtype is not x.dtype or weight.device != x.device:
         return False
     if x.is_cuda:
-        grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+        grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (
+            state.block == "gated_mlp" and module._modules[state.names[1]].weight.requires_grad))
         if x.numel() < (FUSE_MIN_ELEMENTS if grad else FUSE_MIN_ELEMENTS_NO_GRAD):
             return False
     elif not x.numel():
@@ -339,6 +343,11 @@ def _fused_forward(module, state: BlockState, *args, **kwargs):
     if kwargs or len(args) != 1 or _tracing() or not _servable(module, state, args[0]):
         return type(module).forward(module, *args, **kwargs)
     x = args[0]
+    if state.block == "gated_mlp":
+        children = tuple(module._modules.values())
+        if children != state.children:      # an activation or projection replaced: its verdicts no longer hold
+            state.verdicts.clear()
+            state.children = children
     key = (module.training, x.dtype, x.is_cuda)
     verdict = state.verdicts.get(key)
     if verdict == "fused":

@@ -93,10 +93,13 @@ def test_compiled_launches_serve_aligned_misaligned_and_batched_rows():
     """The warm path's binaries (backends.fused_triton): one per specialisation, here an aligned and a misaligned x,
     a 3-D input served without a view, and silu * u, each against eager; launched through Triton's C launcher."""
     torch.manual_seed(0)
+    fused_triton._compiled.clear()
     weight = (1 + 0.1 * torch.randn(4096, device="cuda")).to(torch.bfloat16)
     base = torch.randn(64, 4096 + 8, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
-        for x in (base[:, :4096], base[:, 1:4097], torch.randn(2, 33, 4096, device="cuda", dtype=torch.bfloat16)):
+        batched = torch.randn(2, 33, 4096, device="cuda", dtype=torch.bfloat16)
+        decode = torch.randn(1, 7, 4096, device="cuda", dtype=torch.bfloat16).transpose(0, 1)   # any size-1 stride
+        for x in (base[:, :4096], base[:, 1:4097], batched, decode):
             out = rms_norm(x, weight, 1e-6)
             assert out.shape == x.shape and _rel(out, _eager_norm(x, weight)) < 1e-2
         g, u = torch.randn(2, 3, 11008, device="cuda", dtype=torch.bfloat16).unbind(0)[:2]

@@ -211,7 +211,7 @@ def test_a_fused_kernel_that_fails_on_a_later_call_hands_that_call_and_the_next_
     with torch.no_grad():
         norm(x)
         state = norm.forward.args[1]
-        assert fused.is_fused_forward(norm.__dict__["forward"]) and state.verdict(True, torch.float32) == "fused"
+        assert fused.is_fused_forward(norm.__dict__["forward"]) and state.verdict(True, torch.float32, False) == "fused"
 
         def broken(*args, **kwargs):
             raise RuntimeError("compile failed")
@@ -219,7 +219,7 @@ def test_a_fused_kernel_that_fails_on_a_later_call_hands_that_call_and_the_next_
         monkeypatch.setattr(fused_triton, "rmsnorm_forward", broken)
         before = fused_counts()[1].get("fused_declined:rmsnorm:failed:RuntimeError", 0)
         out = norm(x)
-        assert state.verdict(True, torch.float32) == "declined"
+        assert state.verdict(True, torch.float32, False) == "declined"
         assert fused_counts()[1]["fused_declined:rmsnorm:failed:RuntimeError"] == before + 1
         torch.testing.assert_close(out, nn.RMSNorm.forward(norm, x), rtol=0, atol=0)
 
@@ -374,10 +374,10 @@ def test_a_verdict_holds_for_its_training_mode_only():
     with torch.no_grad():
         torch.testing.assert_close(mlp(x), DropoutMLP.forward(mlp, x), rtol=1e-5, atol=1e-5)
         state = mlp.forward.args[1]
-        assert state.verdict(False, torch.float32) == "fused"
+        assert state.verdict(False, torch.float32, False) == "fused"
         mlp.train()
         dropped = mlp(torch.ones(64, 8))
-    assert state.verdict(True, torch.float32) == "declined"
+    assert state.verdict(True, torch.float32, False) == "declined"
     with torch.no_grad():
         eval_out = mlp.eval()(torch.ones(64, 8))
     assert not torch.equal(dropped, eval_out)                   # dropout applied in training
@@ -397,8 +397,8 @@ def test_one_outlier_does_not_let_a_look_alike_pass_the_check():
     with torch.no_grad():
         norm(x)
         mlp(xm.to(torch.bfloat16))
-    assert norm.forward.args[1].verdict(True, torch.bfloat16) == "declined"
-    assert mlp.forward.args[1].verdict(True, torch.bfloat16) == "declined"
+    assert norm.forward.args[1].verdict(True, torch.bfloat16, False) == "declined"
+    assert mlp.forward.args[1].verdict(True, torch.bfloat16, False) == "declined"
 
 
 def test_the_check_reads_every_block_of_rows(monkeypatch):
@@ -459,7 +459,7 @@ def test_a_call_the_module_itself_refuses_leaves_no_verdict():
     assert mlp.forward.args[1].verdicts == {}
     x = torch.randn(3, 8, requires_grad=True)
     mlp(x).sum().backward()
-    assert mlp.forward.args[1].verdict(True, torch.float32) == "fused" and x.grad is not None
+    assert mlp.forward.args[1].verdict(True, torch.float32, False) == "fused" and x.grad is not None
 
 
 @pytest.mark.parametrize("warm", [False, True])
@@ -489,4 +489,44 @@ def test_a_gated_mlp_whose_first_batch_cannot_tell_activations_apart_is_still_de
     mlp = kernels.patch(GeluMLP(16, 24))
     with torch.no_grad():
         mlp(torch.zeros(4, 16))
-    assert mlp.forward.args[1].verdict(True, torch.float32) == "declined"
+    assert mlp.forward.args[1].verdict(True, torch.float32, False) == "declined"
+
+
+class ActMLP(nn.Module):
+    """HF llama's form: the activation a child module (act_fn) beside the projections."""
+
+    def __init__(self, hidden, inner):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(hidden, inner, bias=False), nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+def test_an_activation_replaced_after_the_verdict_is_checked_again():
+    torch.manual_seed(0)
+    mlp = kernels.patch(ActMLP(16, 24))
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        mlp(x)
+        assert mlp.forward.args[1].verdict(True, torch.float32, False) == "fused"
+        mlp.act_fn = nn.GELU(approximate="tanh")
+        out = mlp(x)
+    assert mlp.forward.args[1].verdict(True, torch.float32, False) == "declined"
+    torch.testing.assert_close(out, ActMLP.forward(mlp, x), rtol=0, atol=0)
+
+
+def test_contiguous_inputs_whose_size_1_dims_have_odd_strides_are_normed_row_by_row():
+    """A contiguous (B, 1, H) may have any stride on its size-1 dim (a seq-first model's decode step: a transpose of
+    (1, B, H)); rows are B evenly spaced ones all the same, and a fused verdict reached on a plain input holds."""
+    torch.manual_seed(0)
+    norm = kernels.patch(nn.RMSNorm(16, eps=1e-6))
+    with torch.no_grad():
+        norm(torch.randn(4, 16))
+        odd = torch.randn(1, 5, 16).transpose(0, 1)
+        assert odd.is_contiguous() and odd.stride(1) == 80
+        torch.testing.assert_close(norm(odd), nn.RMSNorm.forward(norm, odd), rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="unit column stride"):
+            fused_triton.rmsnorm_forward(torch.randn(3, 4, 16).transpose(0, 1), norm.weight, 1e-6)

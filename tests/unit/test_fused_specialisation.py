@@ -57,7 +57,10 @@ def test_a_stride_not_a_multiple_of_16_is_not_assumed_one():
     x = torch.randn(8, 72, dtype=torch.float16)[:, :64]         # row stride 72
     key, (types, div16) = _key_and_signature(_norm_args(x, 64), ft.RMSNORM_FORWARD)
     assert 4 not in div16 and 5 in div16 and 6 in div16        # stride_x 72; stride_y and N 64
-    assert 72 in key
+    other_odd = torch.randn(8, 88, dtype=torch.float16)[:, :64]
+    multiple = torch.randn(8, 80, dtype=torch.float16)[:, :64]
+    assert key == ft.specialisation_key(_norm_args(other_odd, 64), ft.RMSNORM_FORWARD)
+    assert key != ft.specialisation_key(_norm_args(multiple, 64), ft.RMSNORM_FORWARD)
     assert types == {"x_ptr": "*fp16", "w_ptr": "*fp16", "y_ptr": "*fp16", "rstd_ptr": "*fp32", "stride_x": "i32",
                      "stride_y": "i32", "N": "i32", "eps": "fp32", "BLOCK": "constexpr",
                      "STORE_RSTD": "constexpr"}
@@ -71,3 +74,22 @@ def test_every_pointer_and_every_keyed_integer_is_in_the_key():
         pointers = sum(t.startswith("*") for t in types.values())
         assert len(key) == pointers + len(kernel.keyed) + len(kernel.divisible)
         assert all(isinstance(args[i], int) for i in kernel.keyed + kernel.divisible)
+
+
+def test_a_key_decides_the_signature_and_strides_do_not_multiply_binaries():
+    """Over views at every offset and row stride: one key never maps to two signatures, and per dtype and width
+    the keys are few (alignments and multiples of 16, not one per stride)."""
+    signatures: dict = {}
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for width in (16, 24, 64):
+            keys = set()
+            for extra in range(0, 40, 3):
+                base = torch.randn(6, width + extra + 16, dtype=dtype)
+                for offset in range(0, 9):
+                    x = base[:, offset:offset + width]
+                    args = _norm_args(x, width)
+                    key = ft.specialisation_key(args, ft.RMSNORM_FORWARD)
+                    signature = ft.signature(args, ft.RMSNORM_FORWARD)
+                    assert signatures.setdefault(key, signature) == signature
+                    keys.add(key)
+            assert len(keys) <= 4           # x aligned or not, its row stride a multiple of 16 or not
