@@ -226,3 +226,47 @@ def test_a_cutlass_kernel_launches_on_its_gpu_when_another_is_current(tmp_path):
     out = _last_json(run_python(CUTLASS_ON_1, _env(tmp_path / "cache")))
     assert out["out"] == "cuda:1" and out["current"] == 0 and out["other"] == 0, out
     assert all(e < 1e-2 for e in out["errs"]), out
+
+
+# -- kernels.patch's fused blocks on a GPU that is not current ------------------------------------------------------
+FUSED_ON_1 = textwrap.dedent("""
+    import copy, json, torch, kernels
+    from backends import fused_triton
+    from bench.model_def import build_model, model_input
+    from kernels.dispatch import fused
+    fused.FUSE_MIN_ELEMENTS = 1                 # the grad path fused too at this size
+    torch.cuda.set_device(0)
+    base = build_model(1024, 2816, 1, 128, "bf16", "cuda:1")
+    patched = kernels.patch(copy.deepcopy(base))
+    x = model_input(64, 1024, "bf16", "cuda:1")
+
+    def rel(a, b):
+        return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+    errs = []
+    with torch.no_grad():
+        for _ in range(2):                      # the first call checks the blocks, the second is a warm call
+            errs.append(rel(patched(x), base(x)))
+    outs, grads = [], []
+    for model in (base, patched):
+        out = model(x)
+        out.float().square().mean().backward()
+        outs.append(out.detach())
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    errs.append(rel(outs[1], outs[0]))
+    errs += [rel(grads[1][n], grads[0][n]) for n in grads[0]]
+    torch.cuda.synchronize(1)
+    print(json.dumps({"errs": errs, "current": torch.cuda.current_device(), "fused": kernels.stats()["fused_blocks"],
+                      "devices": sorted({key[1] for key in fused_triton._compiled}),
+                      "compiled": all(v is not None for v in fused_triton._compiled.values()),
+                      "other": torch.cuda.max_memory_allocated(0)}))
+""")
+
+
+def test_fused_blocks_launch_on_their_gpu_when_another_is_current(tmp_path):
+    """The fused kernels' binaries load into, and launch on, the activations' GPU (cuda:1) while cuda:0 is current,
+    forward without grad and forward + backward, as eager computes them there."""
+    out = _last_json(run_python(FUSED_ON_1, _env(tmp_path / "cache", KERNELS_BACKENDS="aten")))
+    assert out["current"] == 0 and out["other"] == 0 and out["devices"] == [1] and out["compiled"], out
+    assert out["fused"] == 3, out           # three blocks, checked once (training mode, bf16, on a GPU)
+    assert all(e < 5e-2 for e in out["errs"]), out
