@@ -2,7 +2,8 @@
 their logits and a loss's grads with and without the patch, and which blocks the patch fused or declined. What a user
 meets when they drop the library into a real model: HF's RMSNorm classes, `act_fn` children, Gemma's (1 + weight)
 norm and GELU MLP (both must be declined), Qwen3's per-head q/k norms, Phi-3's fused gate_up projection, Mixtral's
-experts.
+experts. Logits in eval mode without grad (a first and a warm call), then a loss's grads in train mode: each mode
+gets its own first-call check, so `blocks` counts each block twice when both pass.
 
     pip install transformers                                    # not a dependency of kernels
     TRITON_INTERPRET=1 python -m experiments.hf_models_patch     # CPU: the fused kernels through Triton's interpreter
@@ -62,8 +63,10 @@ def compare(name: str, dtype, device: str) -> dict:
     patched = kernels.patch(copy.deepcopy(model))
     ids = torch.randint(0, TINY["vocab_size"], (2, 9), device=device)
     before = kernels.stats()
+    model.eval(), patched.eval()            # as from_pretrained returns a model: inference checks its own verdicts
     with torch.no_grad():
         reference, first, warm = model(ids).logits, patched(ids).logits, patched(ids).logits
+    model.train(), patched.train()
     losses = []
     for m in (model, patched):
         loss = m(ids).logits.float().square().mean()

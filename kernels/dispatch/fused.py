@@ -74,7 +74,7 @@ class BlockState:
     block: str                     # "rmsnorm" | "gated_mlp"
     names: tuple[str, str, str] | None = None      # a gated MLP's (gate, up, down) attribute names
     verdicts: dict = field(default_factory=dict)   # (training, dtype, is_cuda) -> "fused" | "declined"
-    children: tuple = ()           # a gated MLP's children when its verdicts were reached (one replaced: checked again)
+    children: tuple = ()           # a gated MLP's _snapshot when its verdicts were reached (a change: checked again)
 
     def verdict(self, training: bool, dtype: torch.dtype, is_cuda: bool) -> str:
         return self.verdicts.get((training, dtype, is_cuda), "unchecked")
@@ -130,10 +130,16 @@ def _differentiable_grads(forward, inputs, grad, needed) -> tuple:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """llama's RMSNorm of x (..., N) with weight (N,), through the fused kernels (differentiable)."""
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        return _RMSNormFn.apply(_rows(x), weight, eps).view(x.shape)
+        return _RMSNormFn.apply(_rows(_savable(x)), weight, eps).view(x.shape)
     if x.is_contiguous():                   # no autograd node, no view: a warm call's host time is the step's
         return fused_triton.rmsnorm_forward(x, weight, eps, keep_rstd=False)[0]
     return fused_triton.rmsnorm_forward(_rows(x), weight, eps, keep_rstd=False)[0].view(x.shape)
+
+
+def _savable(t: torch.Tensor) -> torch.Tensor:
+    """t, or a copy when it is an inference tensor (made under torch.inference_mode), which autograd refuses to save
+    for a backward; eager's ops save their own temporaries instead and never meet that."""
+    return t.clone() if t.is_inference() and not torch.is_inference_mode_enabled() else t
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -147,7 +153,7 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     if g.shape != u.shape:
         raise ValueError(f"silu_mul: g and u must have one shape, got {tuple(g.shape)} and {tuple(u.shape)}")
     if torch.is_grad_enabled() and (g.requires_grad or u.requires_grad):
-        return _SwiGLUFn.apply(g.contiguous(), u.contiguous())
+        return _SwiGLUFn.apply(_savable(g).contiguous(), _savable(u).contiguous())
     return fused_triton.swiglu_forward(g.contiguous(), u.contiguous())
 
 
@@ -234,6 +240,13 @@ def _weight(module, state):
     return None
 
 
+def _projections_train(module, state) -> bool:
+    """Whether the gate or up projection has a parameter that requires grad (silu(g) * u then takes the autograd
+    path): frozen weights with trained biases count."""
+    return any(p is not None and p.requires_grad for n in state.names[:2]
+               for p in (module._modules[n].weight, module._modules[n].bias))
+
+
 def _servable(module, state, x) -> bool:
     """Whether this call can take the fused path, checked on every call (the module's own forward otherwise): on a
     warm call this is most of the fused path's host time, which is the step's at small M."""
@@ -244,7 +257,7 @@ def _servable(module, state, x) -> bool:
         return False
     if x.is_cuda:
         grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (
-            state.block == "gated_mlp" and module._modules[state.names[1]].weight.requires_grad))
+            state.block == "gated_mlp" and _projections_train(module, state)))
         if x.numel() < (FUSE_MIN_ELEMENTS if grad else FUSE_MIN_ELEMENTS_NO_GRAD):
             return False
     elif not x.numel():
@@ -339,15 +352,30 @@ def _check(module, state, x, key):
     return _fused(module, state, x)
 
 
+def _snapshot(module) -> tuple:
+    """What a gated MLP's verdicts rest on besides its class's code: its children, its plain attributes (an
+    activation held as a function, a flag) and any forward assigned to a child. Compared by identity: a reassignment
+    is a change."""
+    children = tuple(module._modules.values())
+    attributes = tuple(v for k, v in module.__dict__.items() if k[0] != "_" and k != "training")
+    return children + attributes + tuple(c.__dict__.get("forward") for c in children)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
 def _fused_forward(module, state: BlockState, *args, **kwargs):
-    if kwargs or len(args) != 1 or _tracing() or not _servable(module, state, args[0]):
+    if kwargs or len(args) != 1 or _tracing():
         return type(module).forward(module, *args, **kwargs)
-    x = args[0]
     if state.block == "gated_mlp":
-        children = tuple(module._modules.values())
-        if children != state.children:      # an activation or projection replaced: its verdicts no longer hold
+        snapshot = _snapshot(module)
+        if not _same(snapshot, state.children):     # an activation or projection replaced: its verdicts no longer hold
             state.verdicts.clear()
-            state.children = children
+            state.children = snapshot
+    x = args[0]
+    if not _servable(module, state, x):
+        return type(module).forward(module, x)
     key = (module.training, x.dtype, x.is_cuda)
     verdict = state.verdicts.get(key)
     if verdict == "fused":

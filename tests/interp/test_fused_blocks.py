@@ -3,7 +3,9 @@ silu(g) * u kernels against eager forward and backward, which modules are recogn
 declines a look-alike computing something else, patch / unpatch round trips, torch.compile tracing the module's own
 forward, and a short training run equal to torch's."""
 import copy
+import gc
 import io
+import weakref
 
 import pytest
 import torch
@@ -530,3 +532,69 @@ def test_contiguous_inputs_whose_size_1_dims_have_odd_strides_are_normed_row_by_
         torch.testing.assert_close(norm(odd), nn.RMSNorm.forward(norm, odd), rtol=1e-5, atol=1e-5)
         with pytest.raises(ValueError, match="unit column stride"):
             fused_triton.rmsnorm_forward(torch.randn(3, 4, 16).transpose(0, 1), norm.weight, 1e-6)
+
+
+class FnMLP(nn.Module):
+    """An activation held as a plain attribute (a function), not a child module."""
+
+    def __init__(self, hidden, inner):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(hidden, inner, bias=False), nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.act = F.silu
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+def test_an_activation_attribute_or_a_childs_forward_replaced_after_the_verdict_is_checked_again():
+    torch.manual_seed(0)
+    x = torch.randn(4, 16)
+    fn_mlp, act_mlp = kernels.patch(FnMLP(16, 24)), kernels.patch(ActMLP(16, 24))
+    with torch.no_grad():
+        fn_mlp(x), act_mlp(x)
+        fn_mlp.act = lambda t: F.gelu(t, approximate="tanh")
+        act_mlp.act_fn.forward = lambda t: F.gelu(t, approximate="tanh")
+        for mlp in (fn_mlp, act_mlp):
+            out = mlp(x)
+            assert mlp.forward.args[1].verdict(True, torch.float32, False) == "declined"
+            torch.testing.assert_close(out, type(mlp).forward(mlp, x), rtol=0, atol=0)
+
+
+def test_a_replaced_projection_is_not_kept_alive_by_the_patch():
+    mlp = kernels.patch(ActMLP(16, 24))
+    with torch.no_grad():
+        mlp(torch.randn(4, 16))
+        old = weakref.ref(mlp.gate_proj)
+        mlp.gate_proj = nn.Sequential(nn.Linear(16, 24, bias=False))   # not servable: its own forward runs
+        mlp(torch.randn(4, 16))
+    gc.collect()
+    assert old() is None
+
+
+def test_inference_tensors_with_grad_take_the_fused_path():
+    """A tensor made under torch.inference_mode, used later where the weights train: autograd cannot save it, so the
+    fused Functions save a copy (eager's norm saves its own temporaries and works; eager's nn.Linear refuses it)."""
+    torch.manual_seed(0)
+    norm = kernels.patch(nn.RMSNorm(16, eps=1e-6))
+    with torch.inference_mode():
+        x, g = torch.randn(4, 16), torch.randn(4, 16)
+    for _ in range(2):                            # the first call's check, then a warm call
+        out = norm(x)
+        out.sum().backward()
+        torch.testing.assert_close(out, nn.RMSNorm.forward(norm, x), rtol=1e-5, atol=1e-5)
+    assert norm.forward.args[1].verdict(True, torch.float32, False) == "fused"
+    u = torch.randn(4, 16, requires_grad=True)
+    silu_mul(g, u).sum().backward()
+    torch.testing.assert_close(u.grad, F.silu(g), rtol=1e-5, atol=1e-5)
+
+
+def test_trained_biases_of_frozen_projections_count_as_grad():
+    mlp = ActMLP(16, 24)
+    mlp.gate_proj = nn.Linear(16, 24, bias=True)
+    state = fused.fusable(mlp)
+    for p in mlp.parameters():
+        p.requires_grad_(False)
+    assert not fused._projections_train(mlp, state)
+    mlp.gate_proj.bias.requires_grad_(True)
+    assert fused._projections_train(mlp, state)
